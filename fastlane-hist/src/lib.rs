@@ -1,0 +1,1 @@
+//! Latency histograms for FastLane (placeholder, being written).

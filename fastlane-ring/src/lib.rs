@@ -1,0 +1,14 @@
+//! Lock-free single-producer/single-consumer rings.
+//!
+//! - [`spsc`]: a typed ring between two threads of one process, `channel::<T>(capacity)`.
+//! - [`shm`]: a byte ring of variable-length records in a shared mapping, between two
+//!   processes (or threads) that may not trust each other.
+//! - [`WaitStrategy`]: how the blocking variants wait (spin, yield, then a futex).
+//!
+//! What this crate does not do: more than one producer or consumer per ring, allocation after
+//! construction, or any syscall in a `try_*` operation.
+
+pub(crate) mod sync;
+mod wait;
+
+pub use wait::WaitStrategy;

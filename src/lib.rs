@@ -1,0 +1,11 @@
+//! FastLane: a userspace low-latency data path.
+//!
+//! This facade re-exports the public surface of the workspace crates:
+//!
+//! - [`ring`]: lock-free SPSC rings, in-process and across processes in shared memory.
+//! - [`hist`]: latency recording into HdrHistograms and `.hlog` interval logs.
+//!
+//! It holds no code of its own; the root `tests/` and `benches/` live here.
+
+pub use fastlane_hist as hist;
+pub use fastlane_ring as ring;

@@ -1,0 +1,2 @@
+//! `fastlane`: the command-line tool (being written).
+fn main() {}
