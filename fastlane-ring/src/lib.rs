@@ -8,6 +8,7 @@
 //! What this crate does not do: more than one producer or consumer per ring, allocation after
 //! construction, or any syscall in a `try_*` operation.
 
+pub mod spsc;
 pub(crate) mod sync;
 mod wait;
 
