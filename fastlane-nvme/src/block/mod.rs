@@ -16,6 +16,8 @@
 
 use std::time::Duration;
 
+pub mod ram;
+
 /// What a request asks the device to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockOp {
