@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Idempotent install of the system packages FastLane's tests need (Debian 12 "bookworm").
+# Used by CI and by the commands in tests/vm/README.md. Run as root (or with sudo).
+# Network: only through apt and its configured sources.
+set -euo pipefail
+
+# The package list lives here, in one place, one package per line with the reason.
+PKGS=(
+    qemu-system-x86     # qemu-system-x86_64: the TCG guests of tests/vm (vhost-user-blk, rxe, VFIO)
+    qemu-system-common  # qemu-storage-daemon (Debian 12 ships it here): reference vhost-user-blk backend
+    qemu-utils          # qemu-img; kept at the same version as qemu-system-common (see below)
+    busybox-static      # /bin/busybox: the whole userland of the guest initramfs
+    cpio                # packs the guest initramfs (newc format)
+    kmod                # depmod (modules.dep for the unpacked guest kernel), modinfo
+    # fio               # optional, not needed by tests/vm today: guest-side load generator
+)
+
+SUDO=()
+if [ "$(id -u)" -ne 0 ]; then
+    SUDO=(sudo)
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+"${SUDO[@]}" apt-get update
+
+# qemu-system-x86 needs qemu-system-common of its own version, and qemu-system-common 7.2 is
+# broken by a newer qemu-utils (>= 8.0 took qemu-storage-daemon over). Some images carry a
+# qemu-utils from backports whose source is gone; pin qemu-utils to the qemu-system-common
+# candidate so apt can resolve (a no-op on a plain Debian 12 machine).
+qemu_ver=$(apt-cache policy qemu-system-common | awk '/Candidate:/ {print $2; exit}')
+if [ -z "$qemu_ver" ] || [ "$qemu_ver" = "(none)" ]; then
+    echo "install-deps: no installable qemu-system-common in the configured apt sources" >&2
+    exit 1
+fi
+args=()
+for p in "${PKGS[@]}"; do
+    if [ "$p" = qemu-utils ]; then
+        args+=("qemu-utils=$qemu_ver")
+    else
+        args+=("$p")
+    fi
+done
+
+"${SUDO[@]}" apt-get install -y --no-install-recommends --allow-downgrades "${args[@]}"
