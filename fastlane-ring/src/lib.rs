@@ -9,6 +9,8 @@
 //! construction, or any syscall in a `try_*` operation.
 
 pub mod spsc;
+#[cfg(not(loom))]
+pub mod shm;
 pub(crate) mod sync;
 mod wait;
 
