@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use fastlane_nvme::block::ram::RamDisk;
-// uring: added with the io_uring backend.
+use fastlane_nvme::block::uring::{UringDevice, UringError, UringOptions};
 use fastlane_nvme::block::{
     BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, Segment,
 };
@@ -377,4 +377,176 @@ fn ram_shared_file_holds_the_bytes() {
     let model = suite(&disk);
     assert!(std::fs::read(file.path()).unwrap() == model);
     read_only_refuses(&disk.with_read_only(true));
+}
+
+/// A `len`-byte file in `dir`, filled with a pattern so zeroes have to be written to appear.
+fn backing_file(dir: &Path, len: u64) -> tempfile::NamedTempFile {
+    let file = tempfile::NamedTempFile::new_in(dir).unwrap();
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    std::fs::write(file.path(), data).unwrap();
+    file
+}
+
+#[test]
+fn uring_buffered_file() {
+    let file = backing_file(&std::env::temp_dir(), 4 * MIB);
+    let dev = UringDevice::open(file.path(), UringOptions::default()).unwrap();
+    let info = dev.info();
+    assert_eq!((info.size_bytes, info.block_size), (4 * MIB, 512));
+    let model = suite(&dev);
+    drop(dev);
+    assert!(std::fs::read(file.path()).unwrap() == model, "file bytes differ");
+    let ro = UringOptions { read_only: true, ..UringOptions::default() };
+    read_only_refuses(&UringDevice::open(file.path(), ro).unwrap());
+    assert!(std::fs::read(file.path()).unwrap() == model, "read-only device wrote");
+}
+
+#[test]
+fn uring_tmpfs_falls_back_to_writing_zeroes() {
+    // tmpfs has no FALLOC_FL_ZERO_RANGE: write-zeroes goes through the zero buffer.
+    if !shm_dir().is_dir() {
+        eprintln!("skipped: no /dev/shm");
+        return;
+    }
+    let file = backing_file(shm_dir(), 2 * MIB);
+    let dev = UringDevice::open(file.path(), UringOptions::default()).unwrap();
+    let mut q = dev.open_queue(2).unwrap();
+    // More than the 1 MiB zero buffer: several chained writes.
+    let len = 1536 * 1024;
+    // SAFETY: no segments.
+    let r = unsafe { io(&mut *q, BlockOp::WriteZeroes { unmap: false }, 4096, len, &[]) };
+    assert_eq!(r, Ok(0));
+    let bytes = std::fs::read(file.path()).unwrap();
+    assert!(bytes[4096..4096 + len as usize].iter().all(|&b| b == 0));
+    assert_eq!(bytes[4095], (4095 % 251) as u8);
+    let end = 4096 + len as usize;
+    assert_eq!(bytes[end], (end % 251) as u8);
+    drop(q);
+    let model = suite(&dev);
+    assert!(std::fs::read(file.path()).unwrap() == model, "file bytes differ");
+}
+
+/// An O_DIRECT device on a file in a directory that supports it, or `None` (skip).
+fn direct_device(file: &tempfile::NamedTempFile) -> Option<UringDevice> {
+    let opts = UringOptions { direct: true, ..UringOptions::default() };
+    match UringDevice::open(file.path(), opts) {
+        Ok(dev) => Some(dev),
+        Err(UringError::Open { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
+            eprintln!(
+                "skipped: {} does not support O_DIRECT",
+                file.path().parent().unwrap().display()
+            );
+            None
+        }
+        Err(e) => panic!("open O_DIRECT: {e:?}"),
+    }
+}
+
+#[test]
+fn uring_direct_file() {
+    let file = backing_file(&std::env::temp_dir(), 4 * MIB);
+    let Some(dev) = direct_device(&file) else {
+        return;
+    };
+    let info = dev.info();
+    assert!(info.block_size >= 512 && info.block_size.is_power_of_two());
+    let model = suite(&dev);
+    assert!(std::fs::read(file.path()).unwrap() == model, "file bytes differ");
+
+    let bs = info.block_size as usize;
+    let align = dev.mem_align() as usize;
+    let mut q = dev.open_queue(2).unwrap();
+    let mut buf = AlignedBuf::new(4 * bs);
+    let good = buf.seg(0, bs);
+    let short = buf.seg(0, bs / 2);
+    let mut cases = vec![
+        (BlockOp::Read, 1u64, 0u64, vec![good]),
+        (BlockOp::Write, bs as u64 + 512 / 2, 0, vec![good]),
+        (BlockOp::Read, 0, 0, vec![short]),
+        (BlockOp::Write, 0, 0, vec![short, short]),
+        (BlockOp::Discard, 1, bs as u64, vec![]),
+        (BlockOp::WriteZeroes { unmap: false }, 0, 100, vec![]),
+    ];
+    if align > 1 {
+        cases.push((BlockOp::Read, 0, 0, vec![buf.seg(align / 2, bs)]));
+    }
+    for (op, offset, len, segs) in cases {
+        // SAFETY: `buf` outlives the request; it is refused before the kernel sees it.
+        let r = unsafe { io(&mut *q, op, offset, len, &segs) };
+        assert!(matches!(r, Err(BlockError::Misaligned { .. })), "{op:?} at {offset}: {r:?}");
+    }
+    assert!(std::fs::read(file.path()).unwrap() == model, "refused requests wrote");
+}
+
+#[test]
+fn uring_read_past_a_shrunken_file_fails_with_eio() {
+    let file = backing_file(&std::env::temp_dir(), MIB);
+    let dev = UringDevice::open(file.path(), UringOptions::default()).unwrap();
+    file.as_file().set_len(MIB / 2).unwrap();
+    let mut q = dev.open_queue(2).unwrap();
+    let mut buf = AlignedBuf::new(8192);
+    // Straddles the new end: a short read, a resubmit that reads 0 bytes, then EIO.
+    for offset in [MIB / 2 - 4096, MIB / 2 + 4096] {
+        let seg = buf.seg(0, 8192);
+        // SAFETY: `buf` outlives the request.
+        let r = unsafe { io(&mut *q, BlockOp::Read, offset, 0, &[seg]) };
+        assert_eq!(r, Err(BlockError::Io(libc::EIO)), "read at {offset}");
+    }
+}
+
+#[test]
+fn uring_completion_fd_and_drop_with_requests_in_flight() {
+    let file = backing_file(&std::env::temp_dir(), MIB);
+    let dev = UringDevice::open(file.path(), UringOptions::default()).unwrap();
+    let mut buf = AlignedBuf::new(64 * 4096);
+    buf.as_mut_slice().fill(0xee);
+    {
+        let mut q = dev.open_queue(64).unwrap();
+        let fd = q.completion_fd().expect("io_uring has an eventfd");
+        for i in 0..64 {
+            let seg = buf.seg(i * 4096, 4096);
+            let req = BlockRequest {
+                op: BlockOp::Write,
+                offset: (i * 4096) as u64,
+                len: 0,
+                segments: &[seg],
+                tag: i as u64,
+            };
+            // SAFETY: `buf` outlives the queue, whose drop waits for every request.
+            unsafe { q.submit(req) }.unwrap();
+        }
+        q.kick().unwrap();
+        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, 10_000) };
+        assert_eq!(n, 1, "eventfd never became readable");
+        // Dropped with (probably) some of the 64 writes still in the kernel.
+    }
+    let bytes = std::fs::read(file.path()).unwrap();
+    assert!(bytes[..64 * 4096].iter().all(|&b| b == 0xee));
+}
+
+#[test]
+fn uring_refuses_bad_options() {
+    let file = backing_file(&std::env::temp_dir(), 4096);
+    for max_segments in [0, 1025] {
+        let opts = UringOptions { max_segments, ..UringOptions::default() };
+        assert!(matches!(
+            UringDevice::open(file.path(), opts),
+            Err(UringError::MaxSegments { .. })
+        ));
+    }
+    let dev = UringDevice::open(file.path(), UringOptions::default()).unwrap();
+    assert!(dev.open_queue(0).is_err());
+    assert!(dev.open_queue(1 << 20).is_err());
+    let empty = tempfile::NamedTempFile::new().unwrap();
+    assert!(matches!(
+        UringDevice::open(empty.path(), UringOptions::default()),
+        Err(UringError::BadGeometry { .. })
+    ));
+    let ro = UringOptions { read_only: true, ..UringOptions::default() };
+    assert!(matches!(
+        UringDevice::open(std::env::temp_dir(), ro),
+        Err(UringError::NotADisk { .. })
+    ));
 }
