@@ -6,3 +6,4 @@
 //! record journal.
 
 pub mod block;
+pub mod vhost;
