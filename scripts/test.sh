@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The full FastLane test suite: what CI runs (.ci/run calls this) and what the README's
+# "test" command is. Installs the system packages it needs (idempotent), then:
+#   1. cargo fmt --check
+#   2. cargo clippy --workspace --all-targets -- -D warnings
+#   3. cargo test --workspace --all-targets  (unit, integration, QEMU-guest tests; criterion
+#      benches run once in test mode so they keep compiling)
+#   4. the loom models of fastlane-ring (RUSTFLAGS="--cfg loom", own target dir)
+# Options: --skip-install  do not touch system packages (for a machine already set up).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+skip_install=0
+for arg in "$@"; do
+  case "$arg" in
+    --skip-install) skip_install=1 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "test.sh: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
+
+if [ "$skip_install" = 0 ]; then
+  bash .ci/install-deps.sh
+fi
+if ! command -v cargo >/dev/null; then
+  echo "test.sh: cargo not found; FastLane needs a Rust toolchain (1.85 or newer) on PATH" >&2
+  exit 1
+fi
+
+step() { printf '\n=== %s ===\n' "$*"; }
+start=$(date +%s)
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (-D warnings)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test"
+cargo test --workspace --all-targets --locked
+
+step "doc tests"
+cargo test --workspace --doc --locked
+
+step "loom models of fastlane-ring"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+  cargo test -p fastlane-ring --test loom --release --locked
+
+printf '\nall checks passed in %ss\n' "$(( $(date +%s) - start ))"
