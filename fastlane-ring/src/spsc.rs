@@ -711,9 +711,9 @@ impl<T> Drop for Consumer<T> {
         let head = self.head;
         let h = self.header();
         // Publish our own index: after a forgotten `ReadChunkIntoIter` it may be ahead of the
-        // shared one, and the slots in between no longer hold values. Relaxed: the `refs`
-        // decrement in `release` orders it before the last side reads it.
-        h.cons.head.store(head, Ordering::Relaxed);
+        // shared one, and the slots in between no longer hold values. Release, as in
+        // `publish`: a producer that is still alive may reuse those slots once it loads this.
+        h.cons.head.store(head, Ordering::Release);
         // Release pairs with the Acquire loads of `consumer_gone` in the producer.
         h.ctl.consumer_gone.store(1, Ordering::Release);
         if self.parks {
