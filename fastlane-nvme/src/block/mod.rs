@@ -17,6 +17,7 @@
 use std::time::Duration;
 
 pub mod ram;
+pub mod spec;
 pub mod uring;
 
 /// What a request asks the device to do.

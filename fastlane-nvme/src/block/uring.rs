@@ -681,18 +681,7 @@ impl UringQueue {
                 s.done += n;
                 s.offset += n;
                 if s.op != SlotOp::ZeroFill {
-                    let mut left = n as usize;
-                    while left > 0 && s.iov_first < s.iov_end {
-                        let iov = &mut self.iovecs[s.iov_first];
-                        if left >= iov.iov_len {
-                            left -= iov.iov_len;
-                            s.iov_first += 1;
-                        } else {
-                            iov.iov_base = iov.iov_base.cast::<u8>().wrapping_add(left).cast();
-                            iov.iov_len -= left;
-                            left = 0;
-                        }
-                    }
+                    s.iov_first = advance_iovecs(&mut self.iovecs[..s.iov_end], s.iov_first, n);
                 }
                 self.push(idx);
                 None
@@ -720,6 +709,26 @@ impl UringQueue {
             Err(e) => Err(e),
         }
     }
+}
+
+/// Drop the first `n` transferred bytes from `iovecs[first..]` (a short transfer): whole
+/// iovecs are skipped, a partly done one is trimmed in place. Returns the new `first`.
+fn advance_iovecs(iovecs: &mut [libc::iovec], mut first: usize, n: u64) -> usize {
+    let mut left = n;
+    while left > 0 && first < iovecs.len() {
+        let iov = &mut iovecs[first];
+        if left >= iov.iov_len as u64 {
+            left -= iov.iov_len as u64;
+            first += 1;
+        } else {
+            // Only the address is computed here (`wrapping_add`); the kernel dereferences it,
+            // within the caller's segment (`left < iov_len`).
+            iov.iov_base = iov.iov_base.cast::<u8>().wrapping_add(left as usize).cast();
+            iov.iov_len -= left as usize;
+            left = 0;
+        }
+    }
+    first
 }
 
 fn io_result(res: i32) -> Result<u32, BlockError> {
@@ -860,5 +869,75 @@ impl Drop for UringQueue {
         unsafe { ManuallyDrop::drop(&mut self.iovecs) };
         // SAFETY: as above.
         unsafe { ManuallyDrop::drop(&mut self.shared) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_transfer_advances_iovecs() {
+        let mut mem = [0u8; 64];
+        let base = mem.as_mut_ptr();
+        let iov = |at: usize, len: usize| libc::iovec {
+            iov_base: base.wrapping_add(at).cast(),
+            iov_len: len,
+        };
+        let mut v = [iov(0, 8), iov(16, 8), iov(32, 16)];
+        // Exactly the first iovec.
+        assert_eq!(advance_iovecs(&mut v, 0, 8), 1);
+        // Into the middle of the second.
+        assert_eq!(advance_iovecs(&mut v, 1, 3), 1);
+        assert_eq!((v[1].iov_base, v[1].iov_len), (base.wrapping_add(19).cast(), 5));
+        // The rest of the second and 10 of the third.
+        assert_eq!(advance_iovecs(&mut v, 1, 15), 2);
+        assert_eq!((v[2].iov_base, v[2].iov_len), (base.wrapping_add(42).cast(), 6));
+        // Everything: past the end.
+        assert_eq!(advance_iovecs(&mut v, 2, 6), 3);
+        // Zero bytes: nothing moves.
+        assert_eq!(advance_iovecs(&mut v, 3, 0), 3);
+    }
+
+    fn file_of(len: u64) -> tempfile::NamedTempFile {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        f.as_file().set_len(len).unwrap();
+        f
+    }
+
+    #[test]
+    fn geometry_of_a_file() {
+        let f = file_of(1000);
+        let dev = UringDevice::open(f.path(), UringOptions::default()).unwrap();
+        let info = dev.info();
+        // Rounded down to whole blocks; the tail is not exported.
+        assert_eq!((info.size_bytes, info.block_size), (512, 512));
+        assert!(info.volatile_cache && info.discard && info.write_zeroes && !info.read_only);
+        assert_eq!(info.max_segments, URING_MAX_SEGMENTS_DEFAULT);
+        assert_eq!(dev.mem_align(), 1);
+    }
+
+    #[test]
+    fn refused_requests_complete_inline_in_order() {
+        let f = file_of(1 << 20);
+        let dev = UringDevice::open(f.path(), UringOptions::default()).unwrap();
+        let mut q = UringQueue::new(&dev, 2).unwrap();
+        for tag in 0..2 {
+            let req =
+                BlockRequest { op: BlockOp::Discard, offset: u64::MAX, len: 1, segments: &[], tag };
+            // SAFETY: no segments.
+            unsafe { q.submit(req) }.unwrap();
+        }
+        let req = BlockRequest { op: BlockOp::Flush, offset: 0, len: 0, segments: &[], tag: 9 };
+        // SAFETY: no segments.
+        assert!(unsafe { q.submit(req) }.is_err(), "inline completions count");
+        assert_eq!(q.in_flight(), 2);
+        let mut out = [Completion::EMPTY; 4];
+        assert_eq!(q.complete(&mut out), 2);
+        assert_eq!((out[0].tag, out[1].tag), (0, 1));
+        assert!(matches!(out[0].result, Err(BlockError::OutOfRange { .. })));
+        assert_eq!(q.in_flight(), 0);
+        // Nothing in flight: wait returns at once.
+        q.wait(None).unwrap();
     }
 }
