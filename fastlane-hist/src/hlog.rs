@@ -416,11 +416,16 @@ impl HistogramDecoder {
         inflate_bounded(deflated, &mut self.inflated)?;
         let v2 = &self.inflated[..];
         if v2.len() < V2_HEADER_BYTES {
-            return Err(format!("inflated histogram of {} bytes, shorter than its header", v2.len()));
+            return Err(format!(
+                "inflated histogram of {} bytes, shorter than its header",
+                v2.len()
+            ));
         }
         let inner_cookie = be_u32(&v2[0..4]);
         if inner_cookie != V2_COOKIE {
-            return Err(format!("wrong inner cookie {inner_cookie:#010x}, expected {V2_COOKIE:#010x}"));
+            return Err(format!(
+                "wrong inner cookie {inner_cookie:#010x}, expected {V2_COOKIE:#010x}"
+            ));
         }
         let payload_len = be_u32(&v2[4..8]) as usize;
         if payload_len != v2.len() - V2_HEADER_BYTES {

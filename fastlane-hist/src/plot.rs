@@ -223,7 +223,10 @@ mod tests {
         let b = Histogram::<u64>::new_with_bounds(1, 1_000_000, 3).unwrap();
         let svg = percentile_plot_svg(
             "t<&>",
-            &[PlotSeries { label: "a&b", histogram: &a }, PlotSeries { label: "empty", histogram: &b }],
+            &[
+                PlotSeries { label: "a&b", histogram: &a },
+                PlotSeries { label: "empty", histogram: &b },
+            ],
         );
         assert!(svg.starts_with("<svg"));
         assert!(svg.trim_end().ends_with("</svg>"));

@@ -1,2 +1,37 @@
-//! `fastlane`: the command-line tool (being written).
-fn main() {}
+//! `fastlane`: the FastLane command-line tool.
+//!
+//! One subcommand per module; `main` only parses, dispatches, and turns an error into a
+//! message on stderr and exit status 1.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod hist;
+
+#[derive(Debug, Parser)]
+#[command(name = "fastlane", version, about = "FastLane: a low-latency userspace data path")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Latency percentiles, comparisons and plots from HdrHistogram interval logs (.hlog).
+    Hist(hist::HistArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Hist(args) => hist::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

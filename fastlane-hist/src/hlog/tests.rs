@@ -17,7 +17,9 @@ fn hist(values: impl IntoIterator<Item = u64>) -> Histogram<u64> {
 }
 
 /// Three intervals, two tags, one untagged, one empty.
-fn sample_log() -> (Vec<u8>, Vec<(Option<&'static str>, Histogram<u64>)>) {
+type Written = Vec<(Option<&'static str>, Histogram<u64>)>;
+
+fn sample_log() -> (Vec<u8>, Written) {
     let intervals = vec![
         (None, hist((1..=1000).map(|v| v * 1000))),
         (Some("read"), hist([5, 5, 5, 60_000_000_000])),
@@ -143,7 +145,11 @@ Tag=A,1.134,0.999,0.442,HISTFAAAAEJ42pNpmSzMwMAgxwABTBDKT4GBgdnNYMcCBvsPEBEWLj45
     assert_eq!(file.intervals[1].tag.as_deref(), Some("A"));
     for iv in &file.intervals {
         let max_ms = iv.histogram.max() as f64 / MAX_VALUE_DIVISOR;
-        assert!((max_ms - iv.max_column).abs() / iv.max_column < 0.01, "{max_ms} vs {}", iv.max_column);
+        assert!(
+            (max_ms - iv.max_column).abs() / iv.max_column < 0.01,
+            "{max_ms} vs {}",
+            iv.max_column
+        );
     }
 }
 
@@ -208,7 +214,8 @@ fn bad_number_names_line() {
         assert_eq!(line, at, "{broken}");
         assert!(reason.starts_with("bad "), "{reason}");
     }
-    let (line, reason) = corrupt_line(&with_line(&text, 3, "#[StartTime: soon (seconds since epoch)]"));
+    let (line, reason) =
+        corrupt_line(&with_line(&text, 3, "#[StartTime: soon (seconds since epoch)]"));
     assert_eq!(line, 3);
     assert!(reason.contains("time"), "{reason}");
 }
@@ -223,7 +230,8 @@ fn wrong_cookie_names_line() {
     let engine = base64::engine::general_purpose::STANDARD;
     let mut raw = engine.decode(payload).unwrap();
     raw[3] = 0x15;
-    let (line, reason) = corrupt_line(&with_line(&text, at, &format!("{prefix},{}", engine.encode(&raw))));
+    let (line, reason) =
+        corrupt_line(&with_line(&text, at, &format!("{prefix},{}", engine.encode(&raw))));
     assert_eq!(line, at);
     assert!(reason.contains("cookie"), "{reason}");
 
@@ -237,7 +245,8 @@ fn wrong_cookie_names_line() {
     let mut outer = V2_COMPRESSED_COOKIE.to_be_bytes().to_vec();
     outer.extend_from_slice(&(deflated.len() as u32).to_be_bytes());
     outer.extend_from_slice(&deflated);
-    let (line, reason) = corrupt_line(&with_line(&text, at, &format!("{prefix},{}", engine.encode(&outer))));
+    let (line, reason) =
+        corrupt_line(&with_line(&text, at, &format!("{prefix},{}", engine.encode(&outer))));
     assert_eq!(line, at);
     assert!(reason.contains("inner cookie"), "{reason}");
 }
