@@ -83,6 +83,10 @@ fi
 
 stage=$(mktemp -d "$cache/.build.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
+# apt-get download fetches as the unprivileged _apt user when it can write the directory.
+if [ "$(id -u)" -eq 0 ] && id _apt >/dev/null 2>&1; then
+    chown _apt "$stage"
+fi
 
 log "downloading $kpkg"
 (cd "$stage" && timeout 900 apt-get download -q "$kpkg" >&2)
