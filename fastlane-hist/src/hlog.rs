@@ -413,7 +413,7 @@ impl HistogramDecoder {
                 deflated.len()
             ));
         }
-        inflate_bounded(deflated, &mut self.inflated)?;
+        inflate_bounded(deflated, &mut self.inflated, MAX_INFLATED_BYTES)?;
         let v2 = &self.inflated[..];
         if v2.len() < V2_HEADER_BYTES {
             return Err(format!(
@@ -446,16 +446,16 @@ fn be_u32(b: &[u8]) -> u32 {
 }
 
 /// Inflate a zlib stream into `out`, failing on truncation, trailing bytes or more than
-/// [`MAX_INFLATED_BYTES`] of output.
-fn inflate_bounded(input: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+/// `limit` bytes of output.
+fn inflate_bounded(input: &[u8], out: &mut Vec<u8>, limit: usize) -> Result<(), String> {
     out.clear();
     let mut inflater = Decompress::new(true);
     loop {
         if out.len() == out.capacity() {
-            if out.len() >= MAX_INFLATED_BYTES {
-                return Err(format!("histogram inflates past {MAX_INFLATED_BYTES} bytes"));
+            if out.len() >= limit {
+                return Err(format!("histogram inflates past {limit} bytes"));
             }
-            let grow = out.len().clamp(4096, MAX_INFLATED_BYTES - out.len());
+            let grow = out.len().clamp(4096, limit - out.len());
             out.reserve(grow);
         }
         let in_before = inflater.total_in();

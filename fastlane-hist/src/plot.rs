@@ -176,6 +176,7 @@ fn nines_label(decade: u32) -> String {
     match decade {
         0 => "0%".to_owned(),
         1 => "90%".to_owned(),
+        2 => "99%".to_owned(),
         n => format!("99.{}%", "9".repeat(n as usize - 2)),
     }
 }
@@ -242,6 +243,7 @@ mod tests {
         let (step, top) = nice_axis(2_000_895.0);
         assert_eq!(step, 500_000.0);
         assert_eq!(top, 2_500_000.0);
-        assert_eq!(nines_label(3), "99.9%");
+        let labels: Vec<String> = (0..5).map(nines_label).collect();
+        assert_eq!(labels, ["0%", "90%", "99%", "99.9%", "99.99%"]);
     }
 }

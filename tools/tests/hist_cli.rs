@@ -212,7 +212,7 @@ fn plot_writes_one_line_per_input() {
     assert_eq!(svg.matches("<polyline").count(), 2);
     assert_eq!(svg.matches("<svg").count(), 1);
     assert_eq!(svg.matches('<').count(), svg.matches('>').count());
-    for label in [s(&a), s(&b), ">percentile<", ">latency<", ">99.9%<", ">0%<"] {
+    for label in [s(&a), s(&b), ">percentile<", ">latency<", ">99%<", ">99.9%<", ">0%<"] {
         assert!(svg.contains(label), "{label}");
     }
     // --compare plots A and B as well.

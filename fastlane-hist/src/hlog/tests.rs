@@ -290,11 +290,26 @@ fn hostile_headers_are_refused_before_allocating() {
     v.extend_from_slice(&[0xbf, 0x9a, 0x0c, 0x02]); // skip 100000 zeros, then a count of 1
     let (_, reason) = corrupt_line(wrap(&v).as_bytes());
     assert!(reason.contains("longer"), "{reason}");
-    // Inflates far past the limit.
-    let mut big = header(0, 3, 1, 1000);
-    big.resize(MAX_INFLATED_BYTES + 100, 0);
-    let (_, reason) = corrupt_line(wrap(&big).as_bytes());
+}
+
+#[test]
+fn inflation_is_bounded() {
+    let zeros = vec![0u8; 3 << 20];
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut z, &zeros).unwrap();
+    let deflated = z.finish().unwrap();
+    let mut out = Vec::new();
+    let reason = inflate_bounded(&deflated, &mut out, 1 << 20).unwrap_err();
     assert!(reason.contains("inflates past"), "{reason}");
+    assert!(out.len() <= 1 << 20);
+    inflate_bounded(&deflated, &mut out, 4 << 20).unwrap();
+    assert_eq!(out, zeros);
+    let reason = inflate_bounded(&deflated[..deflated.len() - 3], &mut out, 4 << 20).unwrap_err();
+    assert!(reason.contains("truncated"), "{reason}");
+    let mut trailing = deflated.clone();
+    trailing.push(0);
+    let reason = inflate_bounded(&trailing, &mut out, 4 << 20).unwrap_err();
+    assert!(reason.contains("after the end"), "{reason}");
 }
 
 /// Every truncation and many single-byte corruptions of a small log either parse or give
