@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod hist;
 
 #[derive(Debug, Parser)]
@@ -18,6 +19,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Measure FastLane's paths against their floor or peer, in one run.
+    Bench(bench::BenchArgs),
     /// Latency percentiles, comparisons and plots from HdrHistogram interval logs (.hlog).
     Hist(hist::HistArgs),
 }
@@ -25,6 +28,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Bench(args) => bench::run(&args),
         Command::Hist(args) => hist::run(&args),
     };
     match result {
