@@ -48,8 +48,8 @@
 //! | 268 | 116 | reserved (0) | |
 //! | 384 | capacity | data area | |
 //!
-//! The cursors are monotonic `u64` byte counts that never wrap (2^64 bytes is centuries at any
-//! bandwidth); the position in the data area is `cursor & (capacity - 1)`. `tail - head` is the
+//! The cursors are monotonic `u64` byte counts that never wrap (2^64 bytes is 58 years at
+//! 10 GB/s; a producer refuses to go past it); the position in the data area is `cursor & (capacity - 1)`. `tail - head` is the
 //! number of bytes published and not yet released, never more than the capacity. Each cursor
 //! has its own 128-byte line, together with the park word that its *writer* checks right after
 //! writing it, so the fast path touches only lines a side already owns; the waiting side writes

@@ -43,30 +43,37 @@ impl Peer {
         self.map.len()
     }
 
+    /// A pointer to `size` bytes at `off`, asserted to lie inside the mapping and be aligned.
+    fn at(&self, off: usize, size: usize) -> *mut u8 {
+        assert!(off % size == 0 && off + size <= self.map.len());
+        self.map.as_mut_ptr().wrapping_add(off)
+    }
+
     fn write_u64(&self, off: usize, value: u64) {
-        assert!(off % 8 == 0 && off + 8 <= self.map.len());
+        let ptr = self.at(off, 8).cast::<u64>();
         // SAFETY:
-        // - `off + 8` is inside the mapping (asserted) and 8-aligned in a page-aligned mapping.
-        // - The mapping lives as long as `self`. The ring under test reads these bytes only
-        //   atomically or by copy; a volatile write is what another process's store would be.
-        unsafe { self.map.as_mut_ptr().add(off).cast::<u64>().write_volatile(value) }
+        // - `at` asserted the 8 bytes lie inside the mapping, aligned (the mapping starts on a
+        //   page boundary), and the mapping lives as long as `self`.
+        // - The ring under test reads these bytes only atomically or by copy; a volatile write
+        //   is what another process's plain store would be.
+        unsafe { ptr.write_volatile(value) }
     }
 
     fn write_u32(&self, off: usize, value: u32) {
-        assert!(off % 4 == 0 && off + 4 <= self.map.len());
+        let ptr = self.at(off, 4).cast::<u32>();
         // SAFETY: as in `write_u64`, for 4 aligned bytes inside the mapping.
-        unsafe { self.map.as_mut_ptr().add(off).cast::<u32>().write_volatile(value) }
+        unsafe { ptr.write_volatile(value) }
     }
 
     fn read_u64(&self, off: usize) -> u64 {
-        assert!(off % 8 == 0 && off + 8 <= self.map.len());
+        let ptr = self.at(off, 8).cast::<u64>();
         // SAFETY: as in `write_u64`, a read of 8 aligned bytes inside the mapping.
-        unsafe { self.map.as_ptr().add(off).cast::<u64>().read_volatile() }
+        unsafe { ptr.read_volatile() }
     }
 
     /// Writes a record header word (`len` low, `type` high) at data-area position `idx`.
     fn record_header(&self, idx: u64, len: u32, record_type: u32) {
-        self.write_u64(DATA_OFFSET + idx as usize, u64::from(len) | u64::from(record_type) << 32);
+        self.write_u64(DATA_OFFSET + idx as usize, u64::from(len) | (u64::from(record_type) << 32));
     }
 }
 
@@ -111,6 +118,20 @@ fn tail_past_capacity() {
     let (_ring, _tx, mut rx, peer) = ring(256);
     peer.write_u64(OFF_TAIL, u64::MAX - 7);
     assert_eq!(corrupt_what(drain(&mut rx)), "tail more than capacity ahead of head");
+}
+
+#[test]
+fn cursors_planted_near_the_end_of_u64() {
+    let ring = ShmRing::create_memfd("hostile", 256).unwrap();
+    let peer = Peer::of(&ring);
+    peer.write_u64(OFF_TAIL, u64::MAX - 7);
+    peer.write_u64(OFF_HEAD, u64::MAX - 7);
+    let mut tx = ring.producer().unwrap();
+    let mut rx = ring.consumer().unwrap();
+    assert_eq!(corrupt_what(tx.try_push(1, &[0; 8])), "tail would overflow");
+    assert_eq!(drain(&mut rx).unwrap(), 0);
+    peer.write_u64(OFF_TAIL, 8);
+    assert_eq!(corrupt_what(drain(&mut rx)), "tail moved backwards");
 }
 
 #[test]
@@ -347,10 +368,13 @@ fn scribble(rng: &mut Rng, peer: &Peer, capacity: u64) {
     match rng.below(10) {
         0..=4 => {
             // A word in the data area, often exactly where the next record header is.
-            let idx =
-                if rng.below(2) == 0 { head % capacity & !7 } else { rng.below(capacity / 8) * 8 };
+            let idx = if rng.below(2) == 0 {
+                (head % capacity) & !7
+            } else {
+                rng.below(capacity / 8) * 8
+            };
             let word = match rng.below(4) {
-                0 => u64::from(PAD_TYPE) << 32 | rng.below(capacity * 2),
+                0 => (u64::from(PAD_TYPE) << 32) | rng.below(capacity * 2),
                 1 => rng.below(capacity + 64),
                 _ => nasty(rng, capacity - idx, capacity),
             };
@@ -360,8 +384,7 @@ fn scribble(rng: &mut Rng, peer: &Peer, capacity: u64) {
         7 => peer.write_u64(OFF_HEAD, nasty(rng, head, capacity)),
         8 => peer.write_u32(OFF_DATA_WAITER, rng.next() as u32),
         _ => {
-            let off =
-                [OFF_MAGIC, OFF_CAPACITY, OFF_ROOM_WAITER as usize & !7][rng.below(3) as usize];
+            let off = [OFF_MAGIC, OFF_CAPACITY, OFF_ROOM_WAITER & !7][rng.below(3) as usize];
             peer.write_u64(off, nasty(rng, capacity, capacity));
         }
     }

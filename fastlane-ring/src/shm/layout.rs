@@ -16,7 +16,10 @@ pub const HEADER_LEN: usize = 384;
 /// Offset of the data area from the start of the mapping (same as [`HEADER_LEN`] in v1).
 pub const DATA_OFFSET: usize = HEADER_LEN;
 
-/// Byte offsets of the header fields (what [`Header`] asserts at compile time).
+// Byte offsets of the header fields; the private `Header` struct asserts each one at compile
+// time.
+
+/// `u64` magic, [`MAGIC`].
 pub const OFF_MAGIC: usize = 0;
 /// `u32` ABI version.
 pub const OFF_VERSION: usize = 8;

@@ -222,6 +222,13 @@ impl Producer {
         let span = record_span(len as u64);
         let to_end = capacity - (self.tail & self.shared.mask());
         let (pad, needed) = if span <= to_end { (0, span) } else { (to_end, to_end + span) };
+        if self.tail.checked_add(needed).is_none() {
+            // Only a cursor planted by the peer before we attached gets here (2^64 bytes is
+            // decades of traffic).
+            let c = corrupt("tail would overflow", self.tail, needed);
+            self.poison = Some(c);
+            return Err(c.into());
+        }
         if needed > capacity - (self.tail - self.head) {
             self.refresh_head()?;
             let free = capacity - (self.tail - self.head);
