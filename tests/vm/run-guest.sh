@@ -120,7 +120,10 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 root="$tmp/root"
-mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,etc/fastlane,proc,sys,dev,tmp,run,root,mnt,lib/modules/"$release"}
+# Merged /usr like the Debian 12 host (/bin, /sbin, /lib, /lib64 are links into /usr), so a
+# library lands at one place whichever of its two paths ldd or a --lib/--file names.
+mkdir -p "$root"/{usr/bin,usr/sbin,usr/lib64,usr/lib/modules/"$release",etc/fastlane,proc,sys,dev,tmp,run,root,mnt}
+for d in bin sbin lib lib64; do ln -s "usr/$d" "$root/$d"; done
 
 # Copy a file to the same absolute path under $root (symlinks followed).
 copy_abs() {
