@@ -266,17 +266,54 @@ fn ten_million_records_over_a_dev_shm_file() {
     consume_and_verify(&ring, &mut child, count);
 }
 
-#[test]
-fn ten_million_records_over_an_inherited_memfd() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let count = record_count();
+/// A ring in a memfd, and a producer child that inherits it.
+fn memfd_ring_and_child(count: u64) -> (ShmRing, Child) {
     let ring = ShmRing::create_memfd("fastlane-ring-test", RING_BYTES).expect("create_memfd");
     // A duplicate without FD_CLOEXEC for the child to inherit; closed here once it is spawned.
     let fd = ring.as_fd().try_clone_to_owned().expect("dup");
     // SAFETY: F_SETFD on a descriptor we own; no memory is passed.
     let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) };
     assert_eq!(rc, 0, "clear FD_CLOEXEC");
-    let mut child = spawn_child(&format!("fd:{}", fd.as_raw_fd()), count);
+    let child = spawn_child(&format!("fd:{}", fd.as_raw_fd()), count);
     drop(fd);
+    (ring, child)
+}
+
+#[test]
+fn ten_million_records_over_an_inherited_memfd() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let count = record_count();
+    let (ring, mut child) = memfd_ring_and_child(count);
     consume_and_verify(&ring, &mut child, count);
+}
+
+/// The producer process goes away (here: it stops after 1000 records and exits); the consumer
+/// gets `Timeout` from its deadline, not a hang.
+#[test]
+fn a_gone_producer_is_a_timeout_not_a_hang() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (ring, mut child) = memfd_ring_and_child(1000);
+    let mut rx = ring.consumer().expect("claim consumer");
+    let start = Instant::now();
+    let mut seen = 0;
+    loop {
+        assert!(start.elapsed() < RUN_TIMEOUT, "consumer hung");
+        match rx.wait_batch(256, Some(Instant::now() + Duration::from_millis(200))) {
+            Ok(mut batch) => {
+                while batch.next_record().expect("next_record").is_some() {
+                    seen += 1;
+                }
+                batch.release();
+            }
+            Err(ShmError::Timeout) if child.try_wait().unwrap().is_some() => break,
+            Err(ShmError::Timeout) => {}
+            Err(e) => panic!("wait_batch: {e:?}"),
+        }
+    }
+    assert_eq!(seen, 1000);
+    assert!(reap(&mut child, PEER_TIMEOUT).success());
+    let waited = Instant::now();
+    let deadline = Some(waited + Duration::from_millis(50));
+    assert!(matches!(rx.wait_batch(1, deadline), Err(ShmError::Timeout)));
+    assert!(waited.elapsed() < Duration::from_secs(5));
 }
