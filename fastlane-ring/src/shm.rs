@@ -49,8 +49,9 @@
 //! | 384 | capacity | data area | |
 //!
 //! The cursors are monotonic `u64` byte counts that never wrap (2^64 bytes is 58 years at
-//! 10 GB/s; a producer refuses to go past it); the position in the data area is `cursor & (capacity - 1)`. `tail - head` is the
-//! number of bytes published and not yet released, never more than the capacity. Each cursor
+//! 10 GB/s; a producer refuses to go past it); the position in the data area is
+//! `cursor & (capacity - 1)`. `tail - head` is the number of bytes published and not yet
+//! released, never more than the capacity. Each cursor
 //! has its own 128-byte line, together with the park word that its *writer* checks right after
 //! writing it, so the fast path touches only lines a side already owns; the waiting side writes
 //! the other side's line only when it is about to sleep.
@@ -121,11 +122,15 @@
 //! may then load a byte twice and see two values where the source read it once (a check on the
 //! first load, a use of the second). A private copy is stable; validate the copy, then use it.
 //! For a trusted producer, [`Record::as_bytes`] is an `unsafe fn` whose contract is exactly
-//! that promise. The producer side hands out `&mut [u8]` from [`Producer::reserve`] for
-//! zero-copy writes: a well-behaved consumer never touches unpublished space, and if a hostile
-//! one does, the producer's own staging bytes (plain `u8`, every value valid) may change under
-//! it. The ring itself never reads them back; [`Producer::try_push`] copies without forming a
-//! reference at all.
+//! that promise.
+//!
+//! The producer side hands out `&mut [u8]` from [`Producer::reserve`] for zero-copy writes. A
+//! well-behaved consumer never touches unpublished space. A hostile one can write behind that
+//! `&mut`, which Rust's memory model has no words for (the writer is outside the program); it
+//! is harmless here only because the bytes are `u8` (no invalid values), the ring never reads
+//! them back or derives a length or an index from them, and the worst outcome is that the
+//! producer's own code reads back something other than what it wrote. Producers that want no
+//! reference into the mapping at all use [`Producer::try_push`], which copies.
 //!
 //! # Cost
 //!
