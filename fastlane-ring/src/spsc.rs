@@ -1175,12 +1175,18 @@ mod tests {
     #[test]
     fn uncommitted_chunks_publish_nothing() {
         let (mut tx, mut rx) = channel::<u32>(4);
-        let mut chunk = tx.write_chunk_uninit(2).unwrap();
-        chunk.as_mut_slices().0[0].write(5);
-        drop(chunk);
+        {
+            let mut chunk = tx.write_chunk_uninit(2).unwrap();
+            chunk.as_mut_slices().0[0].write(5);
+            // Goes out of scope without a commit.
+        }
         assert!(rx.is_empty());
         tx.push(6).unwrap();
-        drop(rx.read_chunk(1).unwrap());
+        {
+            let chunk = rx.read_chunk(1).unwrap();
+            assert_eq!(chunk.as_slices().0, &[6]);
+            // Goes out of scope without a commit.
+        }
         assert_eq!(rx.pop(), Ok(6));
     }
 
