@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod hist;
+mod serve;
 
 #[derive(Debug, Parser)]
 #[command(name = "fastlane", version, about = "FastLane: a low-latency userspace data path")]
@@ -23,6 +24,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Latency percentiles, comparisons and plots from HdrHistogram interval logs (.hlog).
     Hist(hist::HistArgs),
+    /// Export a block backend as a vhost-user-blk device on a Unix socket.
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +33,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Hist(args) => hist::run(&args),
+        Command::Serve(args) => serve::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

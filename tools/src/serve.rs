@@ -1,0 +1,217 @@
+//! `fastlane serve`: export a block backend as a vhost-user-blk device on a Unix socket.
+//!
+//! Serves one frontend (QEMU, qemu-storage-daemon's clients, virtio-driver) at a time and the
+//! next one after it disconnects. SIGINT/SIGTERM: drop the frontend, flush the backend, remove
+//! the socket, and write per-queue latency histograms when `--hlog` is given.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use fastlane_nvme::block::spec::{BackendSpec, SpecOptions};
+use fastlane_nvme::block::{BlockDevice, BlockOp, BlockRequest, Completion};
+use fastlane_nvme::vhost::{BlkServer, StopHandle, VhostBlkOptions};
+
+/// `fastlane serve` options.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Unix socket the frontend connects to (replaced if it exists).
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// What to export: `mem:SIZE` (RAM disk, e.g. mem:256M) or `file:PATH` (io_uring).
+    #[arg(long, default_value = "mem:256M")]
+    pub backend: String,
+    /// Virtqueues, one worker thread each (QEMU's num-queues must not exceed it).
+    #[arg(long, default_value_t = 1)]
+    pub queues: u16,
+    /// Export read-only (VIRTIO_BLK_F_RO).
+    #[arg(long)]
+    pub readonly: bool,
+    /// `file:` backends: open with O_DIRECT.
+    #[arg(long)]
+    pub direct: bool,
+    /// Busy-poll window after activity, in µs (0: sleep on the eventfds at once).
+    #[arg(long, default_value_t = 50)]
+    pub poll_us: u32,
+    /// At exit, write per-queue request latency histograms (ns) to this .hlog file.
+    #[arg(long)]
+    pub hlog: Option<PathBuf>,
+    /// GET_ID serial (at most 20 bytes).
+    #[arg(long, default_value = "fastlane")]
+    pub serial: String,
+}
+
+/// Run `fastlane serve` until SIGINT/SIGTERM.
+pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
+    init_logging();
+    // Block the stop signals before any thread exists, so every thread inherits the mask and
+    // only the signal thread below receives them (with sigwait).
+    let signals = block_stop_signals().context("cannot block SIGINT/SIGTERM")?;
+
+    let spec: BackendSpec = args.backend.parse().context("bad --backend")?;
+    let device = spec
+        .open(&SpecOptions {
+            read_only: args.readonly,
+            direct: args.direct,
+            ..SpecOptions::default()
+        })
+        .with_context(|| format!("cannot open backend {spec}"))?;
+    let options = VhostBlkOptions {
+        num_queues: args.queues,
+        poll_us: args.poll_us,
+        serial: args.serial.clone(),
+        read_only: args.readonly,
+        ..VhostBlkOptions::default()
+    };
+    let mut server = BlkServer::bind(&args.socket, device.clone(), &options)
+        .with_context(|| format!("cannot serve on {}", args.socket.display()))?;
+    print_qemu_command(&args.socket, args.queues);
+
+    let stop = server.stop_handle();
+    spawn_signal_thread(signals, stop.clone())?;
+
+    let started = Instant::now();
+    let result = server.run();
+    let stats = server.stats();
+    let socket = server.socket().to_path_buf();
+    // Dropping the server drops its listener, which removes the socket file.
+    drop(server);
+    if socket.exists() {
+        let _ = std::fs::remove_file(&socket);
+    }
+    log::info!("stopped; socket {} removed", socket.display());
+
+    if let Err(e) = flush(&*device) {
+        log::error!("final flush failed: {e}");
+    }
+    let summary = stats.summary();
+    if !summary.is_empty() {
+        log::info!("totals:\n{}", summary.trim_end());
+    }
+    if let Some(path) = &args.hlog {
+        let mut file = std::fs::File::create(path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        stats
+            .write_hlog(&mut file, started.elapsed().as_secs_f64())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        log::info!("latency histograms written to {}", path.display());
+    }
+    result.context("vhost-user-blk server failed")
+}
+
+fn print_qemu_command(socket: &std::path::Path, queues: u16) {
+    println!("# Attach a QEMU guest (guest RAM must be a shared memfd; match size= to -m):");
+    println!(
+        "qemu-system-x86_64 -m 1G \\\n  -object memory-backend-memfd,id=mem,size=1G,share=on \\\n  -machine memory-backend=mem \\\n  -chardev socket,id=char0,path={} \\\n  -device vhost-user-blk-pci,chardev=char0,num-queues={queues}",
+        socket.display()
+    );
+    let _ = std::io::stdout().flush();
+}
+
+/// Flush the backend once on shutdown.
+fn flush(device: &dyn BlockDevice) -> anyhow::Result<()> {
+    let mut queue = device.open_queue(1).context("cannot open a queue to flush")?;
+    let req = BlockRequest { op: BlockOp::Flush, offset: 0, len: 0, segments: &[], tag: 0 };
+    // SAFETY:
+    // - a flush names no memory: there are no segments to keep alive.
+    if unsafe { queue.submit(req) }.is_err() {
+        bail!("flush: queue full");
+    }
+    let mut out = [Completion::EMPTY; 1];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if queue.complete(&mut out) == 1 {
+            return out[0].result.map(|_| ()).map_err(|e| anyhow::anyhow!("flush: {e}"));
+        }
+        if Instant::now() > deadline {
+            bail!("flush did not complete within 30 s");
+        }
+        queue.wait(Some(Duration::from_millis(100)))?;
+    }
+}
+
+fn block_stop_signals() -> std::io::Result<libc::sigset_t> {
+    // SAFETY:
+    // - `set` is a plain C struct that sigemptyset fully initializes before any other use.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY:
+    // - `set` is a valid, writable sigset_t on our stack; these calls only write into it.
+    let rc = unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
+    };
+    if rc != 0 {
+        return Err(std::io::Error::from_raw_os_error(rc));
+    }
+    Ok(set)
+}
+
+fn spawn_signal_thread(set: libc::sigset_t, stop: Arc<StopHandle>) -> anyhow::Result<()> {
+    std::thread::Builder::new()
+        .name("fastlane-signals".into())
+        .spawn(move || loop {
+            let mut sig: libc::c_int = 0;
+            // SAFETY:
+            // - `set` is an initialized sigset_t owned by this closure; `sig` is a valid
+            //   out-parameter on our stack.
+            let rc = unsafe { libc::sigwait(&set, &mut sig) };
+            if rc == 0 && (sig == libc::SIGINT || sig == libc::SIGTERM) {
+                log::info!("signal {sig}: shutting down");
+                stop.stop();
+                return;
+            }
+        })
+        .context("cannot spawn the signal thread")?;
+    Ok(())
+}
+
+/// A minimal stderr logger with wall-clock timestamps; `RUST_LOG=debug|info|warn|error`.
+struct StderrLogger {
+    level: log::LevelFilter,
+    start: Instant,
+}
+
+impl log::Log for StderrLogger {
+    fn enabled(&self, meta: &log::Metadata<'_>) -> bool {
+        meta.level() <= self.level
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        eprintln!(
+            "[{}.{:06} +{:.3}s {:5} {}] {}",
+            now.as_secs(),
+            now.subsec_micros(),
+            self.start.elapsed().as_secs_f64(),
+            record.level(),
+            record.target(),
+            record.args()
+        );
+    }
+
+    fn flush(&self) {}
+}
+
+fn init_logging() {
+    let level = match std::env::var("RUST_LOG").ok().as_deref() {
+        Some("trace") => log::LevelFilter::Trace,
+        Some("debug") => log::LevelFilter::Debug,
+        Some("warn") => log::LevelFilter::Warn,
+        Some("error") => log::LevelFilter::Error,
+        Some("off") => log::LevelFilter::Off,
+        _ => log::LevelFilter::Info,
+    };
+    let logger = Box::leak(Box::new(StderrLogger { level, start: Instant::now() }));
+    if log::set_logger(logger).is_ok() {
+        log::set_max_level(level);
+    }
+}
