@@ -33,15 +33,16 @@
 //! - Consumer: reads (moves out of, or drops) the slot, then `head.store(Release)`. The
 //!   producer's `head.load(Acquire)` that observes it orders the consumer's read before the
 //!   producer overwrites the slot.
-//! - Waking: after each publish the publishing side calls [`ParkFlag::notify`] on the other
-//!   side's flag (one `SeqCst` fence and one relaxed load when nobody sleeps); see `wait.rs` for
-//!   the handshake. The notify is skipped altogether on channels whose strategy never parks
+//! - Waking: after each publish the publishing side calls `ParkFlag::notify` on the other side's
+//!   flag (one `SeqCst` fence and one relaxed load when nobody sleeps); see `wait.rs` for the
+//!   handshake. The notify is skipped altogether on channels whose strategy never parks
 //!   ([`WaitStrategy::BusySpin`], [`WaitStrategy::SpinYield`]): there nobody can be asleep on a
 //!   flag, since the waiting side re-reads the index itself. Notifying only when the ring was
 //!   *observed* empty (or full) is not sound with cached indices: the producer's cached `head` is
 //!   stale, so it can believe the ring is non-empty while the consumer has drained it and is
-//!   going to sleep, and refreshing `head` on every push would cost a cache miss, more than the
-//!   fence it saves.
+//!   going to sleep (the loom model `parked_consumer_is_woken_by_push_after_it_drained_the_ring`
+//!   deadlocks with that scheme), and refreshing `head` on every push would cost a cache miss,
+//!   more than the fence it saves.
 //!
 //! # Syscalls
 //!
