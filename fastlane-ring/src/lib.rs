@@ -8,9 +8,9 @@
 //! What this crate does not do: more than one producer or consumer per ring, allocation after
 //! construction, or any syscall in a `try_*` operation.
 
-pub mod spsc;
 #[cfg(not(loom))]
 pub mod shm;
+pub mod spsc;
 pub(crate) mod sync;
 mod wait;
 
