@@ -88,11 +88,12 @@ impl SharedBuf {
 
     fn slice(&mut self, off: usize, len: usize) -> &mut [u8] {
         assert!(off + len <= self.len);
+        let start = self.ptr.wrapping_add(off);
         // SAFETY:
         // - `off + len <= self.len`, inside our mapping, which lives as long as `self`;
         // - the backend writes into it only while a request is in flight, and the tests only
         //   look at a buffer after its request completed.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off), len) }
+        unsafe { std::slice::from_raw_parts_mut(start, len) }
     }
 }
 

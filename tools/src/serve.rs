@@ -138,13 +138,17 @@ fn block_stop_signals() -> std::io::Result<libc::sigset_t> {
     // - `set` is a plain C struct that sigemptyset fully initializes before any other use.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY:
-    // - `set` is a valid, writable sigset_t on our stack; these calls only write into it.
-    let rc = unsafe {
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut())
-    };
+    // - `set` is a valid, writable sigset_t on our stack; the call only writes into it.
+    unsafe { libc::sigemptyset(&mut set) };
+    // SAFETY:
+    // - as above; SIGINT is a valid signal number.
+    unsafe { libc::sigaddset(&mut set, libc::SIGINT) };
+    // SAFETY:
+    // - as above; SIGTERM is a valid signal number.
+    unsafe { libc::sigaddset(&mut set, libc::SIGTERM) };
+    // SAFETY:
+    // - `set` is initialized; a null old-set pointer is allowed and means "don't report".
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
     if rc != 0 {
         return Err(std::io::Error::from_raw_os_error(rc));
     }

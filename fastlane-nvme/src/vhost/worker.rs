@@ -231,10 +231,7 @@ impl Worker {
         }
         let mut consumed = 0usize;
         let mut used = 0usize;
-        loop {
-            let Some(chain) = st.get_queue_mut().pop_descriptor_chain(&*mem) else {
-                break;
-            };
+        while let Some(chain) = st.get_queue_mut().pop_descriptor_chain(&*mem) {
             let head = chain.head_index();
             match self.start(&mem, head, chain) {
                 Started::Done(len) => {
