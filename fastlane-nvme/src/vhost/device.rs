@@ -218,16 +218,24 @@ impl VhostUserBackend for BlkBackend {
         });
         worker.run();
         // The block queue is opened lazily by the worker; sleep on its completions too.
-        if let Some(fd) = worker.take_unregistered_completion_fd() {
+        if let Some(fd) = worker.unregistered_completion_fd() {
             let handler =
                 self.handlers.get().and_then(|h| h.get(thread_id)).and_then(Weak::upgrade);
-            match handler {
+            let registered = match handler {
                 Some(h) => h.register_listener(
                     fd,
                     EventSet::IN | EventSet::EDGE_TRIGGERED,
                     u64::from(self.completion_event()),
-                )?,
-                None => warn!("queue {thread_id}: no epoll handler for the completion eventfd"),
+                ),
+                None => Err(std::io::Error::other("no epoll handler")),
+            };
+            // Unregistered, the worker keeps waiting on the block queue itself (bounded waits)
+            // while requests are in flight: slower, still correct.
+            match registered {
+                Ok(()) => worker.mark_completion_fd_registered(),
+                Err(e) => {
+                    warn!("queue {thread_id}: cannot watch the block queue's completions: {e}")
+                }
             }
             // Completions may have arrived before the registration: look once more.
             worker.run();

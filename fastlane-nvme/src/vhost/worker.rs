@@ -154,15 +154,19 @@ impl Worker {
         self.queue.as_ref().map_or(0, |q| q.in_flight())
     }
 
-    /// The block queue's completion eventfd, if it has been opened and has one that is not yet
-    /// registered; marks it registered.
-    pub fn take_unregistered_completion_fd(&mut self) -> Option<std::os::fd::RawFd> {
+    /// The block queue's completion eventfd, if the queue is open, has one, and it is not yet
+    /// registered with epoll.
+    pub fn unregistered_completion_fd(&self) -> Option<std::os::fd::RawFd> {
         if self.completion_fd_registered {
             return None;
         }
-        let fd = self.queue.as_ref()?.completion_fd()?;
+        self.queue.as_ref()?.completion_fd()
+    }
+
+    /// The completion eventfd is now watched by epoll: the worker may sleep with requests in
+    /// flight.
+    pub fn mark_completion_fd_registered(&mut self) {
         self.completion_fd_registered = true;
-        Some(fd)
     }
 
     fn qstats(&self) -> &QueueStats {
