@@ -12,6 +12,9 @@
 //!
 //! `FASTLANE_SHM_RECORDS` overrides the record count (default 10 million per run).
 
+// The shared-memory ring needs mmap and futexes; loom builds leave it out.
+#![cfg(not(loom))]
+
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
