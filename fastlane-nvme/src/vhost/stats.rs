@@ -8,26 +8,25 @@
 //! its own histogram, without a lock, and merged into the queue's shared histogram when the
 //! worker stops (vring stopped, frontend gone).
 //!
-//! TODO(fastlane-hist): the `fastlane-hist` crate is still a placeholder; this uses
-//! `hdrhistogram` directly. Switch the recorder and the `.hlog` writer to fastlane-hist's API
-//! once it lands, so `fastlane hist` reads these files with the same code that writes them.
+//! Histograms come from `fastlane_hist` (same range and precision as every other recorder in
+//! FastLane) and are written with its `HlogWriter`, so `fastlane hist` reads them.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use hdrhistogram::serialization::interval_log::IntervalLogWriterBuilder;
-use hdrhistogram::serialization::V2Serializer;
+use fastlane_hist::{HlogWriter, RecorderConfig};
 use hdrhistogram::Histogram;
 
 use super::request::RejectReason;
 
 /// Highest latency a histogram records (larger values are clamped): 60 s in ns.
-pub const LATENCY_NS_MAX: u64 = 60_000_000_000;
+pub const LATENCY_NS_MAX: u64 = fastlane_hist::DEFAULT_LATENCY_NS_MAX;
 
-/// A latency histogram with the bounds every queue uses (1 ns to 60 s, 3 significant digits).
+/// A latency histogram with the bounds every FastLane recorder uses (1 ns to 60 s, 3
+/// significant digits).
 pub fn new_latency_histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, LATENCY_NS_MAX, 3).expect("static histogram bounds")
+    RecorderConfig::default().new_histogram().expect("default recorder bounds are valid")
 }
 
 /// Counters of one virtqueue.
@@ -148,27 +147,17 @@ impl BlkStats {
 
     /// Write every queue's latency histogram (ns) as one interval of an HdrHistogram log
     /// (`.hlog`), tagged `queue<N>`.
-    pub fn write_hlog<W: Write>(&self, out: &mut W, elapsed_s: f64) -> std::io::Result<()> {
-        let mut ser = V2Serializer::new();
-        let mut w = IntervalLogWriterBuilder::new()
-            .add_comment("fastlane serve: vhost-user-blk request latency, ns, per queue")
-            .with_max_value_divisor(1.0)
-            .begin_log_with(out, &mut ser)
+    pub fn write_hlog<W: Write>(&self, out: W, elapsed_s: f64) -> std::io::Result<()> {
+        let mut w = HlogWriter::new(out).map_err(std::io::Error::other)?;
+        w.write_comment("fastlane serve: vhost-user-blk request latency, ns, per queue")
             .map_err(std::io::Error::other)?;
+        let length = std::time::Duration::from_secs_f64(elapsed_s.max(0.0));
         for (i, q) in self.queues.iter().enumerate() {
-            let h = q.latency();
             let tag = format!("queue{i}");
-            let tag = hdrhistogram::serialization::interval_log::Tag::new(&tag)
-                .ok_or_else(|| std::io::Error::other("bad hlog tag"))?;
-            w.write_histogram(
-                &h,
-                std::time::Duration::ZERO,
-                std::time::Duration::from_secs_f64(elapsed_s.max(0.0)),
-                Some(tag),
-            )
-            .map_err(|e| std::io::Error::other(format!("{e:?}")))?;
+            w.write_histogram(Some(&tag), std::time::Duration::ZERO, length, &q.latency())
+                .map_err(std::io::Error::other)?;
         }
-        Ok(())
+        w.flush().map_err(std::io::Error::other)
     }
 }
 
@@ -193,5 +182,8 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains("Tag=queue1"), "{text}");
         assert!(text.contains("Tag=queue0"));
+        let log = fastlane_hist::parse_hlog(text.as_bytes()).unwrap();
+        assert_eq!(log.merged_for_tag(Some("queue1")).unwrap().len(), 4);
+        assert_eq!(log.merged_for_tag(Some("queue0")).unwrap().len(), 0);
     }
 }
