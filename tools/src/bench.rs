@@ -32,6 +32,9 @@ enum BenchWhat {
     /// The SPSC ring: throughput (single and batched) and ping-pong latency against a bare
     /// atomic ping-pong between the same two threads.
     Ring(RingArgs),
+    /// A vhost-user-blk backend on a Unix socket (ours or qemu-storage-daemon's): QD1
+    /// latency and QD32 IOPS of 4 KiB random reads and writes, busy-polled.
+    Blk(crate::bench_blk::BlkArgs),
 }
 
 /// Arguments of `fastlane bench ring`.
@@ -67,6 +70,7 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
 pub fn run(args: &BenchArgs) -> Result<()> {
     match &args.what {
         BenchWhat::Ring(a) => ring(a),
+        BenchWhat::Blk(a) => crate::bench_blk::run(a),
     }
 }
 
