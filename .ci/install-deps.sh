@@ -12,6 +12,13 @@ PKGS=(
     busybox-static      # /bin/busybox: the whole userland of the guest initramfs
     cpio                # packs the guest initramfs (newc format)
     kmod                # depmod (modules.dep for the unpacked guest kernel), modinfo
+    libibverbs-dev      # fastlane-rdma: rdma-sys links libibverbs (pkg-config file, headers)
+    librdmacm-dev       # fastlane-rdma: rdma-sys's build script also requires librdmacm
+    libclang-dev        # fastlane-rdma: bindgen (in rdma-sys's build script) needs libclang
+    pkg-config          # fastlane-rdma: rdma-sys finds the two libraries with it
+    ibverbs-providers   # the rxe provider (librxe-rdmav34.so + rxe.driver) copied into the guest
+    iproute2            # /usr/bin/rdma: creates rxe0 inside the guest
+    perftest            # ib_write_lat / ib_write_bw: the peer of `fastlane rdma bench`
     # fio               # optional, not needed by tests/vm today: guest-side load generator
 )
 
