@@ -248,7 +248,13 @@ fn same(ours: &Message, theirs: &itchy::Message) {
         }
         (
             Body::OrderExecutedWithPrice { order_ref, shares, match_number, printable, price },
-            IB::OrderExecutedWithPrice { reference, executed, match_number: m, printable: p, price: pr },
+            IB::OrderExecutedWithPrice {
+                reference,
+                executed,
+                match_number: m,
+                printable: p,
+                price: pr,
+            },
         ) => {
             assert_eq!((*order_ref, *shares, *match_number), (*reference, *executed, *m), "{ctx}");
             assert_eq!(*printable, yn(*p), "{ctx}");
@@ -310,10 +316,7 @@ fn same(ours: &Message, theirs: &itchy::Message) {
             assert_eq!(i.cross_type, cross(t.cross_type), "{ctx}");
             assert_eq!(i.price_variation as char, t.price_variation_indicator, "{ctx}");
         }
-        (
-            Body::RetailInterest { stock, interest_flag },
-            IB::RetailPriceImprovementIndicator(t),
-        ) => {
+        (Body::RetailInterest { stock, interest_flag }, IB::RetailPriceImprovementIndicator(t)) => {
             assert_eq!(s8(stock), t.stock.as_str(), "{ctx}");
             let f = match t.interest_flag {
                 InterestFlag::RPIAvailableBuySide => b'B',
@@ -355,7 +358,8 @@ fn itchy_decodes_generated_feeds_to_the_same_fields() {
 /// decoded by itchy on its own and compared; the others are counted.
 #[test]
 fn itchy_agrees_message_by_message_on_full_feeds() {
-    let feed = generate(&GenConfig { messages: 40_000, symbols: 30, seed: 99, itchy_compatible: false });
+    let feed =
+        generate(&GenConfig { messages: 40_000, symbols: 30, seed: 99, itchy_compatible: false });
     let mut r = FeedReader::new(&feed);
     let (mut compared, mut skipped) = (0u64, 0u64);
     while let Some(frame) = r.next_frame() {
