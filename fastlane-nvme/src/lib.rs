@@ -6,4 +6,5 @@
 //! record journal.
 
 pub mod block;
+pub mod vfio;
 pub mod vhost;

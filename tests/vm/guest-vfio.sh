@@ -1,0 +1,97 @@
+#!/bin/sh
+# Guest side of the VFIO NVMe driver's test and benchmark (fastlane-nvme/tests/vfio_guest.rs,
+# scripts/bench-vfio-nvme.sh). Runs as root in a tests/vm/run-guest.sh guest booted with
+# intel-iommu (intel_iommu=on) and one emulated `-device nvme`. The mode comes from the kernel
+# command line, fl_vfio_mode=MODE (run-guest.sh --append):
+#
+#   check   bind the controller to vfio-pci and run `vfio_guest check BDF` (the driver's
+#           checks; its VFIO-* lines are the results)
+#   bench   bind to vfio-pci, `fastlane bench nvme --backend nvme:BDF`; then rebind to the
+#           kernel's nvme driver and run the same benchmark on /dev/nvme0n1 with io_uring and
+#           O_DIRECT (`--backend file:/dev/nvme0n1 --direct`); the .hlog files are printed as
+#           "HLOG NAME LINE" lines for the host to collect. Needs the nvme modules loaded.
+#
+# Exits non-zero when a step failed.
+set -eu
+
+MODE=$(sed -n 's/.*fl_vfio_mode=\([a-z]*\).*/\1/p' /proc/cmdline)
+MODE=${MODE:-check}
+BENCH_ARGS=$(sed -n 's/.*fl_vfio_bench="\([^"]*\)".*/\1/p' /proc/cmdline)
+
+BDF=""
+for d in /sys/bus/pci/devices/*; do
+    if [ "$(cat "$d/class")" = "0x010802" ]; then
+        BDF=${d##*/}
+        break
+    fi
+done
+if [ -z "$BDF" ]; then
+    echo "VFIO-FAILED no NVMe controller (class 0x010802) in the guest"
+    exit 3
+fi
+DEV=/sys/bus/pci/devices/$BDF
+GROUP=$(readlink "$DEV/iommu_group" || true)
+echo "VFIO-INFO bdf=$BDF iommu_group=${GROUP##*/} mode=$MODE"
+
+unbind() {
+    if [ -e "$DEV/driver" ]; then
+        echo "$BDF" >"$DEV/driver/unbind"
+    fi
+}
+
+# wait_for PATH SECONDS: bounded wait for a device node to appear.
+wait_for() {
+    i=0
+    while [ ! -e "$1" ]; do
+        i=$((i + 1))
+        if [ "$i" -gt $(($2 * 10)) ]; then
+            echo "VFIO-FAILED $1 did not appear within $2 s"
+            exit 4
+        fi
+        sleep 0.1
+    done
+}
+
+bind_vfio() {
+    unbind
+    echo vfio-pci >"$DEV/driver_override"
+    echo "$BDF" >/sys/bus/pci/drivers_probe
+    wait_for "/dev/vfio/${GROUP##*/}" 10
+    echo "VFIO-INFO bound=vfio-pci dev=/dev/vfio/${GROUP##*/}"
+}
+
+bind_nvme() {
+    unbind
+    echo nvme >"$DEV/driver_override"
+    echo "$BDF" >/sys/bus/pci/drivers_probe
+    wait_for /dev/nvme0n1 20
+    echo "VFIO-INFO bound=nvme dev=/dev/nvme0n1"
+}
+
+print_hlog() { # NAME FILE
+    while IFS= read -r line; do
+        echo "HLOG $1 $line"
+    done <"$2"
+}
+
+case "$MODE" in
+check)
+    bind_vfio
+    vfio_guest check "$BDF"
+    ;;
+bench)
+    bind_vfio
+    # shellcheck disable=SC2086 # BENCH_ARGS is a word list on purpose
+    fastlane bench nvme --backend "nvme:$BDF" --label vfio --hlog /tmp/vfio.hlog $BENCH_ARGS
+    bind_nvme
+    # shellcheck disable=SC2086
+    fastlane bench nvme --backend file:/dev/nvme0n1 --direct --label kernel --hlog /tmp/kernel.hlog $BENCH_ARGS
+    print_hlog vfio /tmp/vfio.hlog
+    print_hlog kernel /tmp/kernel.hlog
+    echo "VFIO-OK"
+    ;;
+*)
+    echo "VFIO-FAILED unknown mode $MODE"
+    exit 2
+    ;;
+esac
