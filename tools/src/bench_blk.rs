@@ -818,7 +818,6 @@ fn drive(
     // IOPS over the submitting window; requests drained after it are few (< qd) and counted,
     // so measure up to the last completion.
     let seconds = clock.ns(last_done.wrapping_sub(start)) as f64 / 1e9;
-    let _ = wall_start;
     Ok(RunResult { requests, seconds: seconds.max(1e-9) })
 }
 
