@@ -1064,9 +1064,15 @@ mod tests {
             return;
         }
         let clock = Clock::new(ClockChoice::Tsc).unwrap();
-        let (t0, c0) = (Instant::now(), clock.now());
-        std::thread::sleep(Duration::from_millis(20));
-        let (wall, tsc) = (t0.elapsed().as_nanos() as f64, clock.ns(clock.now() - c0) as f64);
-        assert!((tsc / wall - 1.0).abs() < 0.05, "TSC {tsc} ns vs Instant {wall} ns");
+        // A preemption between the two clock reads skews one try; the best of five must agree.
+        let best = (0..5)
+            .map(|_| {
+                let (t0, c0) = (Instant::now(), clock.now());
+                std::thread::sleep(Duration::from_millis(20));
+                let (c1, wall) = (clock.now(), t0.elapsed().as_nanos() as f64);
+                (clock.ns(c1 - c0) as f64 / wall - 1.0).abs()
+            })
+            .fold(f64::INFINITY, f64::min);
+        assert!(best < 0.02, "TSC and Instant disagree by {:.1} %", best * 100.0);
     }
 }

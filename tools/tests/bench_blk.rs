@@ -17,10 +17,11 @@ fn fastlane(args: &[&str]) -> Output {
 struct Serve(Child);
 
 impl Serve {
-    fn start(socket: &Path, backend: &str) -> Serve {
+    fn start(socket: &Path, backend: &str, extra: &[&str]) -> Serve {
         let child = Command::new(env!("CARGO_BIN_EXE_fastlane"))
             .args(["serve", "--socket", socket.to_str().unwrap(), "--backend", backend])
             .args(["--queues", "1"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -62,7 +63,7 @@ fn measures_fastlane_serve_and_reports_sane_json() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("blk.sock");
     let hlog = dir.path().join("blk.hlog");
-    let serve = Serve::start(&socket, "mem:16M");
+    let serve = Serve::start(&socket, "mem:16M", &[]);
     let out = fastlane(&[
         "bench",
         "blk",
@@ -145,4 +146,23 @@ fn missing_socket_is_a_clear_error() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot connect to the vhost-user-blk backend"), "stderr: {err}");
+}
+
+#[test]
+fn read_only_export_is_refused_before_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ro.sock");
+    let serve = Serve::start(&socket, "mem:4M", &["--readonly"]);
+    let sock = socket.to_str().unwrap();
+    let out = fastlane(&["bench", "blk", "--socket", sock, "--seconds", "0.1"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("read-only"), "stderr: {err}");
+    // Reads alone run.
+    let args = ["bench", "blk", "--socket", sock, "--seconds", "0.1", "--pattern", "randread"];
+    let out = fastlane(&[&args[..], &["--qd", "1", "--json"]].concat());
+    drop(serve);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["cases"].as_array().unwrap().len(), 1);
 }
