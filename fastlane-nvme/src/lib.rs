@@ -6,5 +6,6 @@
 //! record journal.
 
 pub mod block;
+pub mod journal;
 pub mod vfio;
 pub mod vhost;

@@ -1,0 +1,180 @@
+//! A fault-injecting block device for power-cut tests: writes land in a volatile image and
+//! become durable only at a flush; [`FaultDisk::power_cut`] returns what a power cut at this
+//! instant could leave on the medium (unflushed writes dropped, or some of them applied and
+//! one torn at a random byte).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use crate::block::{
+    BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, DeviceInfo, QueueFull,
+};
+
+#[derive(Debug)]
+struct State {
+    durable: Vec<u8>,
+    volatile: Vec<u8>,
+    /// Writes since the last flush, in submission order.
+    pending: Vec<(u64, Vec<u8>)>,
+}
+
+/// How a power cut treats the unflushed writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cut {
+    /// All lost.
+    DropAll,
+    /// A random subset applied in a random order, then one torn at a random byte.
+    Tear,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct FaultDisk {
+    state: Arc<Mutex<State>>,
+    size: u64,
+}
+
+impl FaultDisk {
+    pub(crate) fn new(image: Vec<u8>) -> FaultDisk {
+        let size = image.len() as u64;
+        let state = State { durable: image.clone(), volatile: image, pending: Vec::new() };
+        FaultDisk { state: Arc::new(Mutex::new(state)), size }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The image a power cut now would leave. `rng` drives the choices.
+    pub(crate) fn power_cut(&self, cut: Cut, rng: &mut impl FnMut() -> u64) -> Vec<u8> {
+        let st = self.lock();
+        let mut img = st.durable.clone();
+        if cut == Cut::Tear && !st.pending.is_empty() {
+            let mut order: Vec<usize> = (0..st.pending.len()).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, (rng() % (i as u64 + 1)) as usize);
+            }
+            let applied = (rng() % (order.len() as u64 + 1)) as usize;
+            for &i in &order[..applied] {
+                let (off, bytes) = &st.pending[i];
+                img[*off as usize..*off as usize + bytes.len()].copy_from_slice(bytes);
+            }
+            if applied < order.len() {
+                let (off, bytes) = &st.pending[order[applied]];
+                let torn = (rng() % (bytes.len() as u64 + 1)) as usize;
+                img[*off as usize..*off as usize + torn].copy_from_slice(&bytes[..torn]);
+            }
+        }
+        img
+    }
+
+    /// The durable image.
+    pub(crate) fn durable(&self) -> Vec<u8> {
+        self.lock().durable.clone()
+    }
+}
+
+impl BlockDevice for FaultDisk {
+    fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            size_bytes: self.size,
+            block_size: 512,
+            read_only: false,
+            discard: false,
+            write_zeroes: true,
+            volatile_cache: true,
+            max_segments: 16,
+        }
+    }
+
+    fn open_queue(&self, depth: u32) -> std::io::Result<Box<dyn BlockQueue>> {
+        Ok(Box::new(FaultQueue { disk: self.clone(), depth, done: VecDeque::new() }))
+    }
+}
+
+struct FaultQueue {
+    disk: FaultDisk,
+    depth: u32,
+    done: VecDeque<Completion>,
+}
+
+impl FaultQueue {
+    fn run(&mut self, req: &BlockRequest<'_>) -> Result<u32, BlockError> {
+        let seg_len: u64 = req.segments.iter().map(|s| u64::from(s.len)).sum();
+        let len = match req.op {
+            BlockOp::Read | BlockOp::Write => seg_len,
+            _ => req.len,
+        };
+        let end = req.offset.checked_add(len).filter(|&e| e <= self.disk.size);
+        if req.op != BlockOp::Flush && end.is_none() {
+            return Err(BlockError::OutOfRange { offset: req.offset, len });
+        }
+        let mut st = self.disk.lock();
+        let mut off = req.offset as usize;
+        match req.op {
+            BlockOp::Read => {
+                for s in req.segments {
+                    let n = s.len as usize;
+                    // SAFETY: `submit`'s contract: the segment is valid for writes of `len`
+                    // bytes and nobody else touches it until the completion is drained.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(s.addr, n) };
+                    dst.copy_from_slice(&st.volatile[off..off + n]);
+                    off += n;
+                }
+            }
+            BlockOp::Write => {
+                let mut bytes = Vec::with_capacity(len as usize);
+                for s in req.segments {
+                    // SAFETY: `submit`'s contract: the segment is valid for reads of `len`
+                    // bytes and nobody writes it until the completion is drained.
+                    let src = unsafe { std::slice::from_raw_parts(s.addr, s.len as usize) };
+                    bytes.extend_from_slice(src);
+                }
+                st.volatile[off..off + bytes.len()].copy_from_slice(&bytes);
+                st.pending.push((req.offset, bytes));
+            }
+            BlockOp::WriteZeroes { .. } | BlockOp::Discard => {
+                let bytes = vec![0u8; len as usize];
+                st.volatile[off..off + bytes.len()].copy_from_slice(&bytes);
+                st.pending.push((req.offset, bytes));
+            }
+            BlockOp::Flush => {
+                let pending = std::mem::take(&mut st.pending);
+                for (o, b) in pending {
+                    st.durable[o as usize..o as usize + b.len()].copy_from_slice(&b);
+                }
+            }
+        }
+        Ok(len.min(u64::from(u32::MAX)) as u32)
+    }
+}
+
+impl BlockQueue for FaultQueue {
+    unsafe fn submit<'a>(&mut self, req: BlockRequest<'a>) -> Result<(), QueueFull<'a>> {
+        if self.done.len() >= self.depth as usize {
+            return Err(QueueFull(req));
+        }
+        let result = self.run(&req);
+        self.done.push_back(Completion { tag: req.tag, result });
+        Ok(())
+    }
+
+    fn kick(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn complete(&mut self, out: &mut [Completion]) -> usize {
+        let n = out.len().min(self.done.len());
+        for slot in out.iter_mut().take(n) {
+            *slot = self.done.pop_front().expect("counted");
+        }
+        n
+    }
+
+    fn wait(&mut self, _timeout: Option<std::time::Duration>) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn in_flight(&self) -> u32 {
+        self.done.len() as u32
+    }
+}

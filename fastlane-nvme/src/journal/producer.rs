@@ -1,0 +1,154 @@
+//! The producer side: `append` copies a record into the shared ring and returns its seq.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use fastlane_ring::shm::{Producer, ShmError, ShmRing};
+use fastlane_ring::WaitStrategy;
+
+use super::control::Control;
+use super::{JournalError, Seq, RECORD_TYPE, SEQ_PREFIX_LEN};
+
+/// A producer of records, in the journal's process or another one attached to its shared
+/// mapping. One per journal at a time (the ring has one producer role).
+///
+/// The seq of each record is assigned here, at append time, from a producer-local counter: it
+/// starts at the control block's `next_seq` when the producer attaches, and each append
+/// stores the next value back (before publishing the record) so that a later producer
+/// continues the numbering. The writer checks every seq it drains; a producer that numbers
+/// wrongly gets its ring shut off ([`JournalError::ProducerFault`]), nothing else.
+#[derive(Debug)]
+pub struct JournalProducer {
+    tx: Producer,
+    control: Control,
+    next_seq: Seq,
+    max_record_bytes: usize,
+}
+
+/// The path of the control block that belongs to the ring at `shm_path`.
+pub fn control_path(shm_path: &Path) -> PathBuf {
+    let mut p = shm_path.as_os_str().to_owned();
+    p.push(".ctl");
+    PathBuf::from(p)
+}
+
+impl JournalProducer {
+    pub(crate) fn new(
+        tx: Producer,
+        control: Control,
+        max_record_bytes: u32,
+    ) -> Result<JournalProducer, JournalError> {
+        let next_seq = control.next_seq();
+        if next_seq == 0 || next_seq > u64::MAX / 2 {
+            return Err(JournalError::BadControl {
+                what: "next_seq out of range",
+                value: next_seq,
+            });
+        }
+        let max =
+            (max_record_bytes as usize).min(tx.max_record_len().saturating_sub(SEQ_PREFIX_LEN));
+        Ok(JournalProducer { tx, control, next_seq, max_record_bytes: max })
+    }
+
+    /// Attaches to the journal whose ring is at `shm_path` (its control block is at
+    /// `shm_path` + `.ctl`), from any process that may open both files.
+    pub fn attach(shm_path: impl AsRef<Path>) -> Result<JournalProducer, JournalError> {
+        let shm_path = shm_path.as_ref();
+        let (control, info) = Control::open_file(&control_path(shm_path))?;
+        control.check_state()?;
+        let ring = ShmRing::open_file(shm_path)?;
+        let tx = ring.producer()?;
+        JournalProducer::new(tx, control, info.max_record_bytes)
+    }
+
+    /// Appends `payload` and returns its seq. Copies the bytes into the shared ring: no
+    /// allocation, no lock, no syscall (a `FUTEX_WAKE` only if the writer sleeps because the
+    /// ring was empty). A full ring is [`JournalError::Full`]: nothing was appended, retry.
+    #[inline]
+    pub fn append(&mut self, payload: &[u8]) -> Result<Seq, JournalError> {
+        if payload.len() > self.max_record_bytes {
+            return Err(JournalError::TooLarge { len: payload.len(), max: self.max_record_bytes });
+        }
+        match self.tx.reserve(payload.len() + SEQ_PREFIX_LEN) {
+            Ok(buf) => {
+                let seq = self.next_seq;
+                buf[..SEQ_PREFIX_LEN].copy_from_slice(&seq.to_le_bytes());
+                buf[SEQ_PREFIX_LEN..].copy_from_slice(payload);
+                self.finish(seq);
+                Ok(seq)
+            }
+            Err(e) => Err(self.slow_error(e)),
+        }
+    }
+
+    /// Like [`append`](JournalProducer::append), but waits up to `timeout` for room (spin,
+    /// yield, then sleep on the ring's futex).
+    pub fn append_blocking(
+        &mut self,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<Seq, JournalError> {
+        if payload.len() > self.max_record_bytes {
+            return Err(JournalError::TooLarge { len: payload.len(), max: self.max_record_bytes });
+        }
+        let deadline = Some(Instant::now() + timeout);
+        match self.tx.reserve_blocking(payload.len() + SEQ_PREFIX_LEN, deadline) {
+            Ok(buf) => {
+                let seq = self.next_seq;
+                buf[..SEQ_PREFIX_LEN].copy_from_slice(&seq.to_le_bytes());
+                buf[SEQ_PREFIX_LEN..].copy_from_slice(payload);
+                self.finish(seq);
+                Ok(seq)
+            }
+            Err(e) => Err(self.slow_error(e)),
+        }
+    }
+
+    #[inline]
+    fn finish(&mut self, seq: Seq) {
+        self.next_seq = seq + 1;
+        // Claim before publishing: a producer killed between the two leaves a one-seq hole,
+        // which the writer accepts, rather than a seq used twice.
+        self.control.set_next_seq(seq + 1);
+        self.tx.commit(RECORD_TYPE);
+    }
+
+    #[cold]
+    fn slow_error(&self, e: ShmError) -> JournalError {
+        if let Err(state) = self.control.check_state() {
+            return state;
+        }
+        match e {
+            ShmError::Full { .. } => JournalError::Full,
+            ShmError::Timeout => JournalError::Full,
+            other => JournalError::Ring(other),
+        }
+    }
+
+    /// How `append_blocking` waits for room.
+    pub fn set_wait_strategy(&mut self, strategy: WaitStrategy) {
+        self.tx.set_wait_strategy(strategy);
+    }
+
+    /// The seq the next append gets.
+    pub fn next_seq(&self) -> Seq {
+        self.next_seq
+    }
+
+    /// Longest payload `append` takes.
+    pub fn max_record_bytes(&self) -> usize {
+        self.max_record_bytes
+    }
+
+    /// The highest seq durable at the journal's level (0: none yet). One load, no syscall.
+    #[inline]
+    pub fn durable_seq(&self) -> Seq {
+        self.control.durable_seq()
+    }
+
+    /// Waits until `seq` is durable, the writer stops (its error), or `timeout` passes
+    /// ([`JournalError::Timeout`]).
+    pub fn wait_durable(&self, seq: Seq, timeout: Duration) -> Result<(), JournalError> {
+        self.control.wait_durable(seq, timeout, 2048)
+    }
+}
