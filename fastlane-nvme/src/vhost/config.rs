@@ -3,8 +3,7 @@
 
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_BLK_SIZE, VIRTIO_BLK_F_DISCARD, VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_MQ,
-    VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX, VIRTIO_BLK_F_TOPOLOGY,
-    VIRTIO_BLK_F_WRITE_ZEROES,
+    VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_TOPOLOGY, VIRTIO_BLK_F_WRITE_ZEROES,
 };
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
@@ -23,8 +22,6 @@ pub const DISCARD_SECTORS_MAX: u32 = (1 << 22) - 1;
 pub const WRITE_ZEROES_SECTORS_MAX: u32 = (1 << 22) - 1;
 /// Ranges per discard / write-zeroes request (QEMU supports one as well).
 pub const DISCARD_SEGMENTS_MAX: u32 = 1;
-/// Largest single data descriptor we advertise (`size_max`).
-pub const SEGMENT_SIZE_MAX: u32 = 1 << 20;
 
 /// What the device exports, after applying the serve options to the backend's [`DeviceInfo`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,11 +63,17 @@ impl BlkGeometry {
 
     /// The virtio feature bits we offer (device-specific and transport ones; the vhost-user
     /// `PROTOCOL_FEATURES` bit is added by the device).
+    ///
+    /// Not `VIRTIO_BLK_F_SIZE_MAX`: nothing here limits a segment's size, and SeaBIOS 1.16
+    /// (QEMU's default BIOS, which drives every virtio-blk disk at boot) truncates the request
+    /// size it derives from `size_max` to 16 bits. With `size_max` = 1 MiB that came out 0: it
+    /// sent the same zero-length read forever and the guest never booted (found by
+    /// tools/tests/vm_blk.rs with SeaBIOS 1.16.2; 0xFE00 booted). QEMU's own virtio-blk and
+    /// qemu-storage-daemon do not offer the feature either.
     pub fn features(&self) -> u64 {
         let mut f = (1u64 << VIRTIO_F_VERSION_1)
             | (1u64 << VIRTIO_RING_F_INDIRECT_DESC)
             | (1u64 << VIRTIO_RING_F_EVENT_IDX)
-            | (1u64 << VIRTIO_BLK_F_SIZE_MAX)
             | (1u64 << VIRTIO_BLK_F_SEG_MAX)
             | (1u64 << VIRTIO_BLK_F_BLK_SIZE)
             | (1u64 << VIRTIO_BLK_F_FLUSH)
@@ -96,8 +99,7 @@ impl BlkGeometry {
         };
         let align_sectors = self.block_size / SECTOR_SIZE as u32;
         put(&mut c, 0, &(self.capacity_bytes >> SECTOR_SHIFT).to_le_bytes()); // capacity
-        put(&mut c, 8, &SEGMENT_SIZE_MAX.to_le_bytes()); // size_max
-        put(&mut c, 12, &self.segments_max.to_le_bytes()); // seg_max
+        put(&mut c, 12, &self.segments_max.to_le_bytes()); // seg_max (8..12: size_max, not offered)
                                                            // 16..20: geometry (cylinders, heads, sectors): not offered.
         put(&mut c, 20, &self.block_size.to_le_bytes()); // blk_size
         c[24] = 0; // physical_block_exp: physical == logical
@@ -172,6 +174,14 @@ mod tests {
         assert_eq!(g.read_config(200, 8), vec![0; 8]);
         assert_eq!(g.read_config(u32::MAX, 4), vec![0; 4]);
         assert_eq!(g.read_config(34, 2), 4u16.to_le_bytes().to_vec());
+    }
+
+    #[test]
+    fn size_max_is_not_offered() {
+        // SeaBIOS hangs at boot on a size_max that is a multiple of 64 KiB; see `features`.
+        let g = geo();
+        assert_eq!(g.features() & (1 << virtio_bindings::virtio_blk::VIRTIO_BLK_F_SIZE_MAX), 0);
+        assert_eq!(u32::from_le_bytes(g.config_space()[8..12].try_into().unwrap()), 0);
     }
 
     #[test]

@@ -41,6 +41,10 @@ pub struct QueueStats {
     pub bytes_read: AtomicU64,
     /// Bytes written by the guest.
     pub bytes_written: AtomicU64,
+    /// Flush requests completed successfully (also counted in `completed`).
+    pub flushes: AtomicU64,
+    /// Discard and write-zeroes requests completed successfully (also counted in `completed`).
+    pub discards: AtomicU64,
     /// Times the worker slept on its eventfds after a poll window ran out.
     pub sleeps: AtomicU64,
     /// Requests refused before reaching the backend, per [`RejectReason`].
@@ -55,6 +59,8 @@ impl Default for QueueStats {
             failed: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+            discards: AtomicU64::new(0),
             sleeps: AtomicU64::new(0),
             rejected: std::array::from_fn(|_| AtomicU64::new(0)),
             latency: Mutex::new(None),
@@ -130,9 +136,12 @@ impl BlkStats {
                 continue;
             }
             s.push_str(&format!(
-                "queue {i}: {done} ok, {failed} failed, {rej} rejected, {} B read, {} B written",
+                "queue {i}: {done} ok, {failed} failed, {rej} rejected, {} B read, {} B written, \
+                 {} flushes, {} discards",
                 q.bytes_read.load(Ordering::Relaxed),
-                q.bytes_written.load(Ordering::Relaxed)
+                q.bytes_written.load(Ordering::Relaxed),
+                q.flushes.load(Ordering::Relaxed),
+                q.discards.load(Ordering::Relaxed)
             ));
             for r in RejectReason::ALL {
                 let n = q.rejected(r);

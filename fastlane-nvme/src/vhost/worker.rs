@@ -70,7 +70,7 @@ struct Slot {
     /// Bytes reported in the used ring on success (data written to the guest + status).
     used_len: u32,
     bytes: u32,
-    write: bool,
+    op: BlockOp,
     start: Instant,
 }
 
@@ -128,7 +128,7 @@ impl Worker {
                 status: GuestAddress(0),
                 used_len: 0,
                 bytes: 0,
-                write: false,
+                op: BlockOp::Read,
                 start: Instant::now(),
             })
             .collect();
@@ -356,7 +356,7 @@ impl Worker {
                 slot.status = req.status;
                 slot.used_len = used_len;
                 slot.bytes = u32::try_from(req.len).unwrap_or(u32::MAX);
-                slot.write = matches!(op, BlockOp::Write);
+                slot.op = op;
                 slot.start = start;
                 Started::Submitted
             }
@@ -471,9 +471,20 @@ impl Worker {
         let qs = self.stats.queue(self.config.queue_index as usize);
         if c.result.is_ok() {
             qs.completed.fetch_add(1, Ordering::Relaxed);
-            let counter = if slot.write { &qs.bytes_written } else { &qs.bytes_read };
-            if slot.used_len > 1 || slot.write {
-                counter.fetch_add(u64::from(slot.bytes), Ordering::Relaxed);
+            match slot.op {
+                BlockOp::Read if slot.used_len > 1 => {
+                    qs.bytes_read.fetch_add(u64::from(slot.bytes), Ordering::Relaxed);
+                }
+                BlockOp::Read => {}
+                BlockOp::Write => {
+                    qs.bytes_written.fetch_add(u64::from(slot.bytes), Ordering::Relaxed);
+                }
+                BlockOp::Flush => {
+                    qs.flushes.fetch_add(1, Ordering::Relaxed);
+                }
+                BlockOp::Discard | BlockOp::WriteZeroes { .. } => {
+                    qs.discards.fetch_add(1, Ordering::Relaxed);
+                }
             }
         } else {
             qs.failed.fetch_add(1, Ordering::Relaxed);
@@ -699,6 +710,9 @@ mod tests {
         rig.disk.read_at(0, &mut back).unwrap();
         assert!(back[..2048].iter().all(|&b| b == 0));
         assert!(back[2048..].iter().all(|&b| b == 0xaa));
+        let q = rig.stats.queue(0);
+        assert_eq!(q.flushes.load(Ordering::Relaxed), 1);
+        assert_eq!(q.discards.load(Ordering::Relaxed), 2, "discard and write-zeroes");
 
         rig.header(VIRTIO_BLK_T_GET_ID, 0);
         assert_eq!(rig.run(&[(HDR, 16, R), (DATA, 20, W), (STATUS, 1, W)]), (OK, 21));
