@@ -270,12 +270,18 @@ pub fn run(args: &BlkArgs) -> Result<()> {
             let warm = Case { name: &name, pattern, qd, size: args.size };
             drive(&mut conn, &clock, &warm, Duration::from_secs_f64(warmup), None, &mut rng)?;
             let mut rec = LatencyRecorder::with_max(LATENCY_NS_MAX)?;
+            let mut client = LatencyRecorder::with_max(LATENCY_NS_MAX)?;
             let run = drive(
                 &mut conn,
                 &clock,
                 &warm,
                 Duration::from_secs_f64(args.seconds),
-                Some(Recording { rec: &mut rec, log: log.as_mut(), progress: args.seconds >= 3.0 }),
+                Some(Recording {
+                    rec: &mut rec,
+                    client: &mut client,
+                    log: log.as_mut(),
+                    progress: args.seconds >= 3.0,
+                }),
                 &mut rng,
             )?;
             let latency = Latency::from(Summary::from_histogram(rec.total()));
@@ -288,6 +294,8 @@ pub fn run(args: &BlkArgs) -> Result<()> {
                 iops: run.requests as f64 / run.seconds,
                 mib_per_s: run.requests as f64 * f64::from(args.size) / run.seconds / 1048576.0,
                 latency_overflow: rec.overflow_count_total(),
+                kicks_per_request: run.kicks as f64 / run.requests.max(1) as f64,
+                client_ns_per_request_p50: client.total().value_at_quantile(0.5),
                 latency,
             });
         }
@@ -634,11 +642,12 @@ impl Conn {
     /// Kick the device if it asked to be notified (always without EVENT_IDX, unless it set
     /// VIRTQ_USED_F_NO_NOTIFY).
     #[inline]
-    fn kick_if_needed(&mut self) -> std::io::Result<()> {
+    fn kick_if_needed(&mut self) -> std::io::Result<bool> {
         if self.queue.avail_notif_needed() {
             self.kick.notify()?;
+            return Ok(true);
         }
-        Ok(())
+        Ok(false)
     }
 }
 
@@ -654,6 +663,8 @@ struct Case<'a> {
 
 struct Recording<'a> {
     rec: &'a mut LatencyRecorder,
+    /// Client time per request of each completion batch (see `client_ns_per_request_p50`).
+    client: &'a mut LatencyRecorder,
     log: Option<&'a mut HlogWriter<std::io::BufWriter<std::fs::File>>>,
     progress: bool,
 }
@@ -661,6 +672,8 @@ struct Recording<'a> {
 struct RunResult {
     requests: u64,
     seconds: f64,
+    /// Kicks (eventfd writes) the device asked for.
+    kicks: u64,
 }
 
 /// xorshift64*: cheap, good enough for offsets.
@@ -719,7 +732,7 @@ fn drive(
         conn.start[usize::from(slot)] = clock.now();
         conn.queue(case.pattern, slot, offset).map_err(submit_err)?;
     }
-    conn.kick_if_needed().map_err(submit_err)?;
+    let mut kicks = u64::from(conn.kick_if_needed().map_err(submit_err)?);
 
     let mut in_flight = case.qd;
     let mut stopping = false;
@@ -787,7 +800,11 @@ fn drive(
                 conn.queue(case.pattern, slot, offset).map_err(submit_err)?;
             }
             in_flight += conn.done.len() as u16;
-            conn.kick_if_needed().map_err(submit_err)?;
+            kicks += u64::from(conn.kick_if_needed().map_err(submit_err)?);
+        }
+        if let Some(r) = recording.as_mut() {
+            let spent = clock.ns(clock.now().wrapping_sub(now));
+            r.client.record(spent / conn.done.len() as u64);
         }
         if now >= next_interval {
             next_interval = now + interval_ticks;
@@ -818,7 +835,10 @@ fn drive(
     // IOPS over the submitting window; requests drained after it are few (< qd) and counted,
     // so measure up to the last completion.
     let seconds = clock.ns(last_done.wrapping_sub(start)) as f64 / 1e9;
-    Ok(RunResult { requests, seconds: seconds.max(1e-9) })
+    if let Some(r) = recording.as_mut() {
+        let _ = r.client.take_interval();
+    }
+    Ok(RunResult { requests, seconds: seconds.max(1e-9), kicks })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -877,6 +897,15 @@ struct CaseReport {
     latency: Latency,
     /// Latencies above 10 s (recorded as 10 s).
     latency_overflow: u64,
+    /// Kicks per request: 1 when the device wants a notification for every request (it
+    /// sleeps between them), near 0 when it polls and suppresses them (EVENT_IDX).
+    #[serde(default)]
+    kicks_per_request: f64,
+    /// Median over completion batches of the client's time per request between seeing the
+    /// batch and having resubmitted it (recording, queuing, kicking), ns: the client's own
+    /// share of each round trip. A median, so that preemptions of the client do not count.
+    #[serde(default)]
+    client_ns_per_request_p50: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -914,14 +943,24 @@ fn print_table(out: &mut impl std::io::Write, r: &BlkReport) -> Result<()> {
     )?;
     writeln!(
         out,
-        "{:<16} {:>10} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "case", "requests", "IOPS", "MiB/s", "P50", "P90", "P99", "P99.9", "max"
+        "{:<16} {:>10} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
+        "case",
+        "requests",
+        "IOPS",
+        "MiB/s",
+        "P50",
+        "P90",
+        "P99",
+        "P99.9",
+        "max",
+        "client/req",
+        "kicks/req"
     )?;
     for k in &r.cases {
         let l = &k.latency;
         writeln!(
             out,
-            "{:<16} {:>10} {:>11.0} {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "{:<16} {:>10} {:>11.0} {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10.3}",
             k.name,
             k.requests,
             k.iops,
@@ -931,6 +970,8 @@ fn print_table(out: &mut impl std::io::Write, r: &BlkReport) -> Result<()> {
             format_ns(l.p99_ns as f64),
             format_ns(l.p99_9_ns as f64),
             format_ns(l.max_ns as f64),
+            format_ns(k.client_ns_per_request_p50 as f64),
+            k.kicks_per_request,
         )?;
     }
     Ok(())

@@ -93,6 +93,10 @@ fn measures_fastlane_serve_and_reports_sane_json() {
         let (p50, p99, max) = (u(lat, "p50_ns"), u(lat, "p99_ns"), u(lat, "max_ns"));
         assert!(0 < p50 && p50 <= p99 && p99 <= max, "{name}: P50 {p50} P99 {p99} max {max}");
         assert!(max < 5_000_000_000, "{name}: max {max} ns");
+        let client = u(c, "client_ns_per_request_p50");
+        assert!(0 < client && client <= p50, "{name}: client {client} ns of P50 {p50} ns");
+        let kicks = c["kicks_per_request"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&kicks), "{name}: {kicks} kicks per request");
     }
     // The per-case histograms are in the log, one tag per case.
     let file = fastlane_hist::read_hlog(&hlog).unwrap();
