@@ -10,6 +10,7 @@
 //! of market hours, end of system hours and end of messages. Every order message names a live
 //! order and never takes more shares than it has, so a correct book reports no anomaly.
 
+use crate::book::{BookConfig, OrderBooks};
 use crate::itch::{
     encode_to_vec, stock_from_str, Body, DlcrPriceDiscovery, Imbalance, Message, Side, Stock,
     StockDirectory,
@@ -94,6 +95,8 @@ struct State {
     stocks: Vec<Stock>,
     mids: Vec<u32>,
     live: Vec<Live>,
+    /// The book the feed builds, to keep new prices from crossing it.
+    books: OrderBooks,
     next_ref: u64,
     next_match: u64,
     ts: u64,
@@ -116,6 +119,7 @@ impl State {
             timestamp_ns: self.ts,
             body,
         };
+        self.books.apply(&m);
         f(&m);
         self.emitted += 1;
     }
@@ -132,13 +136,31 @@ impl State {
         self.stocks[usize::from(locate) - 1]
     }
 
+    /// A passive price: around the mid, and never through the other side's best (a real
+    /// matching engine would have executed a crossing order, so feeds never show a crossed
+    /// book).
     fn price_near(&mut self, locate: u16, side: Side) -> u32 {
         let mid = self.mids[usize::from(locate) - 1];
         let ticks = 1 + self.rng.below(4) * self.rng.below(6);
         let off = (ticks * 100) as u32;
+        let top = self.books.top(locate);
         match side {
-            Side::Buy => mid.saturating_sub(off).max(100),
-            Side::Sell => mid + off,
+            Side::Buy => {
+                let p = mid.saturating_sub(off).max(100);
+                if top.ask_shares > 0 && p >= top.ask_price {
+                    top.ask_price.saturating_sub(100 * (1 + self.rng.below(3) as u32)).max(100)
+                } else {
+                    p
+                }
+            }
+            Side::Sell => {
+                let p = mid + off;
+                if top.bid_shares > 0 && p <= top.bid_price {
+                    top.bid_price + 100 * (1 + self.rng.below(3) as u32)
+                } else {
+                    p
+                }
+            }
         }
     }
 
@@ -405,6 +427,7 @@ pub fn generate_messages(cfg: &GenConfig, mut f: impl FnMut(&Message)) {
         stocks,
         mids,
         live: Vec::new(),
+        books: OrderBooks::new(BookConfig { orders_max: LIVE_MAX + 1, levels_reserved: 64 }),
         next_ref: 1,
         next_match: 1,
         ts: 4 * 3600 * 1_000_000_000,
@@ -470,6 +493,14 @@ mod tests {
         for t in crate::itch::MESSAGE_TYPES {
             assert!(r.stats().by_type[usize::from(t)] > 0, "type {} missing", t as char);
         }
+        let mut books = crate::book::OrderBooks::new(crate::book::BookConfig::default());
+        for m in crate::itch::FeedReader::new(&a) {
+            if let Some(t) = books.apply(&m.unwrap()) {
+                let crossed = t.bid_shares > 0 && t.ask_shares > 0 && t.bid_price >= t.ask_price;
+                assert!(!crossed, "crossed book {t:?}");
+            }
+        }
+        assert_eq!(books.stats().anomalies(), 0);
         let c = generate(&GenConfig { itchy_compatible: true, ..cfg });
         let mut r = crate::itch::FeedReader::new(&c);
         r.by_ref().for_each(|m| assert!(m.is_ok()));

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod bench_blk;
 mod hist;
+mod itch;
 mod serve;
 
 #[derive(Debug, Parser)]
@@ -25,6 +26,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Latency percentiles, comparisons and plots from HdrHistogram interval logs (.hlog).
     Hist(hist::HistArgs),
+    /// ITCH 5.0 feeds: generate a deterministic one, or replay one into order books.
+    Itch(itch::ItchArgs),
     /// Export a block backend as a vhost-user-blk device on a Unix socket.
     Serve(serve::ServeArgs),
 }
@@ -34,6 +37,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Hist(args) => hist::run(&args),
+        Command::Itch(args) => itch::run(&args),
         Command::Serve(args) => serve::run(&args),
     };
     match result {
