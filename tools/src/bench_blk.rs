@@ -267,14 +267,14 @@ pub fn run(args: &BlkArgs) -> Result<()> {
         for &pattern in &args.pattern {
             let name = format!("qd{qd}_{}", pattern.name());
             eprintln!("bench blk: {name}: {warmup:.2} s warm-up, {:.1} s measured", args.seconds);
-            let warm = Case { name: &name, pattern, qd, size: args.size };
-            drive(&mut conn, &clock, &warm, Duration::from_secs_f64(warmup), None, &mut rng)?;
+            let case = Case { name: &name, pattern, qd, size: args.size };
+            drive(&mut conn, &clock, &case, Duration::from_secs_f64(warmup), None, &mut rng)?;
             let mut rec = LatencyRecorder::with_max(LATENCY_NS_MAX)?;
             let mut client = LatencyRecorder::with_max(LATENCY_NS_MAX)?;
             let run = drive(
                 &mut conn,
                 &clock,
-                &warm,
+                &case,
                 Duration::from_secs_f64(args.seconds),
                 Some(Recording {
                     rec: &mut rec,
