@@ -354,6 +354,11 @@ impl Connection {
         self.posted - self.completed
     }
 
+    /// Send-queue requests posted so far; also the wr_id of the newest one.
+    pub fn posted(&self) -> u64 {
+        self.posted
+    }
+
     /// Maximum send-queue requests in flight.
     pub fn send_depth(&self) -> u64 {
         u64::from(self.options.qp.max_send_wr)

@@ -120,10 +120,62 @@ run_tests() {
     done
 }
 
+# perftest's result line for SIZE from FILE (first field = bytes)
+perf_line() { awk -v s="$1" '$1 == s { print; exit }' "$2"; }
+
+run_bench() {
+    iters=1000 bw_iters=5000 rounds=1
+    for a in $(cat /proc/cmdline); do
+        case "$a" in
+            fl_iters=*) iters=${a#fl_iters=} ;;
+            fl_bw_iters=*) bw_iters=${a#fl_bw_iters=} ;;
+            fl_rounds=*) rounds=${a#fl_rounds=} ;;
+        esac
+    done
+    sizes="8 64 512 4096 65536"
+    r=1
+    while [ "$r" -le "$rounds" ]; do
+        # perftest, one size per server/client pair (GID index 1: the IPv4-mapped one).
+        for s in $sizes; do
+            timeout 120 ib_write_lat -F -d rxe0 -x 1 -s "$s" -n "$iters" -p 18515 >$LOG/pl.server 2>&1 &
+            sleep 0.3
+            timeout 120 ib_write_lat -F -d rxe0 -x 1 -s "$s" -n "$iters" -p 18515 127.0.0.1 >$LOG/pl.client 2>&1 || true
+            wait || true
+            # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
+            line=$(perf_line "$s" $LOG/pl.client)
+            [ -n "$line" ] || { cat $LOG/pl.client $LOG/pl.server; failures=$((failures + 1)); }
+            echo "$line" | awk -v r="$r" '{ printf "RESULT perftest_lat round=%s size=%s p50_ns=%.0f avg_ns=%.0f p99_ns=%.0f\n", r, $1, $5 * 1000, $6 * 1000, $8 * 1000 }'
+        done
+        timeout 300 ib_write_bw -F -d rxe0 -x 1 -s 65536 -n "$bw_iters" -p 18516 >$LOG/pb.server 2>&1 &
+        sleep 0.3
+        timeout 300 ib_write_bw -F -d rxe0 -x 1 -s 65536 -n "$bw_iters" -p 18516 127.0.0.1 >$LOG/pb.client 2>&1 || true
+        wait || true
+        # #bytes #iterations BW_peak BW_average MsgRate[Mpps]: bytes/s from the message rate
+        line=$(perf_line 65536 $LOG/pb.client)
+        [ -n "$line" ] || { cat $LOG/pb.client $LOG/pb.server; failures=$((failures + 1)); }
+        echo "$line" | awk -v r="$r" '{ printf "RESULT perftest_bw round=%s size=%s bytes_per_s=%.0f mpps=%s\n", r, $1, $5 * 1e6 * $1, $5 }'
+
+        # fastlane rdma bench: same device, sizes, iterations, depth.
+        timeout 300 fastlane rdma bench --device rxe0 --listen 127.0.0.1:7480 >$LOG/fb.server 2>&1 &
+        sleep 0.3
+        if timeout 300 fastlane rdma bench --device rxe0 --connect 127.0.0.1:7480 \
+            --sizes 8,64,512,4096,65536 --iters "$iters" --bw-size 65536 --bw-iters "$bw_iters" \
+            --bw-depth 128 --hlog /tmp/rdma-bench-$r.hlog >$LOG/fb.client 2>&1; then
+            sed "s/^RESULT \([a-z]*\) /RESULT fastlane_\1 round=$r /" $LOG/fb.client
+            sed 's/^/HLOG /' /tmp/rdma-bench-$r.hlog
+        else
+            cat $LOG/fb.client $LOG/fb.server
+            failures=$((failures + 1))
+        fi
+        wait || true
+        r=$((r + 1))
+    done
+}
+
 case "$phase" in
     probe) ;;
     test) run_tests ;;
-    bench) . /bench-rdma-guest.sh ;;
+    bench) run_bench ;;
     *) echo "unknown phase $phase"; exit 2 ;;
 esac
 echo "RESULT failures=$failures"

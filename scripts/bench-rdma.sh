@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# RDMA WRITE latency and bandwidth of `fastlane rdma bench` against perftest's ib_write_lat /
+# ib_write_bw, on the same soft-RoCE device (rxe0 on dummy0) in the same QEMU TCG guest boot
+# (tests/vm/guest-rdma.sh, phase bench). Prints the ratio table that BENCHMARKS.md quotes.
+#
+#   scripts/bench-rdma.sh [--iters N] [--bw-iters N] [--rounds N] [--out DIR]
+#
+# Latency: median one-way latency (perftest's t_typical; ours: p50 of RTT/2 from the
+# HdrHistogram), target fastlane/perftest <= 1.05. Bandwidth: bytes/s of 64 KiB WRITEs with
+# 128 in flight (perftest's from its message rate), target fastlane/perftest >= 0.95.
+# With --rounds N both run N times, interleaved, and the table uses the median of the rounds.
+# Writes DIR/rdma-bench.hlog (fastlane's latency histograms; read with `fastlane hist`) and
+# DIR/rdma-bench.log (the whole guest output). Needs .ci/install-deps.sh's packages.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+iters=1000 bw_iters=5000 rounds=1 out=target/bench-rdma
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --iters) iters=$2; shift ;;
+        --bw-iters) bw_iters=$2; shift ;;
+        --rounds) rounds=$2; shift ;;
+        --out) out=$2; shift ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        *) echo "bench-rdma.sh: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+mkdir -p "$out"
+
+cargo build --release -p fastlane-tools >&2
+bin="${CARGO_TARGET_DIR:-target}/release/fastlane"
+provider=/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so
+
+tests/vm/run-guest.sh --script tests/vm/guest-rdma.sh \
+    --append "fl_rdma_phase=bench fl_iters=$iters fl_bw_iters=$bw_iters fl_rounds=$rounds" \
+    --bin "$bin" --bin /usr/bin/rdma --bin /usr/bin/ib_write_lat --bin /usr/bin/ib_write_bw \
+    --lib "$provider" --file /etc/libibverbs.d/rxe.driver:/etc/libibverbs.d/rxe.driver \
+    --modules "crc32_generic ib_core ib_uverbs udp_tunnel ip6_udp_tunnel rdma_rxe dummy" \
+    --smp 2 --mem 1G --timeout $((300 + rounds * (iters / 10 + bw_iters / 20))) >"$out/rdma-bench.log"
+sed -n 's/^HLOG //p' "$out/rdma-bench.log" >"$out/rdma-bench.hlog"
+
+awk '
+function kv(key,   i, a) { for (i = 2; i <= NF; i++) { split($i, a, "="); if (a[1] == key) return a[2] } return "" }
+function median(list,   n, a, i, j, t) {
+    n = split(list, a, " ")
+    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
+    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+}
+/^RESULT perftest_lat / { pl[kv("size")] = pl[kv("size")] " " kv("p50_ns"); sizes[kv("size")] = 1 }
+/^RESULT fastlane_lat / { fl[kv("size")] = fl[kv("size")] " " kv("p50_ns") }
+/^RESULT perftest_bw /  { pb = pb " " kv("bytes_per_s") }
+/^RESULT fastlane_bw /  { fb = fb " " kv("bytes_per_s") }
+END {
+    printf "%-22s %14s %14s %8s %8s\n", "RDMA WRITE (rxe, TCG)", "perftest", "fastlane", "ratio", "target"
+    n = asorti(sizes, order, "@ind_num_asc")
+    for (k = 1; k <= n; k++) {
+        s = order[k]; p = median(pl[s]); f = median(fl[s])
+        r = (p > 0) ? f / p : 0
+        printf "%-22s %11.2f us %11.2f us %8.3f %8s %s\n", "latency p50 " s " B", p / 1000, f / 1000, r, "<=1.05", (r <= 1.05 ? "ok" : "MISSED")
+    }
+    p = median(pb); f = median(fb); r = (p > 0) ? f / p : 0
+    printf "%-22s %10.1f MiB/s %8.1f MiB/s %8.3f %8s %s\n", "bandwidth 64 KiB", p / 1048576, f / 1048576, r, ">=0.95", (r >= 0.95 ? "ok" : "MISSED")
+}' "$out/rdma-bench.log"
+echo "guest log: $out/rdma-bench.log; histograms: $out/rdma-bench.hlog" >&2
