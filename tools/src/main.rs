@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod bench_blk;
 mod hist;
+mod itch;
 mod rdma;
 mod serve;
 
@@ -26,6 +27,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Latency percentiles, comparisons and plots from HdrHistogram interval logs (.hlog).
     Hist(hist::HistArgs),
+    /// ITCH 5.0 feeds: generate a deterministic one, or replay one into order books.
+    Itch(itch::ItchArgs),
     /// RDMA: serve a remote memory pool; WRITE latency/bandwidth benchmark.
     Rdma(rdma::RdmaArgs),
     /// Export a block backend as a vhost-user-blk device on a Unix socket.
@@ -37,6 +40,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Hist(args) => hist::run(&args),
+        Command::Itch(args) => itch::run(&args),
         Command::Rdma(args) => rdma::run(&args),
         Command::Serve(args) => serve::run(&args),
     };
