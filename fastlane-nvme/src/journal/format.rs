@@ -5,7 +5,7 @@
 //!
 //! All integers are little-endian. See `docs/journal.md` for the tables.
 
-use super::crc32c::{crc32c, crc32c_append};
+use fastlane_fpga::crc32c::{crc32c, crc32c_append};
 
 /// Superblock magic, at offset 0.
 pub const SUPER_MAGIC: [u8; 8] = *b"FLJOURN1";

@@ -34,7 +34,6 @@
 //! [`JournalError::DeviceFull`]), or resynchronising a replica that fell behind.
 
 mod control;
-pub mod crc32c;
 pub mod format;
 mod io;
 pub mod preprocess;
@@ -495,7 +494,7 @@ impl Journal {
             sb,
             durability: config.durability,
             replica: config.replica.take(),
-            pre: config.preprocess.take().unwrap_or_else(|| Box::new(SoftPreprocess)),
+            pre: config.preprocess.take().unwrap_or_else(|| Box::new(SoftPreprocess::default())),
             consumer,
             control: control.reopen()?,
             stats: Arc::clone(&stats),

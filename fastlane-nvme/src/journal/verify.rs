@@ -3,7 +3,10 @@
 
 use std::fmt;
 
-use super::format::{check_frame, decode_header, frame_len, Chain, Defect, SuperError, Superblock};
+use super::format::{
+    check_frame, decode_header, frame_len, Chain, Defect, SuperError, Superblock, DATA_OFFSET,
+    SUPER_LEN,
+};
 use super::io::ReadAt;
 use super::scan::{first_nonzero, scan, ScanError, Stop};
 
@@ -12,6 +15,11 @@ use super::scan::{first_nonzero, scan, ScanError, Stop};
 pub enum Problem {
     /// The superblock is damaged (every chain value depends on it).
     Superblock(SuperError),
+    /// A byte of the superblock's reserved (zero) area is set.
+    SuperblockReserved {
+        /// Its offset.
+        offset: u64,
+    },
     /// The frame after seq `after_seq` (at `offset`) was changed: its bytes do not match its
     /// CRC32C, or they match a recomputed CRC but not the hash chain.
     Changed {
@@ -63,6 +71,9 @@ impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Problem::Superblock(e) => write!(f, "superblock damaged: {e}"),
+            Problem::SuperblockReserved { offset } => {
+                write!(f, "superblock damaged: reserved byte at offset {offset} is not zero")
+            }
             Problem::Changed { offset, after_seq, seq, what } => {
                 write!(f, "record after seq {after_seq} changed at offset {offset} ({what}")?;
                 if let Some(s) = seq {
@@ -130,6 +141,18 @@ pub fn verify(r: &mut dyn ReadAt, anchor: Anchor) -> Result<VerifyReport, std::i
             })
         }
     };
+    // The superblock's unused bytes are zero: any other value is tampering or damage.
+    if let Some(offset) = first_nonzero_in(r, SUPER_LEN as u64, DATA_OFFSET)? {
+        let head = s.head;
+        let problem = Some(Problem::SuperblockReserved { offset });
+        return Ok(VerifyReport {
+            records: s.records,
+            last_seq: s.last_seq,
+            head,
+            end: s.end,
+            problem,
+        });
+    }
     let problem = match s.stop {
         Stop::Clean | Stop::DeviceEnd => match first_nonzero(r, s.end)? {
             Some(offset) => Some(Problem::TrailingBytes { offset }),
@@ -197,4 +220,14 @@ fn seq_appears_later(
         off += n as u64;
     }
     Ok(false)
+}
+
+fn first_nonzero_in(r: &mut dyn ReadAt, from: u64, to: u64) -> Result<Option<u64>, std::io::Error> {
+    let to = to.min(r.len_bytes());
+    if from >= to {
+        return Ok(None);
+    }
+    let mut buf = vec![0u8; (to - from) as usize];
+    r.read_at(from, &mut buf)?;
+    Ok(buf.iter().position(|&b| b != 0).map(|i| from + i as u64))
 }
