@@ -9,14 +9,16 @@
 #   bench   bind to vfio-pci, `fastlane bench nvme --backend nvme:BDF`; then rebind to the
 #           kernel's nvme driver and run the same benchmark on /dev/nvme0n1 with io_uring and
 #           O_DIRECT (`--backend file:/dev/nvme0n1 --direct`); the .hlog files are printed as
-#           "HLOG NAME LINE" lines for the host to collect. Needs the nvme modules loaded.
+#           "HLOG NAME LINE" lines for the host to collect. Needs the nvme modules loaded;
+#           fl_vfio_seconds=N sets the seconds per case (default 3).
 #
 # Exits non-zero when a step failed.
 set -eu
 
 MODE=$(sed -n 's/.*fl_vfio_mode=\([a-z]*\).*/\1/p' /proc/cmdline)
 MODE=${MODE:-check}
-BENCH_ARGS=$(sed -n 's/.*fl_vfio_bench="\([^"]*\)".*/\1/p' /proc/cmdline)
+SECS=$(sed -n 's/.*fl_vfio_seconds=\([0-9.]*\).*/\1/p' /proc/cmdline)
+BENCH_ARGS="--seconds ${SECS:-3}"
 
 BDF=""
 for d in /sys/bus/pci/devices/*; do

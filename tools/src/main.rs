@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod bench_blk;
+mod bench_nvme;
 mod hist;
 mod itch;
 mod rdma;

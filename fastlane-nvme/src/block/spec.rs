@@ -3,7 +3,9 @@
 //! - `mem:SIZE`: a [`RamDisk`] of `SIZE` bytes; `SIZE` is a number with an optional binary
 //!   suffix `K`, `M`, `G`, `T` (case-insensitive, `KiB`/`MB`-style tails accepted and read as
 //!   powers of 1024): `512K`, `64M`, `1G`, `4096`;
-//! - `file:PATH`: a [`UringDevice`] on a regular file or block device.
+//! - `file:PATH`: a [`UringDevice`] on a regular file or block device;
+//! - `nvme:BDF`: an [`NvmeDevice`] (the userspace VFIO driver) on the PCI function `BDF`
+//!   (`0000:00:04.0`), which must be bound to `vfio-pci`; namespace 1.
 //!
 //! ```
 //! use fastlane_nvme::block::spec::{BackendSpec, SpecOptions};
@@ -21,6 +23,7 @@ use std::sync::Arc;
 use super::ram::{RamDisk, RamError};
 use super::uring::{UringDevice, UringError, UringOptions};
 use super::BlockDevice;
+use crate::vfio::{Bdf, NvmeDevice, NvmeError, NvmeOptions};
 
 /// What `--backend` names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +37,11 @@ pub enum BackendSpec {
     File {
         /// The file or block device.
         path: PathBuf,
+    },
+    /// `nvme:BDF`.
+    Nvme {
+        /// The PCI function.
+        bdf: Bdf,
     },
 }
 
@@ -58,7 +66,7 @@ impl Default for SpecOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
     /// Neither `mem:` nor `file:`.
-    #[error("unknown backend {spec:?}: expected mem:SIZE or file:PATH")]
+    #[error("unknown backend {spec:?}: expected mem:SIZE, file:PATH or nvme:BDF")]
     UnknownKind {
         /// The spec as given.
         spec: String,
@@ -78,6 +86,9 @@ pub enum SpecError {
     /// Opening the file failed.
     #[error(transparent)]
     Uring(#[from] UringError),
+    /// The PCI address is malformed, or opening the controller failed.
+    #[error(transparent)]
+    Nvme(#[from] NvmeError),
 }
 
 /// Parse `64M`-style sizes (binary multiples). Bounded: at most 32 characters.
@@ -112,6 +123,8 @@ impl FromStr for BackendSpec {
                 return Err(SpecError::EmptyPath);
             }
             Ok(BackendSpec::File { path: PathBuf::from(path) })
+        } else if let Some(bdf) = spec.strip_prefix("nvme:") {
+            Ok(BackendSpec::Nvme { bdf: bdf.parse()? })
         } else {
             Err(SpecError::UnknownKind { spec: spec.to_string() })
         }
@@ -123,6 +136,7 @@ impl fmt::Display for BackendSpec {
         match self {
             BackendSpec::Mem { size_bytes } => write!(f, "mem:{size_bytes}"),
             BackendSpec::File { path } => write!(f, "file:{}", path.display()),
+            BackendSpec::Nvme { bdf } => write!(f, "nvme:{bdf}"),
         }
     }
 }
@@ -141,6 +155,10 @@ impl BackendSpec {
                     read_only: opts.read_only,
                     ..UringOptions::default()
                 },
+            )?),
+            BackendSpec::Nvme { bdf } => Arc::new(NvmeDevice::open(
+                *bdf,
+                NvmeOptions { read_only: opts.read_only, ..NvmeOptions::default() },
             )?),
         })
     }
@@ -183,6 +201,13 @@ mod tests {
         assert_eq!("mem:1G".parse::<BackendSpec>().unwrap().to_string(), "mem:1073741824");
         assert!(matches!("file:".parse::<BackendSpec>(), Err(SpecError::EmptyPath)));
         assert!(matches!("nbd:x".parse::<BackendSpec>(), Err(SpecError::UnknownKind { .. })));
+        let nvme = "nvme:0000:00:04.0".parse::<BackendSpec>().unwrap();
+        assert_eq!(nvme.to_string(), "nvme:0000:00:04.0");
+        assert_eq!("nvme:00:04.0".parse::<BackendSpec>().unwrap(), nvme);
+        assert!(matches!(
+            "nvme:00:04".parse::<BackendSpec>(),
+            Err(SpecError::Nvme(NvmeError::BadBdf { .. }))
+        ));
         assert!(matches!(
             open_backend("mem:1000", &SpecOptions::default()),
             Err(SpecError::Ram(RamError::InvalidSize { .. }))

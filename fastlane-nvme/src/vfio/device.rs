@@ -51,8 +51,9 @@ pub(crate) struct Controller {
     xlat: Mutex<Arc<Translations>>,
     /// Bumped (Release) after each change of `xlat`; queues compare (Acquire) per submit.
     pub(crate) xlat_gen: AtomicU64,
-    /// Mappings made by `map_external` (not owned by a `DmaBuffer`), unmapped on drop.
-    external: Mutex<Vec<Mapping>>,
+    /// Mappings made by `map_external` (not owned by a `DmaBuffer`) with the caller's key
+    /// for what backs them, unmapped on drop.
+    external: Mutex<Vec<(Mapping, u64)>>,
     admin: Mutex<AdminQueue>,
     // Last: the BAR mapping and the VFIO fds outlive everything above.
     pub(crate) pci: VfioPci,
@@ -304,6 +305,7 @@ impl Controller {
         host: *mut u8,
         len: usize,
         owned: bool,
+        key: u64,
     ) -> Result<u64, NvmeError> {
         let h = host as usize;
         if h % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 || len == 0 {
@@ -322,7 +324,7 @@ impl Controller {
             return Err(e);
         }
         if !owned {
-            self.external.lock().unwrap_or_else(|p| p.into_inner()).push(m);
+            self.external.lock().unwrap_or_else(|p| p.into_inner()).push((m, key));
         }
         Ok(iova)
     }
@@ -335,7 +337,7 @@ impl Controller {
             Ok(t2)
         })?;
         let m = removed.expect("publish succeeded");
-        self.external.lock().unwrap_or_else(|p| p.into_inner()).retain(|x| x.host != host);
+        self.external.lock().unwrap_or_else(|p| p.into_inner()).retain(|x| x.0.host != host);
         self.pci.container().vfio_dma_unmap(m.iova, m.len).map_err(|source| NvmeError::DmaUnmap {
             iova: m.iova,
             len: m.len,
@@ -378,7 +380,7 @@ impl Drop for Controller {
             "disable",
             || Ok(bar.read32(regs::REG_CSTS) & regs::CSTS_RDY == 0),
         );
-        for m in self.external.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
+        for (m, _) in self.external.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
             if let Err(e) = self.pci.container().vfio_dma_unmap(m.iova, m.len) {
                 log::warn!("unmap of external iova {:#x} failed: {e}", m.iova);
             }
@@ -522,7 +524,41 @@ impl NvmeDevice {
     /// - `host` and `len` are page-aligned (checked, an error otherwise).
     pub unsafe fn map_external(&self, host: *mut u8, len: usize) -> Result<u64, NvmeError> {
         // SAFETY: the caller's contract is this function's.
-        unsafe { self.ctrl.map_external(host, len, false) }
+        unsafe { self.ctrl.map_external(host, len, false, 0) }
+    }
+
+    /// Make the external mappings exactly `regions` (host address, length, key), for the
+    /// vhost-user memory table hook: a region already mapped with the same address, length
+    /// and key stays mapped (its in-flight requests are undisturbed); every other external
+    /// mapping is removed first, then the new regions are mapped. `key` names what backs the
+    /// range (e.g. the memfd's inode and offset, or a generation the caller bumps on every
+    /// table), so an address that was unmapped and reused for other memory is remapped, not
+    /// kept pointing at the old pages.
+    ///
+    /// On error the mappings are partly updated; call again or unmap.
+    ///
+    /// # Safety
+    ///
+    /// Every region in `regions` meets [`NvmeDevice::map_external`]'s contract.
+    pub unsafe fn sync_external(&self, regions: &[(*mut u8, usize, u64)]) -> Result<(), NvmeError> {
+        let current: Vec<(Mapping, u64)> =
+            self.ctrl.external.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for (m, key) in &current {
+            let keep =
+                regions.iter().any(|&(h, l, k)| h as usize == m.host && l == m.len && k == *key);
+            if !keep {
+                self.ctrl.unmap_external(m.host)?;
+            }
+        }
+        for &(host, len, key) in regions {
+            let have =
+                current.iter().any(|(m, k)| m.host == host as usize && m.len == len && *k == key);
+            if !have {
+                // SAFETY: the caller's contract covers every region.
+                unsafe { self.ctrl.map_external(host, len, false, key) }?;
+            }
+        }
+        Ok(())
     }
 
     /// Remove a mapping made by [`NvmeDevice::map_external`]. Requests in flight into it

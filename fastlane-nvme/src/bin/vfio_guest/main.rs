@@ -22,6 +22,35 @@ use fastlane_nvme::vfio::{DmaBuffer, NvmeDevice, NvmeOptions};
 
 mod pattern;
 
+/// A private anonymous read-write mapping.
+///
+/// # Safety
+///
+/// Only `mmap` with a NULL hint: no memory we own is affected.
+unsafe fn libc_mmap(len: usize) -> *mut u8 {
+    // SAFETY: see the function's contract.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert!(p != libc::MAP_FAILED, "mmap failed");
+    p.cast()
+}
+
+/// # Safety
+///
+/// `p..p+len` is a mapping from `libc_mmap` that nothing uses any more.
+unsafe fn libc_munmap(p: *mut u8, len: usize) {
+    // SAFETY: see the function's contract.
+    unsafe { libc::munmap(p.cast(), len) };
+}
+
 type Res<T> = Result<T, String>;
 
 /// Submit one request and wait for it (bounded by the driver's command timeout).
@@ -188,6 +217,47 @@ fn check(bdf: &str) -> Res<()> {
             run1(q, BlockOp::Read, off, 0, &rsegs)?;
             check_equal(&format!("bounced {len}"), &back[3..], &data[..len])?;
         }
+        Ok(())
+    })?;
+
+    // 3b. External memory (what the vhost-user memory-table hook maps): an anonymous mapping
+    //     registered with sync_external, used zero copy, re-keyed (remapped), then removed.
+    step("external", || {
+        let len = 1usize << 20;
+        // SAFETY: a fresh anonymous mapping; unmapped below after the device mapping is gone.
+        let p = unsafe { libc_mmap(len) };
+        let off = 26 * MIB;
+        let mut data = vec![0u8; len];
+        pattern::fill(600, off, &mut data);
+        for key in [1u64, 2] {
+            // SAFETY: `p..p+len` stays mapped and is only touched through raw copies until
+            // `sync_external(&[])` below removes it.
+            unsafe { dev.sync_external(&[(p, len, key)]) }.map_err(|e| e.to_string())?;
+            let maps = dev.mappings();
+            if !maps.iter().any(|m| m.host == p as usize && m.len == len) {
+                return Err(format!("external region not in the mappings: {maps:?}"));
+            }
+            // SAFETY: in bounds of our mapping; no request in flight.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, len) };
+            run1(q, BlockOp::Write, off, 0, &[seg(p, len)])?;
+            // SAFETY: as above.
+            unsafe { std::ptr::write_bytes(p, 0xee, len) };
+            run1(q, BlockOp::Read, off, 0, &[seg(p, len)])?;
+            let mut got = vec![0u8; len];
+            // SAFETY: as above; the read has completed.
+            unsafe { std::ptr::copy_nonoverlapping(p, got.as_mut_ptr(), len) };
+            check_equal(&format!("external key {key}"), &got, &data)?;
+        }
+        expect_pattern(off, len, 600);
+        // SAFETY: an empty list.
+        unsafe { dev.sync_external(&[]) }.map_err(|e| e.to_string())?;
+        if dev.mappings().iter().any(|m| m.host == p as usize) {
+            return Err("external region still mapped".into());
+        }
+        // The same memory now goes through the bounce pages.
+        run1(q, BlockOp::Read, off, 0, &[seg(p, len)])?;
+        // SAFETY: the device mapping is gone; our own mapping.
+        unsafe { libc_munmap(p, len) };
         Ok(())
     })?;
 
