@@ -1,2 +1,172 @@
-//! ITCH decode and order book: fastlane-fpga against itchy (filled in below).
-fn main() {}
+//! ITCH 5.0 decode and order-book reconstruction: `fastlane-fpga` against the `itchy` crate,
+//! on the same generated feed, in one run.
+//!
+//! ```text
+//! cargo bench --bench itch        # about a minute
+//! ```
+//!
+//! The feed: `fastlane itch gen --messages 200000 --symbols 16 --seed 1 --itchy-compatible`
+//! (the same bytes, built in memory; `itchy` 0.3 does not know the `h`/`O` types, so the
+//! feed leaves them out). Groups (criterion ids `group/peer`):
+//! - `itch_decode`: every message decoded into a typed value and folded into a checksum so
+//!   nothing is optimised away. `fastlane`: `FeedReader` over the bytes; `itchy`:
+//!   `MessageStream::from_reader` over the same bytes (its intended use). Throughput in
+//!   messages per second.
+//! - `itch_book`: decode and rebuild every book, detecting top-of-book changes after each
+//!   order message. `fastlane`: `FeedReader` + `OrderBooks`; `itchy+btree`: itchy's decoder
+//!   feeding the textbook book (hash map of orders, `BTreeMap` of levels per side). Throughput
+//!   in book updates (order messages) per second. Books are built fresh for every iteration,
+//!   outside the timed part.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use fastlane::fpga::book::{BookConfig, OrderBooks};
+use fastlane::fpga::gen::{generate, GenConfig};
+use fastlane::fpga::itch::{Body, FeedReader};
+
+const MESSAGES: u64 = 200_000;
+
+fn feed() -> Vec<u8> {
+    generate(&GenConfig { messages: MESSAGES, symbols: 16, seed: 1, itchy_compatible: true })
+}
+
+fn is_order_message(t: u8) -> bool {
+    matches!(t, b'A' | b'F' | b'E' | b'C' | b'X' | b'D' | b'U')
+}
+
+fn fastlane_decode(feed: &[u8]) -> u64 {
+    let mut acc = 0u64;
+    for m in FeedReader::new(feed).flatten() {
+        acc = acc.wrapping_add(m.timestamp_ns ^ u64::from(m.locate));
+        if let Body::AddOrder { price, .. } = m.body {
+            acc = acc.wrapping_add(u64::from(price));
+        }
+    }
+    acc
+}
+
+fn itchy_decode(feed: &[u8]) -> u64 {
+    let mut acc = 0u64;
+    for m in itchy::MessageStream::from_reader(feed).flatten() {
+        acc = acc.wrapping_add(m.timestamp ^ u64::from(m.stock_locate));
+        if let itchy::Body::AddOrder(a) = &m.body {
+            acc = acc.wrapping_add(u64::from(a.price.raw()));
+        }
+    }
+    acc
+}
+
+/// The textbook book over itchy's messages: same semantics as `fastlane_fpga::reference`.
+#[derive(Default)]
+struct BTreeBook {
+    orders: HashMap<u64, (u16, bool, u32, u32)>,
+    levels: HashMap<(u16, bool), BTreeMap<u32, u64>>,
+    top_changes: u64,
+}
+
+impl BTreeBook {
+    fn top(&self, locate: u16) -> (Option<(u32, u64)>, Option<(u32, u64)>) {
+        let bid = self.levels.get(&(locate, true)).and_then(|m| m.last_key_value());
+        let ask = self.levels.get(&(locate, false)).and_then(|m| m.first_key_value());
+        (bid.map(|(p, s)| (*p, *s)), ask.map(|(p, s)| (*p, *s)))
+    }
+
+    fn add(&mut self, r: u64, locate: u16, buy: bool, price: u32, shares: u32) {
+        self.orders.insert(r, (locate, buy, price, shares));
+        *self.levels.entry((locate, buy)).or_default().entry(price).or_insert(0) +=
+            u64::from(shares);
+    }
+
+    fn take(&mut self, r: u64, shares: Option<u32>) -> Option<(u16, bool)> {
+        let o = self.orders.get_mut(&r)?;
+        let (locate, buy, price, left) = *o;
+        let n = shares.unwrap_or(left).min(left);
+        o.3 -= n;
+        if o.3 == 0 {
+            self.orders.remove(&r);
+        }
+        let side = self.levels.get_mut(&(locate, buy))?;
+        let lvl = side.get_mut(&price)?;
+        *lvl -= u64::from(n);
+        if *lvl == 0 {
+            side.remove(&price);
+        }
+        Some((locate, buy))
+    }
+
+    fn apply(&mut self, m: &itchy::Message) {
+        let locate = m.stock_locate;
+        let before = self.top(locate);
+        match &m.body {
+            itchy::Body::AddOrder(a) => {
+                self.add(a.reference, locate, a.side == itchy::Side::Buy, a.price.raw(), a.shares)
+            }
+            itchy::Body::OrderExecuted { reference, executed, .. }
+            | itchy::Body::OrderExecutedWithPrice { reference, executed, .. }
+            | itchy::Body::OrderCancelled { reference, cancelled: executed } => {
+                self.take(*reference, Some(*executed));
+            }
+            itchy::Body::DeleteOrder { reference } => {
+                self.take(*reference, None);
+            }
+            itchy::Body::ReplaceOrder(u) => {
+                if let Some((l, buy)) = self.take(u.old_reference, None) {
+                    self.add(u.new_reference, l, buy, u.price.raw(), u.shares);
+                }
+            }
+            _ => return,
+        }
+        if self.top(locate) != before {
+            self.top_changes += 1;
+        }
+    }
+}
+
+fn benches(c: &mut Criterion) {
+    let feed = feed();
+    assert_eq!(fastlane_decode(&feed), itchy_decode(&feed), "both decoders see the same feed");
+    let updates = FeedReader::new(&feed).flatten().filter(|m| is_order_message(m.msg_type)).count();
+
+    let mut g = c.benchmark_group("itch_decode");
+    g.sample_size(20).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(5));
+    g.throughput(Throughput::Elements(MESSAGES));
+    g.bench_function("fastlane", |b| b.iter(|| fastlane_decode(black_box(&feed))));
+    g.bench_function("itchy", |b| b.iter(|| itchy_decode(black_box(&feed))));
+    g.finish();
+
+    let mut g = c.benchmark_group("itch_book");
+    g.sample_size(20).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(5));
+    g.throughput(Throughput::Elements(updates as u64));
+    g.bench_function("fastlane", |b| {
+        b.iter_batched(
+            || OrderBooks::new(BookConfig { orders_max: 1 << 18, levels_reserved: 256 }),
+            |mut books| {
+                for m in FeedReader::new(black_box(&feed)).flatten() {
+                    books.apply(&m);
+                }
+                assert_eq!(books.stats().anomalies(), 0);
+                books.stats().top_changes
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.bench_function("itchy+btree", |b| {
+        b.iter_batched(
+            || BTreeBook { orders: HashMap::with_capacity(1 << 18), ..BTreeBook::default() },
+            |mut book| {
+                for m in itchy::MessageStream::from_reader(black_box(&feed[..])).flatten() {
+                    book.apply(&m);
+                }
+                book.top_changes
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
+criterion_group!(itch, benches);
+criterion_main!(itch);
