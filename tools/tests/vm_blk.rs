@@ -172,7 +172,12 @@ impl Daemon {
     fn terminate(&mut self) -> Option<(ExitStatus, Duration)> {
         let child = self.child.as_mut()?;
         let t0 = Instant::now();
-        let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+        if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+            // SAFETY:
+            // - `pid` is our own child, not yet reaped (`try_wait` has not returned it), so the
+            //   id cannot have been reused; kill only sends a signal.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
         loop {
             if let Ok(Some(st)) = child.try_wait() {
                 self.child = None;
