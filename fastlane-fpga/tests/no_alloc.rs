@@ -1,0 +1,63 @@
+//! The per-message path allocates nothing: decode, filter, book update and event
+//! normalization over the second half of a feed, after the first half has created every
+//! locate's book, run under a counting allocator.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use fastlane_fpga::book::{BookConfig, OrderBooks};
+use fastlane_fpga::event::Event;
+use fastlane_fpga::filter::SymbolFilter;
+use fastlane_fpga::gen::{generate, GenConfig};
+use fastlane_fpga::itch::{stock_from_str, FeedReader};
+
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as our caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as our caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn steady_state_decode_and_book_do_not_allocate() {
+    let feed =
+        generate(&GenConfig { messages: 100_000, symbols: 8, seed: 3, itchy_compatible: false });
+    let mut books = OrderBooks::new(BookConfig { orders_max: 1 << 17, levels_reserved: 256 });
+    let mut filter = SymbolFilter::new(&[stock_from_str("AAPL"), stock_from_str("NVDA")]);
+    let mut reader = FeedReader::new(&feed);
+    let mut sink = 0u64;
+    let mut run = |reader: &mut FeedReader<'_>, n: usize| {
+        for m in reader.by_ref().take(n).flatten() {
+            filter.admit(&m);
+            sink = sink.wrapping_add(Event::from_message(&m).timestamp_ns);
+            if let Some(t) = books.apply(&m) {
+                sink = sink.wrapping_add(Event::top_of_book(&t, &m).price.into());
+            }
+        }
+    };
+    run(&mut reader, 50_000);
+    let before = ALLOCS.load(Ordering::Relaxed);
+    run(&mut reader, 50_000);
+    let after = ALLOCS.load(Ordering::Relaxed);
+    assert_eq!(reader.stats().messages, 100_000);
+    assert_eq!(after - before, 0, "allocations on the per-message path");
+    assert_ne!(sink, 0);
+}
