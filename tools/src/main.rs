@@ -12,6 +12,7 @@ mod bench_blk;
 mod bench_nvme;
 mod hist;
 mod itch;
+mod journal;
 mod rdma;
 mod serve;
 
@@ -30,6 +31,8 @@ enum Command {
     Hist(hist::HistArgs),
     /// ITCH 5.0 feeds: generate a deterministic one, or replay one into order books.
     Itch(itch::ItchArgs),
+    /// The record journal: append, verify, dump, bench.
+    Journal(journal::JournalArgs),
     /// RDMA: serve a remote memory pool; WRITE latency/bandwidth benchmark.
     Rdma(rdma::RdmaArgs),
     /// Export a block backend as a vhost-user-blk device on a Unix socket.
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Hist(args) => hist::run(&args),
         Command::Itch(args) => itch::run(&args),
+        Command::Journal(args) => journal::run(&args),
         Command::Rdma(args) => rdma::run(&args),
         Command::Serve(args) => serve::run(&args),
     };

@@ -195,7 +195,8 @@ pub struct JournalConfig {
     pub shm_path: Option<PathBuf>,
     /// Longest payload (create only; open takes it from the superblock). Default 4096.
     pub max_record_bytes: u32,
-    /// Most bytes per batch write (create only). Default 1 MiB.
+    /// Most bytes per batch write (create only; at most a quarter of the device). Default
+    /// 1 MiB.
     pub max_batch_bytes: u32,
     /// Pin the writer thread to this core.
     pub writer_core: Option<usize>,
@@ -290,6 +291,12 @@ impl Journal {
     /// the writer.
     pub fn create(mut config: JournalConfig) -> Result<Journal, JournalError> {
         let mut dev = open_dev(&config)?;
+        // A small device gets smaller batches: at most a quarter of it (the torn-tail window
+        // must fit comfortably), never less than one largest frame plus a block.
+        let quarter = (dev.size_bytes / 4 / u64::from(WRITE_ALIGN) * u64::from(WRITE_ALIGN))
+            .min(u64::from(u32::MAX)) as u32;
+        let min_batch = format::frame_len(config.max_record_bytes as usize) as u32 + WRITE_ALIGN;
+        config.max_batch_bytes = config.max_batch_bytes.min(quarter.max(min_batch));
         check_limits(config.max_record_bytes, config.max_batch_bytes)?;
         let sb = Superblock {
             write_align: WRITE_ALIGN,

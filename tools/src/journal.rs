@@ -1,0 +1,509 @@
+//! `fastlane journal append|bench|verify|dump`: the record journal from the command line.
+
+use std::fs::OpenOptions;
+use std::io::{BufRead, Write};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use fastlane_hist::{HlogWriter, LatencyRecorder};
+use fastlane_nvme::block::spec::parse_size;
+use fastlane_nvme::block::uring::{UringDevice, UringOptions};
+use fastlane_nvme::journal::verify::hex;
+use fastlane_nvme::journal::{
+    scan, verify, Anchor, Durability, FileReplica, Journal, JournalConfig, JournalError,
+};
+use fastlane_ring::WaitStrategy;
+
+/// `fastlane journal`.
+#[derive(Debug, Args)]
+pub struct JournalArgs {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Append records (arguments, or one per stdin line) and wait until they are durable.
+    Append(AppendArgs),
+    /// Walk the hash chain; name the first record changed, removed or reordered.
+    Verify(VerifyArgs),
+    /// Print the records.
+    Dump(DumpArgs),
+    /// Append hot path, durable-ack latency against pwrite+fdatasync, and throughput.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct Common {
+    /// The journal file (created with --size if missing).
+    file: PathBuf,
+    /// Size of a new journal file.
+    #[arg(long, default_value = "64M", value_parser = parse_bytes)]
+    size: u64,
+    /// memory, local or replicated.
+    #[arg(long, default_value = "local")]
+    durability: Durability,
+    /// A second file to mirror every write into (the replica of `replicated`).
+    #[arg(long)]
+    replica: Option<PathBuf>,
+    /// Open the file with O_DIRECT.
+    #[arg(long)]
+    direct: bool,
+}
+
+#[derive(Debug, Args)]
+struct AppendArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Records to append; none: read one record per line from stdin.
+    records: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+struct VerifyArgs {
+    /// The journal file.
+    file: PathBuf,
+    /// Fail unless the journal ends at this seq (an anchor kept elsewhere).
+    #[arg(long)]
+    expect_last_seq: Option<u64>,
+    /// Fail unless the chain ends with this head (32 hex digits, from an earlier verify).
+    #[arg(long)]
+    expect_head: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct DumpArgs {
+    /// The journal file.
+    file: PathBuf,
+    /// First seq to print.
+    #[arg(long, default_value_t = 0)]
+    from: u64,
+    /// Most records to print.
+    #[arg(long, default_value_t = u64::MAX)]
+    limit: u64,
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// The journal file (recreated); the pwrite+fdatasync baseline uses FILE.baseline.
+    file: PathBuf,
+    /// Size of the journal file.
+    #[arg(long, default_value = "512M", value_parser = parse_bytes)]
+    size: u64,
+    /// Payload bytes per record.
+    #[arg(long, default_value_t = 64)]
+    record_bytes: usize,
+    /// Records in the throughput run (their appends give the hot-path histogram).
+    #[arg(long, default_value_t = 2_000_000)]
+    records: u64,
+    /// Append rate of the durable-ack run, records per second.
+    #[arg(long, default_value_t = 20_000)]
+    rate: u64,
+    /// Length of the durable-ack run, seconds.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// pwrite+fdatasync calls in the baseline.
+    #[arg(long, default_value_t = 1000)]
+    baseline_ops: u64,
+    /// Pin the writer thread to this core.
+    #[arg(long)]
+    writer_core: Option<usize>,
+    /// Pin the producer thread to this core.
+    #[arg(long)]
+    producer_core: Option<usize>,
+    /// Durability level of the journal runs.
+    #[arg(long, default_value = "local")]
+    durability: Durability,
+    /// Write the histograms here (tags: append, ack, pwrite_fdatasync).
+    #[arg(long, default_value = "journal-bench.hlog")]
+    hlog: PathBuf,
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+/// Runs `fastlane journal`.
+pub fn run(args: &JournalArgs) -> Result<()> {
+    match &args.cmd {
+        Cmd::Append(a) => append(a),
+        Cmd::Verify(a) => verify_cmd(a),
+        Cmd::Dump(a) => dump(a),
+        Cmd::Bench(a) => bench(a),
+    }
+}
+
+fn open_config(c: &Common) -> Result<JournalConfig> {
+    if !c.file.exists() {
+        let f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&c.file)
+            .with_context(|| format!("create {}", c.file.display()))?;
+        f.set_len(c.size)?;
+    }
+    let dev =
+        UringDevice::open(&c.file, UringOptions { direct: c.direct, ..UringOptions::default() })?;
+    let mut config = JournalConfig::new(Arc::new(dev), c.durability);
+    if let Some(r) = &c.replica {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(r)
+            .with_context(|| format!("open replica {}", r.display()))?;
+        config.replica = Some(Box::new(FileReplica::new(f)));
+    }
+    Ok(config)
+}
+
+fn append(a: &AppendArgs) -> Result<()> {
+    let j = Journal::open_or_create(open_config(&a.common)?)?;
+    let mut tx = j.producer()?;
+    let mut last = 0;
+    let mut push = |rec: &[u8]| -> Result<()> {
+        last = tx.append_blocking(rec, Duration::from_secs(10))?;
+        println!("{last}");
+        Ok(())
+    };
+    if a.records.is_empty() {
+        for line in std::io::stdin().lock().lines() {
+            push(line?.as_bytes())?;
+        }
+    } else {
+        for r in &a.records {
+            push(r.as_bytes())?;
+        }
+    }
+    if last > 0 {
+        tx.wait_durable(last, Duration::from_secs(30))?;
+    }
+    drop(tx);
+    j.close()?;
+    Ok(())
+}
+
+fn verify_cmd(a: &VerifyArgs) -> Result<()> {
+    let mut f =
+        std::fs::File::open(&a.file).with_context(|| format!("open {}", a.file.display()))?;
+    let head = match &a.expect_head {
+        Some(h) => Some(parse_head(h)?),
+        None => None,
+    };
+    let anchor = Anchor { last_seq: a.expect_last_seq, head };
+    let r = verify(&mut f, anchor)?;
+    println!(
+        "records {}  last seq {}  head {}  end {}",
+        r.records,
+        r.last_seq,
+        hex(&r.head),
+        r.end
+    );
+    match r.problem {
+        None => {
+            println!("OK");
+            Ok(())
+        }
+        Some(p) => bail!("{p}"),
+    }
+}
+
+fn parse_head(h: &str) -> Result<[u8; 16]> {
+    let h = h.trim();
+    if h.len() != 32 || !h.is_ascii() {
+        bail!("--expect-head wants 32 hex digits");
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).context("--expect-head: not hex")?;
+    }
+    Ok(out)
+}
+
+fn dump(a: &DumpArgs) -> Result<()> {
+    let mut f =
+        std::fs::File::open(&a.file).with_context(|| format!("open {}", a.file.display()))?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut printed = 0u64;
+    let mut err = None;
+    let s = scan(&mut f, &mut |v| {
+        if v.header.seq < a.from {
+            return true;
+        }
+        if printed >= a.limit {
+            return false;
+        }
+        printed += 1;
+        let text: String = v
+            .payload
+            .iter()
+            .take(64)
+            .map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' })
+            .collect();
+        let r = writeln!(
+            out,
+            "{:>10} @{:<10} len {:<5} ts {} chain {} {:?}",
+            v.header.seq,
+            v.offset,
+            v.header.len,
+            v.header.timestamp_ns,
+            hex(&v.header.chain),
+            text
+        );
+        if let Err(e) = r {
+            err = Some(e);
+            return false;
+        }
+        true
+    })?;
+    if let Some(e) = err {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            return Err(e.into());
+        }
+    }
+    eprintln!("{} records, last seq {}, stopped: {:?}", s.records, s.last_seq, s.stop);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// bench
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn tsc() -> u64 {
+    // SAFETY: RDTSC exists on every x86_64 CPU and touches no memory.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[inline(always)]
+fn tsc() -> u64 {
+    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// ns per tick, from 50 ms of both clocks.
+fn ns_per_tick() -> f64 {
+    let (t0, c0) = (Instant::now(), tsc());
+    std::thread::sleep(Duration::from_millis(50));
+    let (t1, c1) = (Instant::now(), tsc());
+    (t1 - t0).as_nanos() as f64 / c1.wrapping_sub(c0).max(1) as f64
+}
+
+fn pin(core: Option<usize>) {
+    if let Some(id) = core {
+        let _ = core_affinity::set_for_current(core_affinity::CoreId { id });
+    }
+}
+
+fn fresh_journal(a: &BenchArgs, wait: WaitStrategy) -> Result<Journal> {
+    let _ = std::fs::remove_file(&a.file);
+    let f = OpenOptions::new().write(true).create_new(true).open(&a.file)?;
+    f.set_len(a.size)?;
+    drop(f);
+    let dev = UringDevice::open(&a.file, UringOptions::default())?;
+    let mut c = JournalConfig::new(Arc::new(dev), a.durability);
+    c.writer_core = a.writer_core;
+    c.writer_wait = wait;
+    c.ring_bytes = 16 << 20;
+    c.max_batch_bytes = 4 << 20;
+    if a.durability == Durability::Replicated {
+        let mut rp = a.file.as_os_str().to_owned();
+        rp.push(".replica");
+        let rf = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(rp)?;
+        rf.set_len(a.size)?;
+        c.replica = Some(Box::new(FileReplica::new(rf)));
+    }
+    Ok(Journal::create(c)?)
+}
+
+struct Pcts {
+    p50: u64,
+    p99: u64,
+    p999: u64,
+    max: u64,
+    n: u64,
+}
+
+fn pcts(r: &LatencyRecorder) -> Pcts {
+    let h = r.current();
+    Pcts {
+        p50: h.value_at_quantile(0.5),
+        p99: h.value_at_quantile(0.99),
+        p999: h.value_at_quantile(0.999),
+        max: h.max(),
+        n: h.len(),
+    }
+}
+
+fn bench(a: &BenchArgs) -> Result<()> {
+    if a.record_bytes == 0 || a.record_bytes > 4096 {
+        bail!("--record-bytes must be 1..=4096");
+    }
+    let npt = ns_per_tick();
+    let payload = vec![0xA5u8; a.record_bytes];
+    let mut hlog = HlogWriter::create(&a.hlog)?;
+    hlog.write_comment(&format!(
+        "fastlane journal bench: {} B records, durability {}, file {}",
+        a.record_bytes,
+        a.durability,
+        a.file.display()
+    ))?;
+
+    // 1. Throughput at full speed; every successful append is timed (the hot path).
+    let j = fresh_journal(a, WaitStrategy::SpinYield { spins: 1024 })?;
+    let mut tx = j.producer()?;
+    let mut append_rec = LatencyRecorder::with_max(10_000_000)?;
+    pin(a.producer_core);
+    let t0 = Instant::now();
+    let mut full = 0u64;
+    let mut last = 0;
+    for _ in 0..a.records {
+        loop {
+            let c0 = tsc();
+            let r = tx.append(&payload);
+            let c1 = tsc();
+            match r {
+                Ok(s) => {
+                    append_rec.record((c1.wrapping_sub(c0) as f64 * npt) as u64);
+                    last = s;
+                    break;
+                }
+                Err(JournalError::Full) => {
+                    full += 1;
+                    std::hint::spin_loop();
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    tx.wait_durable(last, Duration::from_secs(60))?;
+    let elapsed = t0.elapsed();
+    let stats = j.stats();
+    drop(tx);
+    j.close()?;
+    let rate = a.records as f64 / elapsed.as_secs_f64();
+    let ap = pcts(&append_rec);
+    hlog.write_histogram(Some("append"), Duration::ZERO, elapsed, append_rec.current())?;
+
+    // 2. Durable-ack latency under a steady load: append at `rate`, a waiter thread stamps
+    //    each seq when it becomes durable.
+    let j = Arc::new(fresh_journal(a, WaitStrategy::default())?);
+    let total = (a.rate as f64 * a.seconds) as u64;
+    let stamps: Arc<Vec<AtomicU64>> = Arc::new((0..=total).map(|_| AtomicU64::new(0)).collect());
+    let done = Arc::new(AtomicBool::new(false));
+    let waiter = {
+        let (j, stamps, done) = (Arc::clone(&j), Arc::clone(&stamps), Arc::clone(&done));
+        std::thread::spawn(move || -> Result<LatencyRecorder> {
+            let mut rec = LatencyRecorder::with_max(10_000_000_000)?;
+            let mut next = 1u64;
+            while next <= total {
+                match j.wait_durable(next, Duration::from_millis(50)) {
+                    Ok(()) => {}
+                    Err(JournalError::Timeout { .. }) if !done.load(Ordering::Acquire) => continue,
+                    Err(JournalError::Timeout { .. }) => break,
+                    Err(e) => return Err(e.into()),
+                }
+                let now = tsc();
+                let d = j.durable_seq().min(total);
+                while next <= d {
+                    let t = stamps[next as usize].load(Ordering::Acquire);
+                    if t != 0 {
+                        rec.record((now.wrapping_sub(t) as f64 * npt) as u64);
+                    }
+                    next += 1;
+                }
+            }
+            Ok(rec)
+        })
+    };
+    let mut tx = j.producer()?;
+    let period = Duration::from_secs_f64(1.0 / a.rate as f64);
+    let start = Instant::now();
+    for i in 1..=total {
+        let due = start + period * (i as u32);
+        while Instant::now() < due {
+            std::hint::spin_loop();
+        }
+        // Stamp first: the waiter may see the seq durable before `append` returns.
+        stamps[i as usize].store(tsc(), Ordering::Release);
+        let s = tx.append_blocking(&payload, Duration::from_secs(10))?;
+        debug_assert_eq!(s, i);
+    }
+    done.store(true, Ordering::Release);
+    tx.wait_durable(total, Duration::from_secs(30))?;
+    let ack_rec = waiter.join().map_err(|_| anyhow::anyhow!("waiter panicked"))??;
+    let ack_elapsed = start.elapsed();
+    drop(tx);
+    let load_stats = Arc::try_unwrap(j).map_err(|_| anyhow::anyhow!("journal still shared"))?;
+    let load_stats2 = load_stats.stats();
+    load_stats.close()?;
+    hlog.write_histogram(Some("ack"), Duration::ZERO, ack_elapsed, ack_rec.current())?;
+
+    // 3. The floor: pwrite + fdatasync of the same bytes on the same file system.
+    let mut bp = a.file.as_os_str().to_owned();
+    bp.push(".baseline");
+    let bp = PathBuf::from(bp);
+    let _ = std::fs::remove_file(&bp);
+    let bf = OpenOptions::new().read(true).write(true).create_new(true).open(&bp)?;
+    bf.set_len(a.size.min(64 << 20))?;
+    let mut base_rec = LatencyRecorder::with_max(10_000_000_000)?;
+    let frame = vec![0x5Au8; 48 + a.record_bytes.div_ceil(8) * 8];
+    let bstart = Instant::now();
+    for i in 0..a.baseline_ops {
+        let c0 = tsc();
+        bf.write_all_at(&frame, i * frame.len() as u64)?;
+        bf.sync_data()?;
+        base_rec.record((tsc().wrapping_sub(c0) as f64 * npt) as u64);
+    }
+    hlog.write_histogram(
+        Some("pwrite_fdatasync"),
+        Duration::ZERO,
+        bstart.elapsed(),
+        base_rec.current(),
+    )?;
+    hlog.flush()?;
+    drop(bf);
+    let _ = std::fs::remove_file(&bp);
+    let _ = std::fs::remove_file(&a.file);
+
+    let ack = pcts(&ack_rec);
+    let base = pcts(&base_rec);
+    println!("fastlane journal bench: {} B records, durability {}", a.record_bytes, a.durability);
+    println!("{:<28} {:>10} {:>10} {:>10} {:>12} {:>10}", "", "p50", "p99", "p99.9", "max", "n");
+    let row = |name: &str, p: &Pcts| {
+        println!(
+            "{:<28} {:>10} {:>10} {:>10} {:>12} {:>10}",
+            name, p.p50, p.p99, p.p999, p.max, p.n
+        );
+    };
+    row("append hot path (ns)", &ap);
+    row("append->durable ack (ns)", &ack);
+    row("pwrite+fdatasync (ns)", &base);
+    println!(
+        "ack/baseline: p50 {:.2}x  p99 {:.2}x   (load: {} rec/s, {} batches, {:.1} rec/batch)",
+        ack.p50 as f64 / base.p50.max(1) as f64,
+        ack.p99 as f64 / base.p99.max(1) as f64,
+        a.rate,
+        load_stats2.batches,
+        load_stats2.records as f64 / load_stats2.batches.max(1) as f64
+    );
+    println!(
+        "throughput: {:.0} records/s ({} records in {:.3} s, {} batches, {:.0} rec/batch, {} full retries)",
+        rate,
+        a.records,
+        elapsed.as_secs_f64(),
+        stats.batches,
+        stats.records as f64 / stats.batches.max(1) as f64,
+        full
+    );
+    println!("histograms: {}", a.hlog.display());
+    Ok(())
+}

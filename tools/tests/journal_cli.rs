@@ -1,0 +1,70 @@
+//! `fastlane journal append|verify|dump|bench` end to end.
+
+use std::process::Command;
+
+fn fastlane() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fastlane"))
+}
+
+fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn append_verify_dump_and_a_flipped_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = dir.path().join("j");
+    let seqs = run_ok(fastlane().args(["journal", "append", "--size", "1M"]).arg(&j).args([
+        "buy 100 ACME",
+        "sell 50 ACME",
+        "cancel 7",
+    ]));
+    assert_eq!(seqs.lines().collect::<Vec<_>>(), ["1", "2", "3"]);
+    let more = run_ok(fastlane().args(["journal", "append"]).arg(&j).arg("fill 9"));
+    assert_eq!(more.trim(), "4", "numbering resumes after reopen");
+
+    let v = run_ok(fastlane().args(["journal", "verify"]).arg(&j));
+    assert!(v.contains("records 4") && v.contains("OK"), "{v}");
+    let head = v.split_whitespace().skip_while(|w| *w != "head").nth(1).unwrap().to_string();
+    run_ok(
+        fastlane()
+            .args(["journal", "verify", "--expect-last-seq", "4", "--expect-head", &head])
+            .arg(&j),
+    );
+    let bad =
+        fastlane().args(["journal", "verify", "--expect-last-seq", "5"]).arg(&j).output().unwrap();
+    assert!(!bad.status.success());
+
+    let d = run_ok(fastlane().args(["journal", "dump"]).arg(&j));
+    assert!(d.contains("\"sell 50 ACME\"") && d.contains("\"fill 9\""), "{d}");
+
+    // Flip one byte inside record 3's payload.
+    let mut img = std::fs::read(&j).unwrap();
+    let at = img.windows(8).position(|w| w == b"cancel 7").unwrap();
+    img[at] ^= 0x01;
+    std::fs::write(&j, &img).unwrap();
+    let out = fastlane().args(["journal", "verify"]).arg(&j).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("record after seq 2 changed") && err.contains("seq 3"), "{err}");
+}
+
+#[test]
+fn bench_writes_three_histograms() {
+    let dir = tempfile::tempdir().unwrap();
+    let hlog = dir.path().join("j.hlog");
+    let out = run_ok(
+        fastlane()
+            .args(["journal", "bench", "--size", "16M", "--records", "20000", "--rate", "2000"])
+            .args(["--seconds", "0.3", "--baseline-ops", "20", "--hlog"])
+            .arg(&hlog)
+            .arg(dir.path().join("bench.journal")),
+    );
+    assert!(out.contains("throughput:") && out.contains("ack/baseline"), "{out}");
+    let text = std::fs::read_to_string(&hlog).unwrap();
+    for tag in ["Tag=append,", "Tag=ack,", "Tag=pwrite_fdatasync,"] {
+        assert!(text.contains(tag), "{tag} missing from {text}");
+    }
+}
