@@ -3,7 +3,8 @@
 # ib_write_bw, on the same soft-RoCE device (rxe0 on dummy0) in the same QEMU TCG guest boot
 # (tests/vm/guest-rdma.sh, phase bench). Prints the ratio table that BENCHMARKS.md quotes.
 #
-#   scripts/bench-rdma.sh [--iters N] [--bw-iters N] [--rounds N] [--out DIR]
+#   scripts/bench-rdma.sh [--iters N] [--bw-iters N] [--rounds N] [--smp VCPUS] [--out DIR]
+#                         [--bin PATH-TO-RELEASE-fastlane (skips the cargo build)]
 #
 # Latency: median one-way latency (perftest's t_typical; ours: p50 of RTT/2 from the
 # HdrHistogram), target fastlane/perftest <= 1.05. Bandwidth: bytes/s of 64 KiB WRITEs with
@@ -14,22 +15,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-iters=1000 bw_iters=5000 rounds=1 out=target/bench-rdma
+iters=1000 bw_iters=5000 rounds=1 smp=2 out=target/bench-rdma bin=
 while [ $# -gt 0 ]; do
     case "$1" in
         --iters) iters=$2; shift ;;
         --bw-iters) bw_iters=$2; shift ;;
         --rounds) rounds=$2; shift ;;
+        --smp) smp=$2; shift ;;
+        --bin) bin=$2; shift ;;
         --out) out=$2; shift ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) echo "bench-rdma.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
 done
 mkdir -p "$out"
 
-cargo build --release -p fastlane-tools >&2
-bin="${CARGO_TARGET_DIR:-target}/release/fastlane"
+if [ -z "$bin" ]; then
+    cargo build --release -p fastlane-tools >&2
+    bin="${CARGO_TARGET_DIR:-target}/release/fastlane"
+fi
 provider=/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so
 
 tests/vm/run-guest.sh --script tests/vm/guest-rdma.sh \
@@ -37,7 +42,7 @@ tests/vm/run-guest.sh --script tests/vm/guest-rdma.sh \
     --bin "$bin" --bin /usr/bin/rdma --bin /usr/bin/ib_write_lat --bin /usr/bin/ib_write_bw \
     --lib "$provider" --file /etc/libibverbs.d/rxe.driver:/etc/libibverbs.d/rxe.driver \
     --modules "crc32_generic ib_core ib_uverbs udp_tunnel ip6_udp_tunnel rdma_rxe dummy" \
-    --smp 2 --mem 1G --timeout $((300 + rounds * (iters / 10 + bw_iters / 20))) >"$out/rdma-bench.log"
+    --smp "$smp" --mem 1G --timeout $((300 + rounds * (iters / 10 + bw_iters / 20))) >"$out/rdma-bench.log"
 sed -n 's/^HLOG //p' "$out/rdma-bench.log" >"$out/rdma-bench.hlog"
 
 awk '
@@ -47,16 +52,27 @@ function median(list,   n, a, i, j, t) {
     for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
     return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
 }
+function median_sizes(   s, list, n, a, i, j, t) {
+    for (s in sizes) list = list " " s
+    n = split(list, a, " ")
+    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
+    list = ""; for (i = 1; i <= n; i++) list = list " " a[i]
+    return list
+}
 /^RESULT perftest_lat / { pl[kv("size")] = pl[kv("size")] " " kv("p50_ns"); sizes[kv("size")] = 1 }
 /^RESULT fastlane_lat / { fl[kv("size")] = fl[kv("size")] " " kv("p50_ns") }
 /^RESULT perftest_bw /  { pb = pb " " kv("bytes_per_s") }
 /^RESULT fastlane_bw /  { fb = fb " " kv("bytes_per_s") }
 END {
     printf "%-22s %14s %14s %8s %8s\n", "RDMA WRITE (rxe, TCG)", "perftest", "fastlane", "ratio", "target"
-    n = asorti(sizes, order, "@ind_num_asc")
+    n = split(median_sizes(), order, " ")
     for (k = 1; k <= n; k++) {
         s = order[k]; p = median(pl[s]); f = median(fl[s])
-        r = (p > 0) ? f / p : 0
+        if (p !~ /^[0-9.]+$/ || p <= 0) {
+            printf "%-22s %14s %11.2f us %8s %8s %s\n", "latency p50 " s " B", "n/a", f / 1000, "n/a", "<=1.05", "perftest gave no number"
+            continue
+        }
+        r = f / p
         printf "%-22s %11.2f us %11.2f us %8.3f %8s %s\n", "latency p50 " s " B", p / 1000, f / 1000, r, "<=1.05", (r <= 1.05 ? "ok" : "MISSED")
     }
     p = median(pb); f = median(fb); r = (p > 0) ? f / p : 0

@@ -143,6 +143,7 @@ run_bench() {
             wait || true
             # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
             line=$(perf_line "$s" $LOG/pl.client)
+            echo "PERFTEST ib_write_lat $line"
             [ -n "$line" ] || { cat $LOG/pl.client $LOG/pl.server; failures=$((failures + 1)); }
             echo "$line" | awk -v r="$r" '{ printf "RESULT perftest_lat round=%s size=%s p50_ns=%.0f avg_ns=%.0f p99_ns=%.0f\n", r, $1, $5 * 1000, $6 * 1000, $8 * 1000 }'
         done
@@ -152,6 +153,7 @@ run_bench() {
         wait || true
         # #bytes #iterations BW_peak BW_average MsgRate[Mpps]: bytes/s from the message rate
         line=$(perf_line 65536 $LOG/pb.client)
+        echo "PERFTEST ib_write_bw $line"
         [ -n "$line" ] || { cat $LOG/pb.client $LOG/pb.server; failures=$((failures + 1)); }
         echo "$line" | awk -v r="$r" '{ printf "RESULT perftest_bw round=%s size=%s bytes_per_s=%.0f mpps=%s\n", r, $1, $5 * 1e6 * $1, $5 }'
 
