@@ -21,8 +21,8 @@
 //! do not change. What such a backend adds is only the mapping and an interrupt eventfd
 //! (`VFIO_DEVICE_SET_IRQS`) in place of polling.
 
-use std::mem::offset_of;
 use std::mem::size_of;
+use std::mem::{offset_of, ManuallyDrop};
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{fence, AtomicBool, AtomicU16, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -213,9 +213,10 @@ pub trait Card {
 #[derive(Debug)]
 pub struct HostQueue<B: Bar> {
     bar: B,
-    desc_ring: DmaBuffer,
+    /// Freed in `Drop` only once the card has quiesced (leaked otherwise).
+    desc_ring: ManuallyDrop<DmaBuffer>,
     desc_mask: u32,
-    cpl_ring: DmaBuffer,
+    cpl_ring: ManuallyDrop<DmaBuffer>,
     cpl_mask: u32,
     desc_prod: u32,
     desc_prod_rung: u32,
@@ -260,9 +261,9 @@ impl<B: Bar> HostQueue<B> {
         bar.write32(reg::CONTROL, ctrl::ENABLE);
         Ok(Self {
             bar,
-            desc_ring,
+            desc_ring: ManuallyDrop::new(desc_ring),
             desc_mask: (1 << desc_log2) - 1,
-            cpl_ring,
+            cpl_ring: ManuallyDrop::new(cpl_ring),
             cpl_mask: (1 << cpl_log2) - 1,
             desc_prod: 0,
             desc_prod_rung: 0,
@@ -290,6 +291,31 @@ impl<B: Bar> HostQueue<B> {
     fn window(&self) -> u32 {
         // Never more in flight than completion slots, so the card never waits on us.
         (self.desc_mask + 1).min(self.cpl_mask + 1)
+    }
+}
+
+impl<B: Bar> Drop for HostQueue<B> {
+    fn drop(&mut self) {
+        // The card may still read descriptors or write completions: stop it, and free the
+        // rings only when it says it has stopped (a card that never answers keeps them).
+        self.bar.write32(reg::CONTROL, ctrl::RESET);
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let quiet = loop {
+            if self.bar.read32(reg::STATUS) & status::RUNNING == 0 {
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            std::thread::yield_now();
+        };
+        if quiet {
+            // SAFETY: the card is stopped (STATUS.RUNNING clear after RESET) and will not
+            // touch the ring again; the field is not used after this.
+            unsafe { ManuallyDrop::drop(&mut self.desc_ring) };
+            // SAFETY: as above, for the completion ring.
+            unsafe { ManuallyDrop::drop(&mut self.cpl_ring) };
+        }
     }
 }
 
@@ -735,6 +761,8 @@ impl Engine {
                 backoff(&mut idle);
             }
         }
+        // No longer running: the host may free the rings.
+        self.bar.write32(reg::STATUS, 0);
         EngineReport {
             descriptors: self.descriptors,
             decode: self.decode,

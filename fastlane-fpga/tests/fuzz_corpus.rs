@@ -59,3 +59,31 @@ fn decoder_corpus() {
 fn book_corpus() {
     replay("book", check_book);
 }
+
+/// A poor man's fuzzer that runs in every `cargo test`: seeded random mutations (byte flips,
+/// insertions, deletions, cuts) of small generated feeds through both checks.
+#[test]
+fn random_mutations_of_generated_feeds() {
+    let mut rng = fastlane_fpga::gen::Rng::new(0xf022);
+    for round in 0..600u64 {
+        let cfg = GenConfig { messages: 60, symbols: 3, seed: round % 50, itchy_compatible: false };
+        let mut feed = generate(&cfg);
+        for _ in 0..1 + rng.below(6) {
+            let len = feed.len() as u64;
+            let at = rng.below(len.max(1)) as usize;
+            match rng.below(4) {
+                0 => feed[at] ^= 1 << rng.below(8),
+                1 => feed.insert(at, rng.below(256) as u8),
+                2 => {
+                    feed.remove(at);
+                }
+                _ => feed.truncate(at),
+            }
+            if feed.is_empty() {
+                break;
+            }
+        }
+        check_decoder(&feed);
+        check_book(&feed);
+    }
+}
