@@ -1,5 +1,6 @@
 //! One suite, every block backend: the checks take a `&dyn BlockDevice` and run against the
-//! RAM disk (anonymous and shared-file) and io_uring (buffered file, O_DIRECT file, tmpfs).
+//! RAM disk (anonymous and shared-file), io_uring (buffered file, O_DIRECT file, tmpfs) and the
+//! synchronous file backend (a file in the temp directory, a tmpfs file).
 //!
 //! What is checked is what a user of a disk cares about: bytes read back equal bytes written
 //! (against a `Vec<u8>` model of the whole device), zeroes after discard and write-zeroes, the
@@ -10,6 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use fastlane_nvme::block::ram::RamDisk;
+use fastlane_nvme::block::sync::{SyncFileDevice, SyncFileOptions};
 use fastlane_nvme::block::uring::{UringDevice, UringError, UringOptions};
 use fastlane_nvme::block::{
     BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, Segment,
@@ -549,4 +551,41 @@ fn uring_refuses_bad_options() {
         UringDevice::open(std::env::temp_dir(), ro),
         Err(UringError::NotADisk { .. })
     ));
+}
+
+/// The synchronous backend over `file`: the shared suite, the file holds the model's bytes, a
+/// read-only open refuses changes and leaves them alone.
+fn sync_file_suite(file: &tempfile::NamedTempFile, size: u64) {
+    let dev = SyncFileDevice::open(file.path(), SyncFileOptions::default()).unwrap();
+    let info = dev.info();
+    assert_eq!((info.size_bytes, info.block_size, info.max_segments), (size, 512, 1024));
+    let model = suite(&dev);
+    assert!(std::fs::read(file.path()).unwrap() == model, "file bytes differ");
+    // Unaligned, byte-granular I/O goes through the page cache as is.
+    let mut q = dev.open_queue(2).unwrap();
+    write(&mut *q, 4097, b"unaligned");
+    let mut want = model[4095..4095 + 13].to_vec();
+    want[2..11].copy_from_slice(b"unaligned");
+    assert_eq!(read(&mut *q, 4095, 13), want);
+    drop(q);
+    let model = std::fs::read(file.path()).unwrap();
+    let ro = SyncFileOptions { read_only: true, ..SyncFileOptions::default() };
+    read_only_refuses(&SyncFileDevice::open(file.path(), ro).unwrap());
+    assert!(std::fs::read(file.path()).unwrap() == model, "read-only device wrote");
+}
+
+#[test]
+fn sync_file_in_temp_dir() {
+    let file = backing_file(&std::env::temp_dir(), 4 * MIB);
+    sync_file_suite(&file, 4 * MIB);
+}
+
+#[test]
+fn sync_file_on_tmpfs() {
+    if !shm_dir().is_dir() {
+        eprintln!("skipped: no /dev/shm");
+        return;
+    }
+    let file = backing_file(shm_dir(), 2 * MIB);
+    sync_file_suite(&file, 2 * MIB);
 }

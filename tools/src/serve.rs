@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use clap::Args;
-use fastlane_nvme::block::spec::{BackendSpec, SpecOptions};
+use clap::{Args, ValueEnum};
+use fastlane_nvme::block::spec::{BackendSpec, IoEngine, SpecOptions};
 use fastlane_nvme::block::{BlockDevice, BlockOp, BlockRequest, Completion};
 use fastlane_nvme::vhost::{BlkServer, StopHandle, VhostBlkOptions};
 
@@ -21,7 +21,7 @@ pub struct ServeArgs {
     /// Unix socket the frontend connects to (replaced if it exists).
     #[arg(long)]
     pub socket: PathBuf,
-    /// What to export: `mem:SIZE` (RAM disk, e.g. mem:256M) or `file:PATH` (io_uring).
+    /// What to export: `mem:SIZE` (RAM disk, e.g. mem:256M) or `file:PATH` (see --io).
     #[arg(long, default_value = "mem:256M")]
     pub backend: String,
     /// Virtqueues, one worker thread each (QEMU's num-queues must not exceed it).
@@ -33,6 +33,13 @@ pub struct ServeArgs {
     /// `file:` backends: open with O_DIRECT.
     #[arg(long)]
     pub direct: bool,
+    /// `file:` backends: how reads and writes reach the file. `auto` probes the file once
+    /// with a non-blocking read (preadv2 RWF_NOWAIT): where that is unsupported (tmpfs such as
+    /// /dev/shm, ramfs) io_uring would hand every request to a kernel worker thread that
+    /// competes for the backend's CPU, so `sync` is used; otherwise (and always with
+    /// --direct) `uring`. The choice and the reason are logged at start.
+    #[arg(long, value_enum, default_value_t = IoArg::Auto)]
+    pub io: IoArg,
     /// Busy-poll window after activity, in µs (0: sleep on the eventfds at once).
     #[arg(long, default_value_t = 50)]
     pub poll_us: u32,
@@ -44,6 +51,27 @@ pub struct ServeArgs {
     pub serial: String,
 }
 
+/// `--io`: the I/O engine of `file:` backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IoArg {
+    /// `sync` on files without non-blocking buffered I/O (tmpfs, ramfs), else `uring`.
+    Auto,
+    /// io_uring, one ring per queue (needed for --direct; keeps queue depth on real devices).
+    Uring,
+    /// preadv/pwritev on the queue's own thread, inline (page-cache copies; no O_DIRECT).
+    Sync,
+}
+
+impl From<IoArg> for IoEngine {
+    fn from(a: IoArg) -> IoEngine {
+        match a {
+            IoArg::Auto => IoEngine::Auto,
+            IoArg::Uring => IoEngine::Uring,
+            IoArg::Sync => IoEngine::Sync,
+        }
+    }
+}
+
 /// Run `fastlane serve` until SIGINT/SIGTERM.
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     init_logging();
@@ -52,13 +80,17 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     let signals = block_stop_signals().context("cannot block SIGINT/SIGTERM")?;
 
     let spec: BackendSpec = args.backend.parse().context("bad --backend")?;
-    let device = spec
-        .open(&SpecOptions {
+    let (device, engine) = spec
+        .open_explained(&SpecOptions {
             read_only: args.readonly,
             direct: args.direct,
+            io: args.io.into(),
             ..SpecOptions::default()
         })
         .with_context(|| format!("cannot open backend {spec}"))?;
+    if let Some(choice) = engine {
+        log::info!("backend {spec}: I/O engine {}: {}", choice.engine, choice.reason);
+    }
     let options = VhostBlkOptions {
         num_queues: args.queues,
         poll_us: args.poll_us,

@@ -8,7 +8,9 @@
 //! - io_uring: one [`BlockRequest`] is one SQE (readv/writev/fsync/fallocate), one
 //!   [`Completion`] one CQE;
 //! - an NVMe queue pair: one SQ entry (PRP list built from the segments), one CQ entry;
-//! - RAM: completes inline; `complete` returns what `submit` already finished.
+//! - RAM and the synchronous file backend ([`sync`]: `preadv`/`pwritev` for files that cannot
+//!   do non-blocking buffered I/O, such as tmpfs): complete inline; `complete` returns what
+//!   `submit` already finished.
 //!
 //! Requests name memory by raw [`Segment`]s (guest memory, DMA buffers, journal buffers), so
 //! submitting is `unsafe`: the caller keeps every segment alive and does not touch a read
@@ -16,8 +18,10 @@
 
 use std::time::Duration;
 
+mod inline;
 pub mod ram;
 pub mod spec;
+pub mod sync;
 pub mod uring;
 
 /// What a request asks the device to do.
@@ -195,7 +199,7 @@ pub trait BlockQueue: Send {
 
     /// A file descriptor that becomes readable (an eventfd) when completions arrive, so a
     /// worker can sleep in one `epoll_wait` on its virtqueue kick and its backend. `None` for
-    /// backends that complete inline during `submit` (RAM).
+    /// backends that complete inline during `submit` (RAM, synchronous file).
     fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }

@@ -37,6 +37,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::inline::InlineCompletions;
 use super::{
     BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, DeviceInfo, QueueFull,
 };
@@ -270,12 +271,8 @@ impl BlockDevice for RamDisk {
 pub struct RamQueue {
     mem: Arc<RamMemory>,
     read_only: bool,
-    /// Ring of finished requests, `depth` entries, allocated once.
-    done: Box<[Completion]>,
-    /// Index of the oldest finished request in `done`.
-    head: usize,
-    /// Finished requests not yet drained (== in flight).
-    len: usize,
+    /// Finished requests not yet drained (== in flight), `depth` entries, allocated once.
+    done: InlineCompletions,
 }
 
 impl RamQueue {
@@ -290,9 +287,7 @@ impl RamQueue {
         Ok(RamQueue {
             mem: Arc::clone(&disk.mem),
             read_only: disk.read_only,
-            done: vec![Completion::EMPTY; depth as usize].into_boxed_slice(),
-            head: 0,
-            len: 0,
+            done: InlineCompletions::new(depth as usize),
         })
     }
 
@@ -405,14 +400,12 @@ fn page_size() -> usize {
 
 impl BlockQueue for RamQueue {
     unsafe fn submit<'a>(&mut self, req: BlockRequest<'a>) -> Result<(), QueueFull<'a>> {
-        if self.len == self.done.len() {
+        if self.done.is_full() {
             return Err(QueueFull(req));
         }
         // SAFETY: our caller upholds the `submit` contract, which is what `execute` needs.
         let result = unsafe { self.execute(&req) };
-        let slot = (self.head + self.len) % self.done.len();
-        self.done[slot] = Completion { tag: req.tag, result };
-        self.len += 1;
+        self.done.push(Completion { tag: req.tag, result });
         Ok(())
     }
 
@@ -421,13 +414,7 @@ impl BlockQueue for RamQueue {
     }
 
     fn complete(&mut self, out: &mut [Completion]) -> usize {
-        let n = self.len.min(out.len());
-        for c in out.iter_mut().take(n) {
-            *c = self.done[self.head];
-            self.head = (self.head + 1) % self.done.len();
-        }
-        self.len -= n;
-        n
+        self.done.drain(out)
     }
 
     fn wait(&mut self, _timeout: Option<Duration>) -> std::io::Result<()> {
@@ -436,7 +423,7 @@ impl BlockQueue for RamQueue {
     }
 
     fn in_flight(&self) -> u32 {
-        self.len as u32
+        self.done.len() as u32
     }
 }
 
