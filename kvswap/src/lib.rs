@@ -1,5 +1,129 @@
 //! kvswap: the KV-cache swap tier of an inference scheduler, on FastLane's transport.
 //!
-//! Being built (modules land as they get real content): the paged KV block manager and swap
-//! tiers (host, NVMe, remote), the asynchronous swap engine, the preemptive multi-tenant
-//! scheduler (`sched`) and its simulator (`sim`).
+//! # What it does
+//!
+//! An inference server that preempts a sequence parks its paged KV blocks here and gets them
+//! back before the sequence runs again.
+//!
+//! - [`KvGeometry`]: bytes per token and per block from a model config (Llama-3.1-8B fp16:
+//!   128 KiB per token, 2 MiB per 16-token block).
+//! - The "device" block pool: [`DeviceMemory`] (host memory standing in for GPU memory,
+//!   [`HostDeviceMemory`], shared by memfd; `device::cuda::CudaDeviceMemory` with the `cuda`
+//!   feature) and the engine's allocator of its blocks.
+//! - Tiers ([`TierKind`]): **host** (pre-allocated, pre-faulted, mlock'd — when
+//!   RLIMIT_MEMLOCK refuses, a warning is logged and [`TierStats::locked`] is false),
+//!   **nvme** (a file or block device through `fastlane_nvme`'s io_uring backend with
+//!   O_DIRECT), **remote** (a range of a `fastlane rdma serve` pool). Byte movers implement
+//!   [`TierIo`]; space is counted in block-sized slots allocated as contiguous extents.
+//! - [`SwapEngine`]: the asynchronous engine. One worker thread per tier, fed over
+//!   `fastlane_ring::spsc` rings; a sequence's transfer is cut into jobs of one contiguous
+//!   tier extent each, at least 512 KiB ([`EngineConfig::chunk_bytes`], default 4 MiB, at
+//!   most 128 blocks) wherever the extents allow.
+//! - [`server`] and [`client`]: `fastlane kv serve`, a versioned binary protocol over a Unix
+//!   socket ([`proto`]; spec in `docs/kvswap.md`), device memory shared by memfd.
+//!
+//! # The engine's API (stable)
+//!
+//! ```text
+//! SwapEngine::new(EngineConfig, Arc<dyn DeviceMemory>) / with_tiers(.., CustomTiers)
+//! alloc_blocks(seq, n) -> Vec<BlockId>     free_blocks(seq, &[BlockId])  (refused while pinned)
+//! register_seq(seq, tenant)  set_quota(tenant, Option<bytes>)  touch(seq)  lookup(seq)
+//! swap_out(seq, &[BlockId]) -> Ticket      swap_in(seq, &[BlockId]) -> Ticket
+//! poll(&mut Vec<TicketDone>) -> usize      wait(ticket, timeout) -> Result<(), KvSwapError>
+//! cancel(ticket)   drop_seq(seq)   stats() -> EngineStats   in_flight()
+//! ```
+//!
+//! All methods take `&mut self` and never block except `wait` (bounded by its timeout). A
+//! ticket's result is delivered exactly once, by `poll` or by `wait`.
+//!
+//! **Life of a preemption.** `swap_out(seq, &blocks)` pins the blocks and returns a ticket;
+//! when it finishes OK the caller frees the device blocks (`free_blocks`) for other
+//! sequences. Later `alloc_blocks(seq, n)` + `swap_in(seq, &new_blocks)` brings the copy
+//! back into (any) blocks of `seq`; the tier copy is released when the swap-in succeeds.
+//!
+//! **Pinning by construction.** Blocks named by an in-flight transfer are pinned in the
+//! engine's allocator: `free_blocks` refuses them ([`KvSwapError::BlockPinned`]) and
+//! `alloc_blocks` cannot return them (they are not free), so device memory being copied can
+//! never be handed to another sequence early.
+//!
+//! **Placement.** Swap-out lands in the host tier. When it is full, the least recently used
+//! swapped-out host sequences (`touch` and every swap refresh recency) spill to the NVMe or
+//! remote tier as [`SpillPolicy`] orders; the new copy is written into their host slots only
+//! after their spill completed. If that cannot make room, the sequence goes straight to a
+//! spill tier; otherwise `TierFull`. Per-tenant quotas cap swapped-out bytes across tiers.
+//!
+//! **Nothing lost.** A failed or cancelled swap-out leaves the sequence resident (its device
+//! blocks still hold the data); a failed swap-in keeps the tier copy; a failed spill leaves
+//! the victim in host memory. Errors are [`KvSwapError`] (unknown sequence, double swap-out,
+//! tier full, remote peer gone, checksum mismatch, …).
+//!
+//! **Integrity.** Each block gets a checksum on the way out (computed while copying for the
+//! host tier), verified on the way in ([`ChecksumMode`]: `Fast` 64-bit lane hash, `Crc32c`,
+//! or `Off`).
+//!
+//! # What it does not do
+//!
+//! - No cross-process sharing of the engine itself: one owner (the server, or a scheduler
+//!   thread) drives it.
+//! - The remote tier is implemented against `fastlane_rdma::RemotePool`; it is exercised only
+//!   through a [`TierIo`] double here (RDMA needs a guest with soft-RoCE).
+//! - The `cuda` feature compiles everywhere (cudarc, dynamic loading) but is run only where
+//!   a GPU is present.
+//!
+//! The preemptive multi-tenant scheduler (`sched`) and its simulator (`sim`) build on this.
+
+pub mod checksum;
+pub mod client;
+pub mod device;
+pub mod engine;
+pub mod error;
+pub mod geometry;
+pub mod proto;
+pub mod server;
+pub mod testing;
+pub mod tier;
+mod worker;
+
+pub use checksum::ChecksumMode;
+pub use device::{DeviceAllocator, DeviceMemory, HostDeviceMemory};
+pub use engine::{
+    CustomTiers, EngineConfig, EngineStats, RemoteTierConfig, SeqInfo, SeqPhase, SpillPolicy,
+    SwapEngine, TicketDone, TierStats, TransferKind, CHUNK_BYTES_MIN,
+};
+pub use error::KvSwapError;
+pub use geometry::{DType, KvGeometry};
+pub use tier::{NvmeTierConfig, TierIo, TierKind};
+
+/// A sequence (request) of the inference engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
+
+/// A block of the device pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockId(pub u32);
+
+/// A tenant, for quotas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TenantId(pub u32);
+
+/// A transfer in flight; `poll`/`wait` report its outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ticket(pub u64);
+
+impl std::fmt::Display for SeqId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl std::fmt::Display for BlockId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl std::fmt::Display for TenantId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}

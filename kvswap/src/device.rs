@@ -1,0 +1,389 @@
+//! The "device" block pool: where the inference engine keeps KV blocks while a sequence runs.
+//!
+//! [`DeviceMemory`] is the memory; [`HostDeviceMemory`] stands in for GPU memory with a
+//! shared memfd mapping (the server hands its fd to clients), and `cuda::CudaDeviceMemory`
+//! (feature `cuda`) is real device memory. [`DeviceAllocator`] hands blocks to sequences and
+//! is where in-flight pinning lives: a pinned block is neither free nor freeable.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+
+use crate::error::KvSwapError;
+use crate::{BlockId, SeqId};
+
+/// Memory holding `blocks()` blocks of `block_bytes()` each.
+pub trait DeviceMemory: Send + Sync + std::fmt::Debug {
+    /// Bytes per block.
+    fn block_bytes(&self) -> usize;
+    /// Number of blocks.
+    fn blocks(&self) -> u32;
+    /// Address of a block when the memory is host-addressable (then workers copy and do I/O
+    /// straight from it); `None` for GPU memory (workers stage through host buffers).
+    fn block_ptr(&self, block: BlockId) -> Option<*mut u8>;
+    /// Copies block `block` into `dst` (for memory that is not host-addressable).
+    ///
+    /// # Safety
+    ///
+    /// `dst..dst+block_bytes()` is writable, and no transfer writes the block meanwhile.
+    unsafe fn read_block(&self, block: BlockId, dst: *mut u8) -> Result<(), KvSwapError>;
+    /// Copies `src` into block `block`.
+    ///
+    /// # Safety
+    ///
+    /// `src..src+block_bytes()` is readable, and nobody reads or writes the block meanwhile.
+    unsafe fn write_block(&self, block: BlockId, src: *const u8) -> Result<(), KvSwapError>;
+}
+
+/// Host memory standing in for GPU memory: one `MAP_SHARED` mapping of a memfd, 2 MiB
+/// aligned in practice and always page aligned (so O_DIRECT can use it directly).
+#[derive(Debug)]
+pub struct HostDeviceMemory {
+    base: NonNull<u8>,
+    len: usize,
+    block_bytes: usize,
+    blocks: u32,
+    fd: OwnedFd,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this struct until drop; who may touch
+// which block at a time is decided by `DeviceAllocator` and the engine's pinning.
+unsafe impl Send for HostDeviceMemory {}
+// SAFETY: as above; all access is through raw pointers.
+unsafe impl Sync for HostDeviceMemory {}
+
+impl HostDeviceMemory {
+    /// Maps `blocks` blocks of `block_bytes` (a multiple of 4096) in a new memfd.
+    pub fn new(block_bytes: usize, blocks: u32) -> Result<HostDeviceMemory, KvSwapError> {
+        if block_bytes == 0 || block_bytes % 4096 != 0 || blocks == 0 {
+            return Err(KvSwapError::BadConfig {
+                detail: format!("device pool of {blocks} blocks of {block_bytes} bytes"),
+            });
+        }
+        let len = block_bytes.checked_mul(blocks as usize).ok_or_else(|| {
+            KvSwapError::BadConfig { detail: "device pool size overflows".to_string() }
+        })?;
+        // SAFETY: a NUL-terminated name; memfd_create has no memory preconditions.
+        let raw = unsafe { libc::memfd_create(c"kvswap-device".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(KvSwapError::setup("memfd_create", std::io::Error::last_os_error()));
+        }
+        // SAFETY: raw is a fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: fd is a valid memfd.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(KvSwapError::setup("ftruncate", std::io::Error::last_os_error()));
+        }
+        // SAFETY: a new shared mapping of the whole memfd; nothing else is at that address.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(KvSwapError::setup("mmap device pool", std::io::Error::last_os_error()));
+        }
+        let base = NonNull::new(p as *mut u8).expect("mmap returned null");
+        Ok(HostDeviceMemory { base, len, block_bytes, blocks, fd })
+    }
+
+    /// The memfd behind the pool (shared with clients over SCM_RIGHTS).
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Size of the mapping in bytes.
+    pub fn len_bytes(&self) -> usize {
+        self.len
+    }
+
+    /// Raw base address (tests and the bench fill blocks through it).
+    pub fn base(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+}
+
+impl Drop for HostDeviceMemory {
+    fn drop(&mut self) {
+        // SAFETY: the engine owns this memory through an Arc held by every worker; the last
+        // Arc drops after every worker has exited, so no transfer names the mapping now.
+        unsafe { libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.len) };
+    }
+}
+
+impl DeviceMemory for HostDeviceMemory {
+    fn block_bytes(&self) -> usize {
+        self.block_bytes
+    }
+
+    fn blocks(&self) -> u32 {
+        self.blocks
+    }
+
+    fn block_ptr(&self, block: BlockId) -> Option<*mut u8> {
+        (block.0 < self.blocks)
+            // SAFETY: block < blocks, so the offset stays inside the mapping.
+            .then(|| unsafe { self.base.as_ptr().add(block.0 as usize * self.block_bytes) })
+    }
+
+    unsafe fn read_block(&self, block: BlockId, dst: *mut u8) -> Result<(), KvSwapError> {
+        let src = self
+            .block_ptr(block)
+            .ok_or(KvSwapError::BadConfig { detail: format!("block {block} outside the pool") })?;
+        // SAFETY: src is inside the mapping; the caller guarantees dst and exclusivity.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, self.block_bytes) };
+        Ok(())
+    }
+
+    unsafe fn write_block(&self, block: BlockId, src: *const u8) -> Result<(), KvSwapError> {
+        let dst = self
+            .block_ptr(block)
+            .ok_or(KvSwapError::BadConfig { detail: format!("block {block} outside the pool") })?;
+        // SAFETY: dst is inside the mapping; the caller guarantees src and exclusivity.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, self.block_bytes) };
+        Ok(())
+    }
+}
+
+const FREE: u64 = u64::MAX;
+
+/// Hands device blocks to sequences. A block is free, owned by one sequence, or owned and
+/// pinned (a transfer reads or writes it). Pinned blocks cannot be freed, so they cannot be
+/// handed to another sequence until the transfer that pins them completes.
+#[derive(Debug)]
+pub struct DeviceAllocator {
+    owner: Vec<u64>,
+    pins: Vec<u32>,
+    free: Vec<u32>,
+}
+
+impl DeviceAllocator {
+    /// All `blocks` free.
+    pub fn new(blocks: u32) -> DeviceAllocator {
+        DeviceAllocator {
+            owner: vec![FREE; blocks as usize],
+            pins: vec![0; blocks as usize],
+            free: (0..blocks).rev().collect(),
+        }
+    }
+
+    /// Free blocks.
+    pub fn free_count(&self) -> u32 {
+        self.free.len() as u32
+    }
+
+    /// Blocks pinned by transfers in flight.
+    pub fn pinned_count(&self) -> u32 {
+        self.pins.iter().filter(|p| **p > 0).count() as u32
+    }
+
+    /// Total blocks.
+    pub fn total(&self) -> u32 {
+        self.owner.len() as u32
+    }
+
+    /// Owner of a block.
+    pub fn owner(&self, block: BlockId) -> Option<SeqId> {
+        match self.owner.get(block.0 as usize) {
+            Some(&o) if o != FREE => Some(SeqId(o)),
+            _ => None,
+        }
+    }
+
+    /// Whether a block is pinned.
+    pub fn is_pinned(&self, block: BlockId) -> bool {
+        self.pins.get(block.0 as usize).is_some_and(|p| *p > 0)
+    }
+
+    /// Takes `n` free blocks for `seq`, appending them to `out`. All or nothing.
+    pub fn alloc(&mut self, seq: SeqId, n: u32, out: &mut Vec<BlockId>) -> Result<(), KvSwapError> {
+        if n as usize > self.free.len() {
+            return Err(KvSwapError::DeviceFull { requested: n, free: self.free.len() as u32 });
+        }
+        for _ in 0..n {
+            let b = self.free.pop().expect("checked above");
+            debug_assert_eq!(self.owner[b as usize], FREE);
+            debug_assert_eq!(self.pins[b as usize], 0);
+            self.owner[b as usize] = seq.0;
+            out.push(BlockId(b));
+        }
+        Ok(())
+    }
+
+    /// Checks that every block exists, belongs to `seq`, and appears once.
+    pub fn check_owned(&self, seq: SeqId, blocks: &[BlockId]) -> Result<(), KvSwapError> {
+        for (i, b) in blocks.iter().enumerate() {
+            if self.owner(*b) != Some(seq) {
+                return Err(KvSwapError::BlockNotOwned { block: *b, seq });
+            }
+            // Quadratic only for tiny lists; larger ones use the pin counts as marks below.
+            if blocks.len() <= 16 && blocks[..i].contains(b) {
+                return Err(KvSwapError::DuplicateBlock { block: *b });
+            }
+        }
+        if blocks.len() > 16 {
+            let mut seen = std::collections::HashSet::with_capacity(blocks.len());
+            for b in blocks {
+                if !seen.insert(b.0) {
+                    return Err(KvSwapError::DuplicateBlock { block: *b });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees blocks of `seq`. Refused, with nothing freed, when one is pinned or not `seq`'s.
+    pub fn free(&mut self, seq: SeqId, blocks: &[BlockId]) -> Result<(), KvSwapError> {
+        self.check_owned(seq, blocks)?;
+        if let Some(b) = blocks.iter().find(|b| self.is_pinned(**b)) {
+            return Err(KvSwapError::BlockPinned { block: *b, seq });
+        }
+        for b in blocks {
+            self.owner[b.0 as usize] = FREE;
+            self.free.push(b.0);
+        }
+        Ok(())
+    }
+
+    /// Frees every unpinned block of `seq`; returns how many stay (pinned).
+    pub(crate) fn free_all_unpinned(&mut self, seq: SeqId) -> u32 {
+        let mut left = 0;
+        for b in 0..self.owner.len() {
+            if self.owner[b] == seq.0 {
+                if self.pins[b] > 0 {
+                    left += 1;
+                } else {
+                    self.owner[b] = FREE;
+                    self.free.push(b as u32);
+                }
+            }
+        }
+        left
+    }
+
+    pub(crate) fn pin(&mut self, blocks: &[BlockId]) {
+        for b in blocks {
+            self.pins[b.0 as usize] += 1;
+        }
+    }
+
+    pub(crate) fn unpin(&mut self, blocks: &[BlockId]) {
+        for b in blocks {
+            let p = &mut self.pins[b.0 as usize];
+            assert!(*p > 0, "unpin of unpinned block {b}");
+            *p -= 1;
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub mod cuda {
+    //! Device memory on a CUDA GPU (driver API through cudarc, loaded at run time).
+
+    use std::sync::{Arc, Mutex};
+
+    use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+
+    use super::DeviceMemory;
+    use crate::error::KvSwapError;
+    use crate::BlockId;
+
+    /// `blocks` blocks of `block_bytes` in one device allocation. Workers stage through
+    /// their own host buffers: `block_ptr` is `None`.
+    pub struct CudaDeviceMemory {
+        stream: Arc<CudaStream>,
+        slab: Mutex<CudaSlice<u8>>,
+        block_bytes: usize,
+        blocks: u32,
+    }
+
+    impl std::fmt::Debug for CudaDeviceMemory {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("CudaDeviceMemory")
+                .field("block_bytes", &self.block_bytes)
+                .field("blocks", &self.blocks)
+                .finish()
+        }
+    }
+
+    impl CudaDeviceMemory {
+        /// Allocates the pool on GPU `ordinal`.
+        pub fn new(ordinal: usize, block_bytes: usize, blocks: u32) -> Result<Self, KvSwapError> {
+            let ctx = CudaContext::new(ordinal).map_err(|e| KvSwapError::setup("cuda init", e))?;
+            let stream = ctx.default_stream();
+            let slab = stream
+                .alloc_zeros::<u8>(block_bytes * blocks as usize)
+                .map_err(|e| KvSwapError::setup("cuda alloc", e))?;
+            Ok(CudaDeviceMemory { stream, slab: Mutex::new(slab), block_bytes, blocks })
+        }
+
+        /// Device address of the pool (for the inference engine's kernels).
+        pub fn device_ptr(&self) -> u64 {
+            let slab = self.slab.lock().expect("cuda slab lock");
+            let (p, _sync) = slab.device_ptr(&self.stream);
+            p
+        }
+    }
+
+    impl DeviceMemory for CudaDeviceMemory {
+        fn block_bytes(&self) -> usize {
+            self.block_bytes
+        }
+
+        fn blocks(&self) -> u32 {
+            self.blocks
+        }
+
+        fn block_ptr(&self, _block: BlockId) -> Option<*mut u8> {
+            None
+        }
+
+        unsafe fn read_block(&self, block: BlockId, dst: *mut u8) -> Result<(), KvSwapError> {
+            let start = block.0 as usize * self.block_bytes;
+            let slab = self.slab.lock().expect("cuda slab lock");
+            let view = slab.slice(start..start + self.block_bytes);
+            // SAFETY: the caller guarantees dst..dst+block_bytes is writable and unshared.
+            let out = unsafe { std::slice::from_raw_parts_mut(dst, self.block_bytes) };
+            self.stream.memcpy_dtoh(&view, out).map_err(|e| KvSwapError::setup("cuda dtoh", e))?;
+            self.stream.synchronize().map_err(|e| KvSwapError::setup("cuda sync", e))
+        }
+
+        unsafe fn write_block(&self, block: BlockId, src: *const u8) -> Result<(), KvSwapError> {
+            let start = block.0 as usize * self.block_bytes;
+            let mut slab = self.slab.lock().expect("cuda slab lock");
+            let mut view = slab.slice_mut(start..start + self.block_bytes);
+            // SAFETY: the caller guarantees src..src+block_bytes is readable.
+            let inp = unsafe { std::slice::from_raw_parts(src, self.block_bytes) };
+            self.stream
+                .memcpy_htod(inp, &mut view)
+                .map_err(|e| KvSwapError::setup("cuda htod", e))?;
+            self.stream.synchronize().map_err(|e| KvSwapError::setup("cuda sync", e))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinned_blocks_cannot_be_freed_or_reallocated() {
+        let mut a = DeviceAllocator::new(4);
+        let mut blocks = Vec::new();
+        a.alloc(SeqId(1), 2, &mut blocks).unwrap();
+        a.pin(&blocks);
+        assert!(matches!(a.free(SeqId(1), &blocks), Err(KvSwapError::BlockPinned { .. })));
+        let mut other = Vec::new();
+        a.alloc(SeqId(2), 2, &mut other).unwrap();
+        assert!(other.iter().all(|b| !blocks.contains(b)));
+        assert!(a.alloc(SeqId(3), 1, &mut Vec::new()).is_err());
+        assert!(matches!(a.free(SeqId(2), &blocks), Err(KvSwapError::BlockNotOwned { .. })));
+        a.unpin(&blocks);
+        a.free(SeqId(1), &blocks).unwrap();
+        assert_eq!(a.free_count(), 2);
+    }
+}
