@@ -2,8 +2,13 @@
 //! on the same generated feed, in one run.
 //!
 //! ```text
-//! cargo bench --bench itch        # about a minute
+//! cargo bench --bench itch                            # criterion, about a minute
+//! ITCH_BENCH_INTERLEAVED=40 cargo bench --bench itch  # 40 alternating rounds, best and median
 //! ```
+//!
+//! On a shared machine the load changes between criterion's back-to-back measurements of two
+//! peers, which moves their ratio; the interleaved mode runs the four cases in turn, round after
+//! round, and reports the best and the median of each with their ratios, which hold up better.
 //!
 //! The feed: `fastlane itch gen --messages 200000 --symbols 16 --seed 1 --itchy-compatible`
 //! (the same bytes, built in memory; `itchy` 0.3 does not know the `h`/`O` types, so the
@@ -20,9 +25,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use criterion::{criterion_group, BatchSize, Criterion, Throughput};
 use fastlane::fpga::book::{BookConfig, OrderBooks};
 use fastlane::fpga::gen::{generate, GenConfig};
 use fastlane::fpga::itch::{Body, FeedReader};
@@ -59,6 +64,9 @@ fn itchy_decode(feed: &[u8]) -> u64 {
     acc
 }
 
+/// (price, shares) of a best level.
+type Level = (u32, u64);
+
 /// The textbook book over itchy's messages: same semantics as `fastlane_fpga::reference`.
 #[derive(Default)]
 struct BTreeBook {
@@ -68,7 +76,7 @@ struct BTreeBook {
 }
 
 impl BTreeBook {
-    fn top(&self, locate: u16) -> (Option<(u32, u64)>, Option<(u32, u64)>) {
+    fn top(&self, locate: u16) -> (Option<Level>, Option<Level>) {
         let bid = self.levels.get(&(locate, true)).and_then(|m| m.last_key_value());
         let ask = self.levels.get(&(locate, false)).and_then(|m| m.first_key_value());
         (bid.map(|(p, s)| (*p, *s)), ask.map(|(p, s)| (*p, *s)))
@@ -141,32 +149,94 @@ fn benches(c: &mut Criterion) {
     g.sample_size(20).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(5));
     g.throughput(Throughput::Elements(updates as u64));
     g.bench_function("fastlane", |b| {
-        b.iter_batched(
-            || OrderBooks::new(BookConfig { orders_max: 1 << 18, levels_reserved: 256 }),
-            |mut books| {
-                for m in FeedReader::new(black_box(&feed)).flatten() {
-                    books.apply(&m);
-                }
-                assert_eq!(books.stats().anomalies(), 0);
-                books.stats().top_changes
-            },
-            BatchSize::PerIteration,
-        )
+        b.iter_batched(fresh_books, |books| fastlane_book(&feed, books), BatchSize::PerIteration)
     });
     g.bench_function("itchy+btree", |b| {
-        b.iter_batched(
-            || BTreeBook { orders: HashMap::with_capacity(1 << 18), ..BTreeBook::default() },
-            |mut book| {
-                for m in itchy::MessageStream::from_reader(black_box(&feed[..])).flatten() {
-                    book.apply(&m);
-                }
-                book.top_changes
-            },
-            BatchSize::PerIteration,
-        )
+        b.iter_batched(fresh_btree, |book| itchy_book(&feed, book), BatchSize::PerIteration)
     });
     g.finish();
 }
 
+fn fastlane_book(feed: &[u8], mut books: OrderBooks) -> u64 {
+    for m in FeedReader::new(black_box(feed)).flatten() {
+        books.apply(&m);
+    }
+    assert_eq!(books.stats().anomalies(), 0);
+    books.stats().top_changes
+}
+
+fn itchy_book(feed: &[u8], mut book: BTreeBook) -> u64 {
+    for m in itchy::MessageStream::from_reader(black_box(feed)).flatten() {
+        book.apply(&m);
+    }
+    book.top_changes
+}
+
+fn fresh_books() -> OrderBooks {
+    OrderBooks::new(BookConfig { orders_max: 1 << 18, levels_reserved: 256 })
+}
+
+fn fresh_btree() -> BTreeBook {
+    BTreeBook { orders: HashMap::with_capacity(1 << 18), ..BTreeBook::default() }
+}
+
+/// `rounds` rounds of the four cases in turn; prints best and median with ratios.
+fn interleaved(rounds: usize) {
+    let feed = feed();
+    let updates = FeedReader::new(&feed).flatten().filter(|m| is_order_message(m.msg_type)).count();
+    let mut t: [Vec<f64>; 4] = Default::default();
+    for _ in 0..rounds {
+        let s = Instant::now();
+        black_box(fastlane_decode(black_box(&feed)));
+        t[0].push(s.elapsed().as_secs_f64());
+        let s = Instant::now();
+        black_box(itchy_decode(black_box(&feed)));
+        t[1].push(s.elapsed().as_secs_f64());
+        let books = fresh_books();
+        let s = Instant::now();
+        black_box(fastlane_book(&feed, books));
+        t[2].push(s.elapsed().as_secs_f64());
+        let book = fresh_btree();
+        let s = Instant::now();
+        black_box(itchy_book(&feed, book));
+        t[3].push(s.elapsed().as_secs_f64());
+    }
+    for v in &mut t {
+        v.sort_by(f64::total_cmp);
+    }
+    let best = |i: usize| t[i][0];
+    let median = |i: usize| t[i][t[i].len() / 2];
+    println!("{rounds} interleaved rounds, {MESSAGES} messages, {updates} book updates per round");
+    println!("| group | peer | best | median | best rate | ratio (best) | ratio (median) |");
+    println!("|---|---|---|---|---|---|---|");
+    for (group, units, n, a, b, peer) in [
+        ("decode", "msgs/s", MESSAGES as f64, 0, 1, "itchy"),
+        ("book", "updates/s", updates as f64, 2, 3, "itchy+btree"),
+    ] {
+        for (i, name) in [(a, "fastlane"), (b, peer)] {
+            let r = if i == a { String::new() } else { format!("{:.2}x", best(b) / best(a)) };
+            let rm = if i == a { String::new() } else { format!("{:.2}x", median(b) / median(a)) };
+            println!(
+                "| {group} | {name} | {:.2} ms | {:.2} ms | {:.1} M{units} | {r} | {rm} |",
+                best(i) * 1e3,
+                median(i) * 1e3,
+                n / best(i) / 1e6
+            );
+        }
+    }
+}
+
 criterion_group!(itch, benches);
-criterion_main!(itch);
+
+fn main() {
+    if let Some(rounds) = std::env::var("ITCH_BENCH_INTERLEAVED").ok().and_then(|v| v.parse().ok())
+    {
+        // Only under `cargo bench` (`--bench`); `cargo test` runs criterion's quick test mode.
+        if std::env::args().any(|a| a == "--bench") {
+            interleaved(rounds);
+            return;
+        }
+    }
+    itch();
+    Criterion::default().configure_from_args().final_summary();
+}
