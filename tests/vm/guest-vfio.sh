@@ -5,7 +5,11 @@
 # command line, fl_vfio_mode=MODE (run-guest.sh --append):
 #
 #   check   bind the controller to vfio-pci and run `vfio_guest check BDF` (the driver's
-#           checks; its VFIO-* lines are the results)
+#           checks; its VFIO-* lines are the results); then, on the same controller,
+#           `fastlane serve --backend nvme:BDF` with `fastlane bench blk --verify` as its
+#           vhost-user frontend (writes a pattern over 64..68 MiB through guest memory, reads
+#           it back and compares, then 1 s of reads at QD 1 and 8), and print the driver's
+#           zero-copy/bounced totals from serve's log as `VFIO-ZEROCOPY direct=N bounced=M`
 #   bench   bind to vfio-pci, `fastlane bench nvme --backend nvme:BDF`; then rebind to the
 #           kernel's nvme driver and run the same benchmark on /dev/nvme0n1 with io_uring and
 #           O_DIRECT (`--backend file:/dev/nvme0n1 --direct`); the .hlog files are printed as
@@ -70,6 +74,29 @@ bind_nvme() {
     echo "VFIO-INFO bound=nvme dev=/dev/nvme0n1"
 }
 
+# The vhost-user zero-copy path: guest memory registered with the driver (ExternalMemory), so
+# requests from the frontend's memory go to the controller without a copy.
+vhost_zero_copy() {
+    fastlane serve --backend "nvme:$BDF" --socket /tmp/blk.sock >/tmp/serve.log 2>&1 &
+    serve_pid=$!
+    wait_for /tmp/blk.sock 20
+    rc=0
+    fastlane bench blk --socket /tmp/blk.sock --seconds 1 --qd 1,8 --pattern randread \
+        --verify 64M:4M --verify-seed 7 --json >/tmp/blk.json || rc=$?
+    kill -TERM "$serve_pid" 2>/dev/null || true
+    wait "$serve_pid" || rc=$?
+    sed 's/^/VFIO-SERVE /' /tmp/serve.log
+    grep -E '"(name|requests|iops|p50_ns|write_seconds|read_seconds)"' /tmp/blk.json |
+        tr -d ' ,"' | sed 's/^/VFIO-BLK /' || true
+    if [ "$rc" -ne 0 ]; then
+        echo "VFIO-FAILED vhost zero-copy phase (status $rc)"
+        exit 5
+    fi
+    echo "VFIO-EXPECT pattern 67108864 4194304 7"
+    totals=$(sed -n 's/.*reads and writes: \([0-9]*\) zero copy, \([0-9]*\) bounced.*/direct=\1 bounced=\2/p' /tmp/serve.log)
+    echo "VFIO-ZEROCOPY ${totals:-missing}"
+}
+
 print_hlog() { # NAME FILE
     while IFS= read -r line; do
         echo "HLOG $1 $line"
@@ -80,6 +107,8 @@ case "$MODE" in
 check)
     bind_vfio
     vfio_guest check "$BDF"
+    vhost_zero_copy
+    echo "VFIO-OK"
     ;;
 bench)
     bind_vfio

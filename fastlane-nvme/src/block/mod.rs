@@ -160,6 +160,38 @@ pub trait BlockDevice: Send + Sync {
 
     /// Open a queue with room for `depth` requests in flight, for the calling thread's use.
     fn open_queue(&self, depth: u32) -> std::io::Result<Box<dyn BlockQueue>>;
+
+    /// Memory the device can be told about ahead of time, so that requests into it go without
+    /// a copy (the VFIO NVMe driver maps it in the IOMMU). `None` (the default): the backend
+    /// reaches any memory as it is (io_uring, RAM, synchronous file).
+    fn external_memory(&self) -> Option<&dyn ExternalMemory> {
+        None
+    }
+}
+
+/// A device's registry of caller memory that it reaches directly (zero copy): for the
+/// vhost-user-blk device, the guest memory regions of the current memory table.
+pub trait ExternalMemory: Send + Sync {
+    /// Make the registered memory exactly `regions` (host address, length, key). A region
+    /// already registered with the same address, length and key stays registered, and
+    /// requests in flight into it are undisturbed; every other registered region is dropped
+    /// (requests still in flight into it may fail). `key` names what backs the range (for
+    /// example the file and offset it is mapped from), so that an address reused for other
+    /// memory is registered anew. `&[]` drops everything.
+    ///
+    /// On error the registrations are partly updated: memory outside them still works, only
+    /// slower (copied); a later call with the full list, or `&[]`, sets them right.
+    ///
+    /// # Safety
+    ///
+    /// For every region passed, until a later call that no longer lists it has returned
+    /// `Ok` (a failed call may have left it registered), or the device is dropped:
+    /// - `ptr..ptr+len` stays mapped in this process and is not replaced (no `munmap`, no
+    ///   `mmap(MAP_FIXED)` over it): the device reaches the pages that are there now;
+    /// - no Rust reference (`&`/`&mut`) to that memory is made or live: the device reads and
+    ///   writes it by DMA at any time (raw pointers and volatile access only);
+    /// - `ptr` and `len` are page-aligned (backends check, and fail the region otherwise).
+    unsafe fn sync_regions(&self, regions: &[(*mut u8, usize, u64)]) -> std::io::Result<()>;
 }
 
 /// A submission/completion queue on a [`BlockDevice`], owned by one thread.

@@ -10,7 +10,7 @@ use super::pci::{Bdf, VfioPci};
 use super::queue::{NvmeQueue, Rings};
 use super::regs::{self, Bar, Cap, PAGE_SIZE};
 use super::{NvmeError, NvmeOptions};
-use crate::block::{BlockDevice, BlockQueue, DeviceInfo};
+use crate::block::{BlockDevice, BlockQueue, DeviceInfo, ExternalMemory};
 
 /// Admin queue entries (one command at a time is ever outstanding).
 const ADMIN_ENTRIES: u32 = 32;
@@ -54,6 +54,10 @@ pub(crate) struct Controller {
     /// Mappings made by `map_external` (not owned by a `DmaBuffer`) with the caller's key
     /// for what backs them, unmapped on drop.
     external: Mutex<Vec<(Mapping, u64)>>,
+    /// The counters of the open queues (each written by its queue only).
+    transfers_open: Mutex<Vec<Arc<TransferCounters>>>,
+    /// The sums of the queues closed so far.
+    transfers_closed: TransferCounters,
     admin: Mutex<AdminQueue>,
     // Last: the BAR mapping and the VFIO fds outlive everything above.
     pub(crate) pci: VfioPci,
@@ -84,6 +88,57 @@ fn wait_until(
             return Err(NvmeError::Timeout { what, ms: timeout.as_millis() as u64 });
         }
         std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+/// Reads and writes of a device by how their data reached it, summed over its queues.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransferStats {
+    /// Requests whose segments went to the device as they were (zero copy: every segment in
+    /// mapped memory, in a PRP-compatible layout).
+    pub direct_requests: u64,
+    /// Requests copied through a queue's bounce pages.
+    pub bounced_requests: u64,
+    /// Bytes of the bounced requests.
+    pub bounced_bytes: u64,
+}
+
+/// One queue's transfer counters. Written by the owning queue only (a load and a store, no
+/// read-modify-write on the data path); read by anyone (`Relaxed`: statistics, no ordering
+/// with other memory is implied).
+#[derive(Debug, Default)]
+pub(crate) struct TransferCounters {
+    direct_requests: AtomicU64,
+    bounced_requests: AtomicU64,
+    bounced_bytes: AtomicU64,
+}
+
+impl TransferCounters {
+    /// Count one read or write of `bytes` (single writer: the queue owning the counters).
+    pub(crate) fn count(&self, bounced: bool, bytes: u64) {
+        let bump =
+            |c: &AtomicU64, n: u64| c.store(c.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+        if bounced {
+            bump(&self.bounced_requests, 1);
+            bump(&self.bounced_bytes, bytes);
+        } else {
+            bump(&self.direct_requests, 1);
+        }
+    }
+
+    pub(crate) fn load(&self) -> TransferStats {
+        TransferStats {
+            direct_requests: self.direct_requests.load(Ordering::Relaxed),
+            bounced_requests: self.bounced_requests.load(Ordering::Relaxed),
+            bounced_bytes: self.bounced_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Add `s` (many writers: read-modify-write).
+    fn absorb(&self, s: TransferStats) {
+        self.direct_requests.fetch_add(s.direct_requests, Ordering::Relaxed);
+        self.bounced_requests.fetch_add(s.bounced_requests, Ordering::Relaxed);
+        self.bounced_bytes.fetch_add(s.bounced_bytes, Ordering::Relaxed);
     }
 }
 
@@ -204,6 +259,8 @@ impl Controller {
             xlat: Mutex::new(Arc::new(Translations::default())),
             xlat_gen: AtomicU64::new(0),
             external: Mutex::new(Vec::new()),
+            transfers_open: Mutex::new(Vec::new()),
+            transfers_closed: TransferCounters::default(),
             admin: Mutex::new(aq),
             pci,
         })
@@ -345,6 +402,33 @@ impl Controller {
         })
     }
 
+    /// New counters for a queue being opened.
+    pub(crate) fn open_transfer_counters(&self) -> Arc<TransferCounters> {
+        let c = Arc::new(TransferCounters::default());
+        self.transfers_open.lock().unwrap_or_else(|p| p.into_inner()).push(c.clone());
+        c
+    }
+
+    /// A queue is closing: fold its counters into the closed sums.
+    pub(crate) fn close_transfer_counters(&self, c: &Arc<TransferCounters>) {
+        let mut open = self.transfers_open.lock().unwrap_or_else(|p| p.into_inner());
+        open.retain(|o| !Arc::ptr_eq(o, c));
+        // Under the lock, so that `transfer_stats` never sees the queue twice or not at all.
+        self.transfers_closed.absorb(c.load());
+    }
+
+    fn transfer_stats(&self) -> TransferStats {
+        let open = self.transfers_open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sum = self.transfers_closed.load();
+        for c in open.iter() {
+            let s = c.load();
+            sum.direct_requests += s.direct_requests;
+            sum.bounced_requests += s.bounced_requests;
+            sum.bounced_bytes += s.bounced_bytes;
+        }
+        sum
+    }
+
     pub(crate) fn info(&self) -> DeviceInfo {
         let writable = !self.opts.read_only;
         DeviceInfo {
@@ -361,6 +445,14 @@ impl Controller {
 
 impl Drop for Controller {
     fn drop(&mut self) {
+        let t = self.transfer_stats();
+        log::info!(
+            "nvme {}: closing; reads and writes: {} zero copy, {} bounced ({} bytes copied)",
+            self.pci.bdf(),
+            t.direct_requests,
+            t.bounced_requests,
+            t.bounced_bytes
+        );
         let bar = self.bar;
         if self.failed_errno() == 0 {
             // Normal shutdown: the controller writes back its cache and stops.
@@ -572,6 +664,12 @@ impl NvmeDevice {
     pub fn mappings(&self) -> Vec<Mapping> {
         self.ctrl.translations().mappings().to_vec()
     }
+
+    /// Reads and writes so far, zero copy versus bounced, over all queues (open and closed).
+    /// Also logged when the device closes.
+    pub fn transfer_stats(&self) -> TransferStats {
+        self.ctrl.transfer_stats()
+    }
 }
 
 impl BlockDevice for NvmeDevice {
@@ -581,6 +679,18 @@ impl BlockDevice for NvmeDevice {
 
     fn open_queue(&self, depth: u32) -> std::io::Result<Box<dyn BlockQueue>> {
         Ok(Box::new(self.open_nvme_queue(depth)?))
+    }
+
+    fn external_memory(&self) -> Option<&dyn ExternalMemory> {
+        Some(self)
+    }
+}
+
+impl ExternalMemory for NvmeDevice {
+    unsafe fn sync_regions(&self, regions: &[(*mut u8, usize, u64)]) -> std::io::Result<()> {
+        // SAFETY: `ExternalMemory::sync_regions`'s contract is `sync_external`'s: every region
+        // stays mapped, unreplaced and reference-free until a later successful call drops it.
+        unsafe { self.sync_external(regions) }.map_err(std::io::Error::from)
     }
 }
 

@@ -40,9 +40,10 @@
 //! The device reaches memory only through IOVAs mapped in the IOMMU ([`dma`]). A request's
 //! segments go to the device untouched (zero copy) when they lie in memory mapped by
 //! [`NvmeDevice::alloc_dma`] or [`NvmeDevice::map_external`] and their layout suits PRPs;
-//! otherwise the queue copies through its bounce pages. The vhost-user-blk device maps guest
-//! memory with [`NvmeDevice::map_external`] when the frontend sends its memory table (see
-//! `docs/vfio-nvme.md` for that hook). DMA-able memory is never turned into a Rust reference.
+//! otherwise the queue copies through its bounce pages. The vhost-user-blk device registers
+//! guest memory through [`crate::block::ExternalMemory`] ([`NvmeDevice::sync_external`]) on
+//! every memory table (see `docs/vfio-nvme.md` for that hook); [`NvmeDevice::transfer_stats`]
+//! counts zero-copy versus bounced requests. DMA-able memory is never turned into a Rust reference.
 //!
 //! # Failures
 //!
@@ -78,7 +79,7 @@ mod queue;
 pub mod regs;
 
 pub use cmd::{ControllerId, NamespaceId, Status};
-pub use device::{DmaBuffer, NvmeDevice};
+pub use device::{DmaBuffer, NvmeDevice, TransferStats};
 pub use pci::Bdf;
 pub use queue::NvmeQueue;
 

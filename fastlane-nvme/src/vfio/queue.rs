@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::cmd::{admin, nvm, Cqe, Sqe, DSM_RANGES_MAX, DSM_RANGE_BLOCKS_MAX, NLB_MAX};
-use super::device::Controller;
+use super::device::{Controller, TransferCounters, TransferStats};
 use super::dma::{page_round_up, DmaRegion, Translations};
 use super::prp::{build_prp, clip, prp_compatible};
 use super::regs::{self, PAGE_SIZE};
@@ -197,6 +197,8 @@ pub struct NvmeQueue {
     empty_polls: u32,
     /// Completion entries that named no outstanding command.
     spurious: u64,
+    /// Zero copy versus bounced reads and writes (this queue writes them, the device sums).
+    transfers: Arc<TransferCounters>,
     deleted: bool,
 
     prp_off: usize,
@@ -303,6 +305,7 @@ impl NvmeQueue {
             xlat_gen: ctrl.xlat_gen.load(Ordering::Acquire),
             empty_polls: 0,
             spurious: 0,
+            transfers: ctrl.open_transfer_counters(),
             deleted: false,
             prp_off,
             bounce_off,
@@ -319,6 +322,11 @@ impl NvmeQueue {
     /// Completion entries seen that named no outstanding command (a misbehaving device).
     pub fn spurious_completions(&self) -> u64 {
         self.spurious
+    }
+
+    /// This queue's reads and writes so far, zero copy versus bounced.
+    pub fn transfer_stats(&self) -> TransferStats {
+        self.transfers.load()
     }
 
     fn refresh_translations(&mut self) {
@@ -715,6 +723,9 @@ impl BlockQueue for NvmeQueue {
         r.op = req.op;
         r.bytes = if rw { len as u32 } else { 0 };
         r.error = None;
+        if rw {
+            self.transfers.count(bounced, len);
+        }
         if bounced {
             self.chunks.clear();
             let pages = len.div_ceil(PAGE_SIZE as u64) as usize;
@@ -851,6 +862,7 @@ impl Drop for NvmeQueue {
             }
         }
         self.delete_on_controller();
+        self.ctrl.close_transfer_counters(&self.transfers);
         // `region` drops after this: IOMMU unmap first, then munmap.
     }
 }

@@ -1,14 +1,16 @@
 //! The vhost-user-blk device: what vhost-user-backend's daemon asks us (features, config space,
 //! queue layout) and where it hands us events (one worker per virtqueue).
 
+use std::os::unix::fs::MetadataExt as _;
+use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use log::{debug, info, warn};
+use log::{debug, error, info, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringEpollHandler};
 use virtio_bindings::virtio_blk::VIRTIO_BLK_F_RO;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
-use vm_memory::GuestAddressSpace;
+use vm_memory::{GuestAddressSpace, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -17,7 +19,7 @@ use vmm_sys_util::event::{
 use super::config::BlkGeometry;
 use super::request::{ParseLimits, ID_LEN};
 use super::stats::BlkStats;
-use super::worker::{AtomicMem, BlkVring, Worker, WorkerConfig};
+use super::worker::{AtomicMem, BlkVring, GuestMem, Worker, WorkerConfig};
 use crate::block::BlockDevice;
 
 /// The epoll handler type of our daemon.
@@ -48,6 +50,36 @@ pub struct BlkBackend {
     /// The daemon's epoll handlers, to register block-queue completion eventfds. Weak: the
     /// handlers own clones of this backend.
     handlers: OnceLock<Vec<Weak<BlkEpollHandler>>>,
+    /// Guest memory tables whose regions are (or may be) registered with the device's
+    /// [`ExternalMemory`]: holding them keeps those regions mapped (a `GuestRegionMmap`
+    /// unmaps on its last drop). See [`BlkBackend::register_memory`].
+    registered: Mutex<Vec<Arc<GuestMem>>>,
+}
+
+/// The key that names what backs a guest region for [`ExternalMemory::sync_regions`]: its
+/// file's device and inode and the offset in the file (folded into 64 bits), 0 without a
+/// file. vhost-user regions always come with a file (a memfd, or hugetlbfs).
+fn backing_key(region: &<GuestMem as GuestMemoryBackend>::R) -> u64 {
+    fn mix(mut z: u64) -> u64 {
+        // splitmix64's finalizer.
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    let Some(fo) = region.file_offset() else {
+        return 0;
+    };
+    match fo.file().metadata() {
+        Ok(m) => mix(mix(mix(m.dev()) ^ m.ino()) ^ fo.start()),
+        Err(_) => 0,
+    }
+}
+
+/// `(host address, length, key)` of every region of `mem`.
+fn regions_of(mem: &GuestMem, out: &mut Vec<(*mut u8, usize, u64)>) {
+    for r in mem.iter() {
+        out.push((r.as_ptr(), r.len() as usize, backing_key(r)));
+    }
 }
 
 impl std::fmt::Debug for BlkBackend {
@@ -73,6 +105,106 @@ impl BlkBackend {
             mem,
             workers: (0..n).map(|_| Mutex::new(None)).collect(),
             handlers: OnceLock::new(),
+            registered: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Register the guest memory with the device for zero copy, if it takes registrations
+    /// (the VFIO NVMe driver maps it in the IOMMU; other backends need nothing).
+    ///
+    /// Registered: every region of `current`, plus every region of an older table some
+    /// in-flight request still holds (a worker's batch or a request slot keeps a guard of the
+    /// table its segments point into): a region the frontend removed stays registered, and
+    /// its in-flight requests undisturbed, until the first update after its last request.
+    ///
+    /// A failed registration is logged and the connection goes on: requests into memory
+    /// that is not registered are copied through the driver's bounce pages (correct, one
+    /// copy slower), whereas failing `SET_MEM_TABLE`/`ADD_MEM_REG` would take the disk away
+    /// from the guest (the frontend treats it as a broken backend).
+    fn register_memory(&self, current: Arc<GuestMem>) {
+        let Some(ext) = self.device.external_memory() else {
+            return;
+        };
+        let mut registered = self.registered.lock().unwrap_or_else(|p| p.into_inner());
+        // Tables only we hold can no longer be reached by anyone: the library has replaced
+        // them (workers load the current one) and no guard of them is left to clone.
+        let (in_use, idle): (Vec<_>, Vec<_>) =
+            registered.drain(..).partition(|t| Arc::strong_count(t) > 1);
+        // Acquire: pairs with the Release decrement of the last other `Arc` of each idle
+        // table (a worker dropping a request's guard after its completion), so the device's
+        // DMA for those requests happened before the unregistration below.
+        fence(Ordering::Acquire);
+        let mut regions = Vec::new();
+        regions_of(&current, &mut regions);
+        for t in &in_use {
+            regions_of(t, &mut regions);
+        }
+        regions.sort_unstable();
+        regions.dedup();
+        // SAFETY:
+        // - every region listed belongs to `current` or to a table in `in_use`, all kept in
+        //   `registered` below: their `GuestRegionMmap`s, and so the mmaps, live until a
+        //   later successful call no longer lists them; the idle tables are dropped only
+        //   after this call succeeded, and kept (with everything else) when it failed;
+        // - nothing makes a `&`/`&mut` into guest memory: the workers access it through
+        //   vm-memory's volatile accessors and hand the block device raw `Segment`s;
+        // - region addresses and lengths come from vhost-user's `mmap`s (page-aligned; the
+        //   driver checks).
+        match unsafe { ext.sync_regions(&regions) } {
+            Ok(()) => {
+                let bytes: usize = regions.iter().map(|r| r.1).sum();
+                info!(
+                    "guest memory: {} region(s), {} MiB registered for zero copy{}",
+                    regions.len(),
+                    bytes >> 20,
+                    if in_use.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({} older table(s) still in use)", in_use.len())
+                    }
+                );
+                *registered = in_use;
+                registered.push(current);
+                drop(idle);
+            }
+            Err(e) => {
+                warn!(
+                    "guest memory: registering {} region(s) for zero copy failed: {e}; \
+                     requests outside registered memory are copied",
+                    regions.len()
+                );
+                registered.extend(in_use);
+                registered.extend(idle);
+                registered.push(current);
+            }
+        }
+    }
+
+    /// The frontend is gone: finish every worker (each waits for its in-flight requests and
+    /// closes its block queue), then unregister all guest memory and let it go. Idempotent;
+    /// also run on drop.
+    pub fn disconnect(&self) {
+        for w in &self.workers {
+            drop(w.lock().unwrap_or_else(|p| p.into_inner()).take());
+        }
+        let mut registered = self.registered.lock().unwrap_or_else(|p| p.into_inner());
+        if registered.is_empty() {
+            return;
+        }
+        let Some(ext) = self.device.external_memory() else {
+            registered.clear();
+            return;
+        };
+        // SAFETY: an empty list registers nothing.
+        match unsafe { ext.sync_regions(&[]) } {
+            Ok(()) => registered.clear(),
+            Err(e) => {
+                // The device may still reach those regions: never unmap them.
+                error!("guest memory: unregistering failed: {e}; leaking its mappings");
+                for t in registered.drain(..) {
+                    std::mem::forget(t);
+                }
+            }
         }
     }
 
@@ -106,6 +238,12 @@ impl BlkBackend {
 
     fn lock_worker(&self, index: usize) -> std::sync::MutexGuard<'_, Option<Worker>> {
         self.workers[index].lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Drop for BlkBackend {
+    fn drop(&mut self) {
+        self.disconnect();
     }
 }
 
@@ -156,13 +294,13 @@ impl VhostUserBackend for BlkBackend {
     }
 
     fn update_memory(&self, mem: AtomicMem) -> std::io::Result<()> {
-        // The daemon swaps the regions inside the `GuestMemoryAtomic` we gave it (and that the
-        // workers hold); nothing to store.
-        let m = mem.memory();
-        debug!(
-            "guest memory now has {} region(s)",
-            vm_memory::GuestMemoryBackend::num_regions(&*m)
-        );
+        // The daemon has swapped the table inside the `GuestMemoryAtomic` we gave it (and that
+        // the workers hold) before calling us, so a worker may already use the new regions:
+        // until they are registered below, the driver copies requests into them (correct).
+        // Old regions stay registered until their requests are done (`register_memory`).
+        let m = mem.memory().into_inner();
+        debug!("guest memory now has {} region(s)", m.num_regions());
+        self.register_memory(m);
         Ok(())
     }
 
@@ -241,5 +379,86 @@ impl VhostUserBackend for BlkBackend {
             worker.run();
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block::ram::RamDisk;
+    use crate::block::{BlockQueue, DeviceInfo, ExternalMemory};
+    use crate::vhost::VhostBlkOptions;
+    use vm_memory::{GuestAddress, GuestMemoryAtomic};
+
+    /// A RAM disk that records what it is told to register.
+    struct Recorder {
+        disk: RamDisk,
+        calls: Mutex<Vec<Vec<(usize, usize, u64)>>>,
+    }
+
+    impl BlockDevice for Recorder {
+        fn info(&self) -> DeviceInfo {
+            self.disk.info()
+        }
+        fn open_queue(&self, depth: u32) -> std::io::Result<Box<dyn BlockQueue>> {
+            self.disk.open_queue(depth)
+        }
+        fn external_memory(&self) -> Option<&dyn ExternalMemory> {
+            Some(self)
+        }
+    }
+
+    impl ExternalMemory for Recorder {
+        unsafe fn sync_regions(&self, regions: &[(*mut u8, usize, u64)]) -> std::io::Result<()> {
+            let r = regions.iter().map(|&(p, l, k)| (p as usize, l, k)).collect();
+            self.calls.lock().unwrap().push(r);
+            Ok(())
+        }
+    }
+
+    fn table(start: u64) -> GuestMem {
+        GuestMem::from_ranges(&[(GuestAddress(start), 1 << 16)]).unwrap()
+    }
+
+    fn ptrs(mem: &GuestMem) -> Vec<usize> {
+        mem.iter().map(|r| r.as_ptr() as usize).collect()
+    }
+
+    #[test]
+    fn removed_regions_stay_registered_while_requests_hold_them() {
+        let rec = Arc::new(Recorder {
+            disk: RamDisk::new(1 << 20, 512).unwrap(),
+            calls: Mutex::new(Vec::new()),
+        });
+        let settings = VhostBlkOptions::default().settings(&*rec).unwrap();
+        let atomic = GuestMemoryAtomic::new(table(0));
+        let backend =
+            BlkBackend::new(settings, rec.clone(), Arc::new(BlkStats::new(1)), atomic.clone());
+        let calls = || rec.calls.lock().unwrap().clone();
+
+        backend.update_memory(atomic.clone()).unwrap();
+        let a = ptrs(&atomic.memory());
+        assert_eq!(calls().last().unwrap().iter().map(|r| r.0).collect::<Vec<_>>(), a);
+
+        // A request in flight holds the old table (as a worker's slot does) while the
+        // frontend replaces the region.
+        let in_flight = atomic.memory();
+        atomic.lock().unwrap().replace(table(1 << 20));
+        backend.update_memory(atomic.clone()).unwrap();
+        let b = ptrs(&atomic.memory());
+        let mut both: Vec<usize> = a.iter().chain(&b).copied().collect();
+        both.sort_unstable();
+        assert_eq!(calls().last().unwrap().iter().map(|r| r.0).collect::<Vec<_>>(), both);
+
+        // Its completion drops the guard: the next update unregisters the old region.
+        drop(in_flight);
+        backend.update_memory(atomic.clone()).unwrap();
+        assert_eq!(calls().last().unwrap().iter().map(|r| r.0).collect::<Vec<_>>(), b);
+
+        backend.disconnect();
+        assert!(calls().last().unwrap().is_empty());
+        let n = calls().len();
+        drop(backend);
+        assert_eq!(calls().len(), n, "disconnect is idempotent");
     }
 }

@@ -296,9 +296,11 @@ impl BlkServer {
         }
         let result = daemon.wait();
         self.stop.set_current(None);
-        // Dropping the daemon stops and joins the workers; they finish in-flight requests and
-        // merge their histograms first.
+        // Dropping the daemon stops and joins the worker threads; `disconnect` then finishes
+        // the workers (in-flight requests, histograms) and unregisters the guest memory from
+        // the device before the regions are unmapped.
         drop(daemon);
+        backend.disconnect();
         let end = match result {
             Ok(()) => ConnectionEnd::Disconnected,
             Err(vhost_user_backend::Error::HandleRequest(
