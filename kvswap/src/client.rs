@@ -1,1 +1,260 @@
-//! client (being written).
+//! A Rust client of `fastlane kv serve` (the protocol of [`crate::proto`]).
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::time::Duration;
+
+use crate::proto::{self, ErrorCode, Header, Request, HEADER_LEN, PAYLOAD_MAX};
+use crate::server::recv_with_fd;
+
+/// What went wrong on the client side.
+#[derive(Debug, thiserror::Error)]
+pub enum KvClientError {
+    /// Socket or mapping failure.
+    #[error("kv client I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// The server answered with an error status.
+    #[error("server error {code:?}: {detail}")]
+    Server {
+        /// The status.
+        code: ErrorCode,
+        /// Its message.
+        detail: String,
+    },
+    /// The reply did not parse.
+    #[error("bad reply: {0}")]
+    BadReply(&'static str),
+}
+
+/// Where a sequence is, as `LOOKUP` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lookup {
+    /// 0 resident, 1 swapping out, 2 out, 3 spilling, 4 swapping in.
+    pub phase: u8,
+    /// 0 host, 1 nvme, 2 remote, 255 none.
+    pub tier: u8,
+    /// Blocks in the swapped-out copy.
+    pub blocks_out: u32,
+    /// Device blocks the sequence holds.
+    pub device_blocks: u32,
+}
+
+/// A connection, with the server's device pool mapped.
+#[derive(Debug)]
+pub struct KvClient {
+    stream: UnixStream,
+    next_id: u32,
+    block_bytes: usize,
+    blocks: u32,
+    map: NonNull<u8>,
+    map_len: usize,
+    _fd: OwnedFd,
+}
+
+// SAFETY: the mapping is owned by the client; access goes through raw-pointer copies.
+unsafe impl Send for KvClient {}
+
+impl KvClient {
+    /// Connects and does the handshake (maps the device pool's memfd).
+    pub fn connect(path: &Path) -> Result<KvClient, KvClientError> {
+        let stream = UnixStream::connect(path)?;
+        stream.set_read_timeout(Some(Duration::from_secs(120)))?;
+        (&stream).write_all(&Request::Hello.encode(0))?;
+        let mut buf = vec![0u8; HEADER_LEN + 64];
+        let (mut got, fd) = recv_with_fd(&stream, &mut buf)?;
+        let fd = fd.ok_or(KvClientError::BadReply("HELLO reply without a file descriptor"))?;
+        while got < HEADER_LEN {
+            let n = (&stream).read(&mut buf[got..])?;
+            if n == 0 {
+                return Err(KvClientError::BadReply("closed during HELLO"));
+            }
+            got += n;
+        }
+        let h =
+            Header::decode(&buf[..HEADER_LEN]).map_err(|_| KvClientError::BadReply("header"))?;
+        let end = HEADER_LEN + h.len as usize;
+        if end > buf.len() {
+            return Err(KvClientError::BadReply("HELLO reply too long"));
+        }
+        (&stream).read_exact(&mut buf[got..end])?;
+        let p = check(&buf[HEADER_LEN..end])?;
+        if p.len() != 20 {
+            return Err(KvClientError::BadReply("HELLO payload"));
+        }
+        let block_bytes = u64::from_le_bytes(p[0..8].try_into().expect("8")) as usize;
+        let blocks = u32::from_le_bytes(p[8..12].try_into().expect("4"));
+        let map_len = u64::from_le_bytes(p[12..20].try_into().expect("8")) as usize;
+        if map_len != block_bytes * blocks as usize || map_len == 0 {
+            return Err(KvClientError::BadReply("pool size"));
+        }
+        // SAFETY: a new shared mapping of the server's memfd; nothing else is at that address.
+        let m = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if m == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        let map = NonNull::new(m as *mut u8).ok_or(KvClientError::BadReply("null map"))?;
+        Ok(KvClient { stream, next_id: 1, block_bytes, blocks, map, map_len, _fd: fd })
+    }
+
+    /// Bytes per device block.
+    pub fn block_bytes(&self) -> usize {
+        self.block_bytes
+    }
+
+    /// Blocks in the device pool.
+    pub fn blocks(&self) -> u32 {
+        self.blocks
+    }
+
+    /// Copies `data` (at most one block) into device block `block`. Only meaningful for
+    /// blocks this client owns and that no transfer pins.
+    pub fn write_block(&mut self, block: u32, data: &[u8]) {
+        assert!(block < self.blocks && data.len() <= self.block_bytes, "block out of range");
+        // SAFETY: block < blocks, so the offset is inside the mapping.
+        let dst = unsafe { self.map.as_ptr().add(block as usize * self.block_bytes) };
+        // SAFETY: dst..dst+len is inside the mapping; shared memory the server reads only while
+        // the block is pinned by a swap-out, which the caller does not overlap with writes.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+    }
+
+    /// Copies device block `block` into `out` (at most one block).
+    pub fn read_block(&self, block: u32, out: &mut [u8]) {
+        assert!(block < self.blocks && out.len() <= self.block_bytes, "block out of range");
+        // SAFETY: block < blocks, so the offset is inside the mapping.
+        let src = unsafe { self.map.as_ptr().add(block as usize * self.block_bytes) };
+        // SAFETY: src..src+len is inside the mapping; out is a distinct Rust buffer.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+    }
+
+    /// Sends a request and returns the reply payload after the status.
+    pub fn call(&mut self, req: &Request) -> Result<Vec<u8>, KvClientError> {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        self.stream.write_all(&req.encode(id))?;
+        let mut hb = [0u8; HEADER_LEN];
+        self.stream.read_exact(&mut hb)?;
+        let h = Header::decode(&hb).map_err(|_| KvClientError::BadReply("header"))?;
+        if h.op != req.op() | proto::REPLY || h.req_id != id || h.len as usize > PAYLOAD_MAX {
+            return Err(KvClientError::BadReply("reply does not match request"));
+        }
+        let mut p = vec![0u8; h.len as usize];
+        self.stream.read_exact(&mut p)?;
+        Ok(check(&p)?.to_vec())
+    }
+
+    /// Raw bytes on the socket (tests of hostile input).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.stream.write_all(bytes)
+    }
+
+    /// Takes `n` device blocks for `seq`.
+    pub fn alloc(&mut self, seq: u32, n: u32) -> Result<Vec<u32>, KvClientError> {
+        let p = self.call(&Request::Alloc { seq, n })?;
+        if p.len() < 4 || p.len() != 4 + 4 * u32_at(&p, 0) as usize {
+            return Err(KvClientError::BadReply("ALLOC payload"));
+        }
+        Ok((0..u32_at(&p, 0) as usize).map(|i| u32_at(&p, 4 + 4 * i)).collect())
+    }
+
+    /// Gives blocks back.
+    pub fn free(&mut self, seq: u32, blocks: &[u32]) -> Result<(), KvClientError> {
+        self.call(&Request::Free { seq, blocks: blocks.to_vec() }).map(|_| ())
+    }
+
+    /// Where `seq` is.
+    pub fn lookup(&mut self, seq: u32) -> Result<Lookup, KvClientError> {
+        let p = self.call(&Request::Lookup { seq })?;
+        if p.len() != 12 {
+            return Err(KvClientError::BadReply("LOOKUP payload"));
+        }
+        Ok(Lookup {
+            phase: p[0],
+            tier: p[1],
+            blocks_out: u32_at(&p, 4),
+            device_blocks: u32_at(&p, 8),
+        })
+    }
+
+    /// Starts a swap-out; returns the ticket.
+    pub fn prepare_store(&mut self, seq: u32, blocks: &[u32]) -> Result<u64, KvClientError> {
+        ticket(&self.call(&Request::PrepareStore { seq, blocks: blocks.to_vec() })?)
+    }
+
+    /// Starts a swap-in; returns the ticket.
+    pub fn prepare_load(&mut self, seq: u32, blocks: &[u32]) -> Result<u64, KvClientError> {
+        ticket(&self.call(&Request::PrepareLoad { seq, blocks: blocks.to_vec() })?)
+    }
+
+    /// Waits for a ticket (swap-out: `complete_store`; swap-in: `complete_load`).
+    pub fn complete(&mut self, ticket: u64, timeout: Duration) -> Result<(), KvClientError> {
+        let timeout_ms = timeout.as_millis().min(u128::from(u32::MAX)) as u32;
+        self.call(&Request::Complete { ticket, timeout_ms }).map(|_| ())
+    }
+
+    /// Marks `seq` used.
+    pub fn touch(&mut self, seq: u32) -> Result<(), KvClientError> {
+        self.call(&Request::Touch { seq }).map(|_| ())
+    }
+
+    /// Forgets `seq`.
+    pub fn drop_seq(&mut self, seq: u32) -> Result<(), KvClientError> {
+        self.call(&Request::Drop { seq }).map(|_| ())
+    }
+
+    /// Cancels a ticket.
+    pub fn cancel(&mut self, ticket: u64) -> Result<(), KvClientError> {
+        self.call(&Request::Cancel { ticket }).map(|_| ())
+    }
+
+    /// `(capacity, used)` bytes per tier (host, nvme, remote), device free and pinned blocks.
+    #[allow(clippy::type_complexity)]
+    pub fn stats(&mut self) -> Result<([(u64, u64); 3], u32, u32), KvClientError> {
+        let p = self.call(&Request::Stats)?;
+        if p.len() != 56 {
+            return Err(KvClientError::BadReply("STATS payload"));
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(p[i..i + 8].try_into().expect("8"));
+        let tiers = [(u64_at(0), u64_at(8)), (u64_at(16), u64_at(24)), (u64_at(32), u64_at(40))];
+        Ok((tiers, u32_at(&p, 48), u32_at(&p, 52)))
+    }
+}
+
+impl Drop for KvClient {
+    fn drop(&mut self) {
+        // SAFETY: our mapping, not used after this.
+        unsafe { libc::munmap(self.map.as_ptr() as *mut libc::c_void, self.map_len) };
+    }
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes(b[i..i + 4].try_into().expect("4"))
+}
+
+fn ticket(p: &[u8]) -> Result<u64, KvClientError> {
+    p.try_into().map(u64::from_le_bytes).map_err(|_| KvClientError::BadReply("ticket"))
+}
+
+fn check(p: &[u8]) -> Result<&[u8], KvClientError> {
+    if p.len() < 4 {
+        return Err(KvClientError::BadReply("no status"));
+    }
+    match ErrorCode::from_u32(u32_at(p, 0)) {
+        ErrorCode::Ok => Ok(&p[4..]),
+        code => Err(KvClientError::Server {
+            code,
+            detail: String::from_utf8_lossy(&p[4..]).into_owned(),
+        }),
+    }
+}

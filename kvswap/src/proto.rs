@@ -1,1 +1,512 @@
-//! proto (being written).
+//! The `fastlane kv serve` wire protocol, version 1 (spec: `docs/kvswap.md`).
+//!
+//! Every message is a 16-byte header then `len` payload bytes, all little endian:
+//!
+//! ```text
+//! magic u32 = 0x5753_564B ("KVSW")  version u16 = 1  op u16  req_id u32  len u32
+//! ```
+//!
+//! Replies carry `op | 0x8000` and the request's `req_id`; their payload starts with a
+//! `status u32` (0 = OK, else an [`ErrorCode`]). The parser treats its input as hostile: it
+//! checks magic, version, op, exact payload lengths and counts before it allocates, and a
+//! [`ProtoError`] closes that connection only.
+
+use crate::error::KvSwapError;
+
+/// `"KVSW"` read as a little-endian u32.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"KVSW");
+/// Protocol version.
+pub const VERSION: u16 = 1;
+/// Header bytes.
+pub const HEADER_LEN: usize = 16;
+/// Largest payload accepted (requests and replies).
+pub const PAYLOAD_MAX: usize = 64 * 1024;
+/// Most block ids in one request.
+pub const BLOCKS_MAX: usize = (PAYLOAD_MAX - 12) / 4;
+/// Reply bit of `op`.
+pub const REPLY: u16 = 0x8000;
+
+/// Operation codes.
+pub mod op {
+    /// Handshake; the reply carries the device pool's memfd (SCM_RIGHTS).
+    pub const HELLO: u16 = 1;
+    /// Take device blocks for a sequence.
+    pub const ALLOC: u16 = 2;
+    /// Give device blocks back.
+    pub const FREE: u16 = 3;
+    /// Where a sequence is (vLLM: `lookup`).
+    pub const LOOKUP: u16 = 4;
+    /// Start a swap-out (vLLM: `prepare_store`).
+    pub const PREPARE_STORE: u16 = 5;
+    /// Wait for a ticket (vLLM: `complete_store` / `complete_load`).
+    pub const COMPLETE: u16 = 6;
+    /// Start a swap-in (vLLM: `prepare_load`).
+    pub const PREPARE_LOAD: u16 = 7;
+    /// Mark a sequence used (vLLM: `touch`).
+    pub const TOUCH: u16 = 8;
+    /// Forget a sequence.
+    pub const DROP: u16 = 9;
+    /// Cancel a ticket.
+    pub const CANCEL: u16 = 10;
+    /// Tier accounting.
+    pub const STATS: u16 = 11;
+}
+
+/// Why a frame was refused (the connection is then closed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtoError {
+    /// Not enough bytes yet for a header or the payload it announces.
+    #[error("incomplete frame")]
+    Incomplete,
+    /// Wrong magic.
+    #[error("bad magic {0:#x}")]
+    BadMagic(u32),
+    /// Unsupported version.
+    #[error("unsupported version {0}")]
+    BadVersion(u16),
+    /// Payload longer than [`PAYLOAD_MAX`].
+    #[error("payload of {0} bytes is too long")]
+    TooLong(u32),
+    /// Unknown op.
+    #[error("unknown op {0}")]
+    BadOp(u16),
+    /// The payload does not have the length the op needs.
+    #[error("op {op}: payload of {len} bytes, expected {expected}")]
+    BadLength {
+        /// The op.
+        op: u16,
+        /// What came.
+        len: usize,
+        /// What it needs.
+        expected: usize,
+    },
+    /// A field is out of range.
+    #[error("op {op}: {what}")]
+    BadField {
+        /// The op.
+        op: u16,
+        /// What.
+        what: &'static str,
+    },
+}
+
+/// A message header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Operation (with [`REPLY`] on replies).
+    pub op: u16,
+    /// Caller's id, echoed in the reply.
+    pub req_id: u32,
+    /// Payload bytes.
+    pub len: u32,
+}
+
+impl Header {
+    /// Encodes.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        b[6..8].copy_from_slice(&self.op.to_le_bytes());
+        b[8..12].copy_from_slice(&self.req_id.to_le_bytes());
+        b[12..16].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Decodes and checks magic, version and length.
+    pub fn decode(b: &[u8]) -> Result<Header, ProtoError> {
+        if b.len() < HEADER_LEN {
+            return Err(ProtoError::Incomplete);
+        }
+        let magic = u32_at(b, 0);
+        if magic != MAGIC {
+            return Err(ProtoError::BadMagic(magic));
+        }
+        let version = u16::from_le_bytes([b[4], b[5]]);
+        if version != VERSION {
+            return Err(ProtoError::BadVersion(version));
+        }
+        let len = u32_at(b, 12);
+        if len as usize > PAYLOAD_MAX {
+            return Err(ProtoError::TooLong(len));
+        }
+        Ok(Header { op: u16::from_le_bytes([b[6], b[7]]), req_id: u32_at(b, 8), len })
+    }
+}
+
+/// A decoded request. Sequence ids are the client's own (the server namespaces them per
+/// connection); block lists are device block ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Handshake.
+    Hello,
+    /// Take `n` device blocks for `seq`.
+    Alloc {
+        /// Sequence.
+        seq: u32,
+        /// Blocks.
+        n: u32,
+    },
+    /// Give blocks of `seq` back.
+    Free {
+        /// Sequence.
+        seq: u32,
+        /// Blocks.
+        blocks: Vec<u32>,
+    },
+    /// Where `seq` is.
+    Lookup {
+        /// Sequence.
+        seq: u32,
+    },
+    /// Swap `blocks` of `seq` out.
+    PrepareStore {
+        /// Sequence.
+        seq: u32,
+        /// Blocks, in order.
+        blocks: Vec<u32>,
+    },
+    /// Wait up to `timeout_ms` for `ticket`.
+    Complete {
+        /// Ticket.
+        ticket: u64,
+        /// Bound on the wait (the server caps it at 60 s).
+        timeout_ms: u32,
+    },
+    /// Swap `seq` back into `blocks`.
+    PrepareLoad {
+        /// Sequence.
+        seq: u32,
+        /// Blocks, in order.
+        blocks: Vec<u32>,
+    },
+    /// Mark `seq` used.
+    Touch {
+        /// Sequence.
+        seq: u32,
+    },
+    /// Forget `seq`.
+    Drop {
+        /// Sequence.
+        seq: u32,
+    },
+    /// Cancel `ticket`.
+    Cancel {
+        /// Ticket.
+        ticket: u64,
+    },
+    /// Accounting.
+    Stats,
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+fn u64_at(b: &[u8], i: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[i..i + 8]);
+    u64::from_le_bytes(a)
+}
+
+impl Request {
+    /// The op code.
+    pub fn op(&self) -> u16 {
+        match self {
+            Request::Hello => op::HELLO,
+            Request::Alloc { .. } => op::ALLOC,
+            Request::Free { .. } => op::FREE,
+            Request::Lookup { .. } => op::LOOKUP,
+            Request::PrepareStore { .. } => op::PREPARE_STORE,
+            Request::Complete { .. } => op::COMPLETE,
+            Request::PrepareLoad { .. } => op::PREPARE_LOAD,
+            Request::Touch { .. } => op::TOUCH,
+            Request::Drop { .. } => op::DROP,
+            Request::Cancel { .. } => op::CANCEL,
+            Request::Stats => op::STATS,
+        }
+    }
+
+    /// Decodes a payload for `op`.
+    pub fn decode(opc: u16, p: &[u8]) -> Result<Request, ProtoError> {
+        let exact = |n: usize| {
+            if p.len() == n {
+                Ok(())
+            } else {
+                Err(ProtoError::BadLength { op: opc, len: p.len(), expected: n })
+            }
+        };
+        // seq u32, count u32, count × u32.
+        let seq_blocks = || -> Result<(u32, Vec<u32>), ProtoError> {
+            if p.len() < 8 {
+                return Err(ProtoError::BadLength { op: opc, len: p.len(), expected: 8 });
+            }
+            let count = u32_at(p, 4) as usize;
+            if count > BLOCKS_MAX {
+                return Err(ProtoError::BadField { op: opc, what: "block count" });
+            }
+            exact(8 + 4 * count)?;
+            Ok((u32_at(p, 0), (0..count).map(|i| u32_at(p, 8 + 4 * i)).collect()))
+        };
+        Ok(match opc {
+            op::HELLO => {
+                exact(0)?;
+                Request::Hello
+            }
+            op::ALLOC => {
+                exact(8)?;
+                let n = u32_at(p, 4);
+                if n as usize > BLOCKS_MAX {
+                    return Err(ProtoError::BadField { op: opc, what: "block count" });
+                }
+                Request::Alloc { seq: u32_at(p, 0), n }
+            }
+            op::FREE => {
+                let (seq, blocks) = seq_blocks()?;
+                Request::Free { seq, blocks }
+            }
+            op::LOOKUP | op::TOUCH | op::DROP => {
+                exact(4)?;
+                let seq = u32_at(p, 0);
+                match opc {
+                    op::LOOKUP => Request::Lookup { seq },
+                    op::TOUCH => Request::Touch { seq },
+                    _ => Request::Drop { seq },
+                }
+            }
+            op::PREPARE_STORE => {
+                let (seq, blocks) = seq_blocks()?;
+                Request::PrepareStore { seq, blocks }
+            }
+            op::PREPARE_LOAD => {
+                let (seq, blocks) = seq_blocks()?;
+                Request::PrepareLoad { seq, blocks }
+            }
+            op::COMPLETE => {
+                exact(12)?;
+                Request::Complete { ticket: u64_at(p, 0), timeout_ms: u32_at(p, 8) }
+            }
+            op::CANCEL => {
+                exact(8)?;
+                Request::Cancel { ticket: u64_at(p, 0) }
+            }
+            op::STATS => {
+                exact(0)?;
+                Request::Stats
+            }
+            other => return Err(ProtoError::BadOp(other)),
+        })
+    }
+
+    /// Encodes the payload.
+    pub fn encode_payload(&self, out: &mut Vec<u8>) {
+        let seq_blocks = |out: &mut Vec<u8>, seq: u32, blocks: &[u32]| {
+            out.extend_from_slice(&seq.to_le_bytes());
+            out.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
+            for b in blocks {
+                out.extend_from_slice(&b.to_le_bytes());
+            }
+        };
+        match self {
+            Request::Hello | Request::Stats => {}
+            Request::Alloc { seq, n } => {
+                out.extend_from_slice(&seq.to_le_bytes());
+                out.extend_from_slice(&n.to_le_bytes());
+            }
+            Request::Free { seq, blocks }
+            | Request::PrepareStore { seq, blocks }
+            | Request::PrepareLoad { seq, blocks } => seq_blocks(out, *seq, blocks),
+            Request::Lookup { seq } | Request::Touch { seq } | Request::Drop { seq } => {
+                out.extend_from_slice(&seq.to_le_bytes())
+            }
+            Request::Complete { ticket, timeout_ms } => {
+                out.extend_from_slice(&ticket.to_le_bytes());
+                out.extend_from_slice(&timeout_ms.to_le_bytes());
+            }
+            Request::Cancel { ticket } => out.extend_from_slice(&ticket.to_le_bytes()),
+        }
+    }
+
+    /// A whole frame (header + payload).
+    pub fn encode(&self, req_id: u32) -> Vec<u8> {
+        let mut payload = Vec::new();
+        self.encode_payload(&mut payload);
+        let h = Header { op: self.op(), req_id, len: payload.len() as u32 };
+        let mut out = h.encode().to_vec();
+        out.extend_from_slice(&payload);
+        out
+    }
+}
+
+/// Decodes one frame at the start of `buf`: the request and the bytes it used.
+pub fn decode_frame(buf: &[u8]) -> Result<(Header, Request, usize), ProtoError> {
+    let h = Header::decode(buf)?;
+    let end = HEADER_LEN + h.len as usize;
+    if buf.len() < end {
+        return Err(ProtoError::Incomplete);
+    }
+    let r = Request::decode(h.op, &buf[HEADER_LEN..end])?;
+    Ok((h, r, end))
+}
+
+/// The fuzz oracle: decodes `data` as a stream of frames; every frame that decodes must
+/// re-encode to exactly the bytes it came from; the first refusal ends the stream (as it
+/// ends a connection). Panics on a violation. Returns the frames decoded.
+pub fn check_frame_model(data: &[u8]) -> usize {
+    let mut rest = data;
+    let mut frames = 0;
+    while let Ok((h, req, used)) = decode_frame(rest) {
+        assert!(used <= rest.len() && used >= HEADER_LEN);
+        let again = req.encode(h.req_id);
+        assert_eq!(&again[..], &rest[..used], "re-encoding differs");
+        rest = &rest[used..];
+        frames += 1;
+    }
+    frames
+}
+
+/// Status codes in replies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ErrorCode {
+    /// Success.
+    Ok = 0,
+    /// Unknown sequence.
+    UnknownSequence = 1,
+    /// Double swap-out.
+    DoubleSwapOut = 2,
+    /// Not swapped out.
+    NotSwappedOut = 3,
+    /// Transfer in flight.
+    Busy = 4,
+    /// No tier has room.
+    TierFull = 5,
+    /// Tenant quota.
+    QuotaExceeded = 6,
+    /// Remote peer gone.
+    RemotePeerGone = 7,
+    /// Block pinned by a transfer.
+    BlockPinned = 8,
+    /// Block not the sequence's (or out of range).
+    BlockNotOwned = 9,
+    /// Block named twice.
+    DuplicateBlock = 10,
+    /// Device pool full.
+    DeviceFull = 11,
+    /// Block count differs from the swapped-out copy.
+    BlockCountMismatch = 12,
+    /// Checksum mismatch on swap-in.
+    ChecksumMismatch = 13,
+    /// Tier I/O error.
+    TierIo = 14,
+    /// Cancelled.
+    Cancelled = 15,
+    /// Unknown ticket.
+    UnknownTicket = 16,
+    /// Wait timed out (the transfer goes on).
+    Timeout = 17,
+    /// Anything else.
+    Other = 99,
+}
+
+impl ErrorCode {
+    /// The code for an engine error.
+    pub fn of(e: &KvSwapError) -> ErrorCode {
+        match e {
+            KvSwapError::UnknownSequence { .. } => ErrorCode::UnknownSequence,
+            KvSwapError::DoubleSwapOut { .. } => ErrorCode::DoubleSwapOut,
+            KvSwapError::NotSwappedOut { .. } => ErrorCode::NotSwappedOut,
+            KvSwapError::Busy { .. } => ErrorCode::Busy,
+            KvSwapError::TierFull { .. } => ErrorCode::TierFull,
+            KvSwapError::QuotaExceeded { .. } => ErrorCode::QuotaExceeded,
+            KvSwapError::RemotePeerGone { .. } => ErrorCode::RemotePeerGone,
+            KvSwapError::BlockPinned { .. } => ErrorCode::BlockPinned,
+            KvSwapError::BlockNotOwned { .. } => ErrorCode::BlockNotOwned,
+            KvSwapError::DuplicateBlock { .. } => ErrorCode::DuplicateBlock,
+            KvSwapError::DeviceFull { .. } => ErrorCode::DeviceFull,
+            KvSwapError::BlockCountMismatch { .. } => ErrorCode::BlockCountMismatch,
+            KvSwapError::ChecksumMismatch { .. } => ErrorCode::ChecksumMismatch,
+            KvSwapError::TierIo { .. } => ErrorCode::TierIo,
+            KvSwapError::Cancelled => ErrorCode::Cancelled,
+            KvSwapError::UnknownTicket { .. } => ErrorCode::UnknownTicket,
+            KvSwapError::Timeout { .. } => ErrorCode::Timeout,
+            _ => ErrorCode::Other,
+        }
+    }
+
+    /// From the wire.
+    pub fn from_u32(v: u32) -> ErrorCode {
+        use ErrorCode::*;
+        [
+            Ok,
+            UnknownSequence,
+            DoubleSwapOut,
+            NotSwappedOut,
+            Busy,
+            TierFull,
+            QuotaExceeded,
+            RemotePeerGone,
+            BlockPinned,
+            BlockNotOwned,
+            DuplicateBlock,
+            DeviceFull,
+            BlockCountMismatch,
+            ChecksumMismatch,
+            TierIo,
+            Cancelled,
+            UnknownTicket,
+            Timeout,
+        ]
+        .get(v as usize)
+        .copied()
+        .unwrap_or(Other)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_every_request() {
+        let reqs = [
+            Request::Hello,
+            Request::Alloc { seq: 3, n: 9 },
+            Request::Free { seq: 3, blocks: vec![1, 2] },
+            Request::Lookup { seq: 4 },
+            Request::PrepareStore { seq: 3, blocks: vec![5, 6, 7] },
+            Request::Complete { ticket: 99, timeout_ms: 10 },
+            Request::PrepareLoad { seq: 3, blocks: vec![] },
+            Request::Touch { seq: 1 },
+            Request::Drop { seq: 1 },
+            Request::Cancel { ticket: 5 },
+            Request::Stats,
+        ];
+        for r in reqs {
+            let f = r.encode(42);
+            let (h, d, used) = decode_frame(&f).unwrap();
+            assert_eq!((h.req_id, d, used), (42, r, f.len()));
+            for cut in 0..f.len() {
+                assert!(decode_frame(&f[..cut]).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn hostile_frames_are_refused() {
+        let mut f = Request::PrepareStore { seq: 1, blocks: vec![1] }.encode(1);
+        f[23] = 0xff; // count = huge
+        assert!(matches!(decode_frame(&f), Err(ProtoError::BadField { .. })));
+        let mut f = Request::Hello.encode(1);
+        f[12] = 0xff;
+        f[13] = 0xff;
+        f[14] = 0xff;
+        assert!(matches!(decode_frame(&f), Err(ProtoError::TooLong(_))));
+        let mut f = Request::Hello.encode(1);
+        f[0] = 0;
+        assert!(matches!(decode_frame(&f), Err(ProtoError::BadMagic(_))));
+        let mut f = Request::Stats.encode(1);
+        f[6] = 77;
+        assert!(matches!(decode_frame(&f), Err(ProtoError::BadOp(77))));
+    }
+}
