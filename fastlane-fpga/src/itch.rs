@@ -358,7 +358,7 @@ pub fn decode(payload: &[u8]) -> Result<Message, ItchError> {
 }
 
 /// [`decode`], with `offset` (the message's position in its feed) put into errors.
-#[inline]
+#[inline(always)]
 pub fn decode_at(payload: &[u8], offset: u64) -> Result<Message, ItchError> {
     let Some(&msg_type) = payload.first() else {
         return Err(ItchError::Empty { offset });
@@ -694,6 +694,7 @@ impl<'a> FeedReader<'a> {
 
     /// The next framed message as raw bytes (type byte first), without decoding it:
     /// `(offset of its prefix, payload)`. Errors only for truncation (then the reader stops).
+    #[inline(always)]
     pub fn next_frame(&mut self) -> Option<Result<(u64, &'a [u8]), ItchError>> {
         let rest = &self.buf[self.pos..];
         if rest.is_empty() {
@@ -722,7 +723,7 @@ impl<'a> FeedReader<'a> {
 impl Iterator for FeedReader<'_> {
     type Item = Result<Message, ItchError>;
 
-    #[inline]
+    #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
         let r = match self.next_frame()? {
             Ok((offset, payload)) => decode_at(payload, offset),
