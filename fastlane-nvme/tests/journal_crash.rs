@@ -15,6 +15,9 @@ use fastlane_nvme::journal::{scan, Durability, Journal, JournalConfig, JournalEr
 
 const CHILD_ENV: &str = "FASTLANE_JOURNAL_CRASH_CHILD";
 const KILLS: usize = 50;
+/// Journal data after which the test starts a new journal: recovery (BLAKE3 per frame, slow in
+/// a debug build) must stay well inside the shortest kill delay.
+const FRESH_AFTER_BYTES: u64 = 512 << 10;
 
 fn payload_for(seq: u64) -> Vec<u8> {
     let len = 8 + (seq.wrapping_mul(13) % 120) as usize;
@@ -81,6 +84,7 @@ fn acked_records_survive_sigkill() {
     let exe = std::env::current_exe().unwrap();
     let mut recovered_total = 0;
     let mut acked_rounds = 0;
+    let mut fresh_starts = 0;
     for round in 0..KILLS {
         let mut child = Command::new(&exe)
             .args(["crash_child", "--exact", "--nocapture", "--test-threads=1"])
@@ -121,11 +125,25 @@ fn acked_records_survive_sigkill() {
         .unwrap();
         assert_eq!(s.last_seq, rec.last_seq, "round {round}: reopen changed the journal");
         recovered_total = s.last_seq;
+        if s.end > FRESH_AFTER_BYTES {
+            // The pipelined writer acknowledges fast enough to fill the device within a few
+            // rounds, and a long journal makes the child's recovery outlast the kill delay:
+            // start over with an empty file (and an empty side file).
+            std::fs::remove_file(&side).unwrap();
+            std::fs::remove_file(&journal).unwrap();
+            std::fs::File::create(&journal).unwrap().set_len(32 << 20).unwrap();
+            recovered_total = 0;
+            fresh_starts += 1;
+        }
     }
-    assert!(acked_rounds >= KILLS / 5, "children rarely got anything acknowledged");
+    assert!(
+        acked_rounds >= KILLS / 5,
+        "children rarely got anything acknowledged ({acked_rounds} of {KILLS} rounds, {fresh_starts} fresh journals)"
+    );
     assert!(recovered_total >= max_acked(&side));
     eprintln!(
-        "{KILLS} kills, {recovered_total} records, {acked_rounds} rounds with new acks, {:?}",
+        "{KILLS} kills, {recovered_total} records, {acked_rounds} rounds with new acks, \
+         {fresh_starts} fresh journals, {:?}",
         started.elapsed()
     );
 }

@@ -95,9 +95,22 @@ impl Dev {
         len: usize,
         offset: u64,
     ) -> Result<(), JournalError> {
+        self.start_write_tagged(buf, start, len, offset, 1)
+    }
+
+    /// [`Dev::start_write`] with the caller's tag; the caller reaps the completion itself
+    /// ([`Dev::reap`]) and keeps `buf` unwritten and alive until it has (the writer keeps
+    /// the buffer in its in-flight slot, and drops the queue before its buffers).
+    pub(crate) fn start_write_tagged(
+        &mut self,
+        buf: &mut AlignedBuf,
+        start: usize,
+        len: usize,
+        offset: u64,
+        tag: u64,
+    ) -> Result<(), JournalError> {
         let seg = [buf.segment(start, len)];
-        let req =
-            BlockRequest { op: BlockOp::Write, offset, len: len as u64, segments: &seg, tag: 1 };
+        let req = BlockRequest { op: BlockOp::Write, offset, len: len as u64, segments: &seg, tag };
         // SAFETY:
         // - The segment lies inside `buf`, which the journal keeps alive and does not write
         //   until `wait` has returned this request's completion (every caller pairs
@@ -109,10 +122,27 @@ impl Dev {
     }
 
     pub(crate) fn start_flush(&mut self) -> Result<(), JournalError> {
-        let req = BlockRequest { op: BlockOp::Flush, offset: 0, len: 0, segments: &[], tag: 2 };
+        self.start_flush_tagged(2)
+    }
+
+    /// A flush with the caller's tag (reaped with [`Dev::reap`]).
+    pub(crate) fn start_flush_tagged(&mut self, tag: u64) -> Result<(), JournalError> {
+        let req = BlockRequest { op: BlockOp::Flush, offset: 0, len: 0, segments: &[], tag };
         // SAFETY: a flush names no memory.
         unsafe { self.queue.submit(req) }.map_err(|_| JournalError::QueueFull)?;
         self.queue.kick().map_err(|source| JournalError::Io { op: "kick", source })
+    }
+
+    /// Drains finished requests into `out` without blocking (the pipelined writer's reap).
+    pub(crate) fn reap(&mut self, out: &mut [Completion]) -> usize {
+        self.queue.complete(out)
+    }
+
+    /// Blocks until a request finishes or `timeout` passes.
+    pub(crate) fn block_wait(&mut self, timeout: Duration) -> Result<(), JournalError> {
+        self.queue
+            .wait(Some(timeout))
+            .map_err(|source| JournalError::Io { op: "block wait", source })
     }
 
     /// Waits (bounded) for the one request in flight and returns its result.
