@@ -1,0 +1,1341 @@
+//! The iteration-level, preemptive, multi-tenant scheduler.
+//!
+//! # What it does
+//!
+//! - Keeps the KV cache in fixed blocks of [`BLOCK_TOKENS`] tokens ([`BlockManager`]): one
+//!   block table per sequence and a free pool. A sequence gets blocks for its whole prompt
+//!   when it starts (plus a free-pool watermark, as vLLM does), and one more block every
+//!   16 generated tokens.
+//! - Runs one step at a time ([`Scheduler::schedule`] → the caller runs the batch →
+//!   [`Scheduler::complete_step`]). A step holds one decode token per running sequence and
+//!   prefill chunks of at most `chunk_tokens` each (Sarathi-Serve's chunked prefill), within
+//!   a token budget; decodes go first, then unfinished prefills, then new sequences.
+//! - Admits requests at the router (policies `drr` and `drr+preempt`): a per-tenant token
+//!   bucket (capacity B, refill rpm/60 per second) and a per-tenant concurrency limit. A
+//!   request needs both; one that has a bucket token but no free slot does **not** spend the
+//!   token. Refused requests wait in a bounded per-tenant router queue or get a 429. The slot
+//!   is held until the stream's last token, or until the max-stream-duration fence ends it.
+//! - Picks which admitted request starts next by deficit round robin across tenants on token
+//!   cost (prompt tokens), interactive tier before batch tier. Policy `fifo` is the baseline:
+//!   one global arrival-order queue, no bucket, no tiers.
+//! - Under `drr+preempt`, when an interactive request is waiting and the free pool cannot
+//!   take it, preempts batch sequences at the step boundary, cheapest first, by swap (through
+//!   a [`SwapPort`]) or by recompute, whichever the [`PreemptCosts`] model says costs less;
+//!   preempted sequences resume later from the front of their tenant's queue. Running out of
+//!   blocks for a decode preempts the newest lowest-tier sequence under every policy (vLLM's
+//!   rule), the same way.
+//! - Records per-tenant TTFT (arrival at the router → first token) and per-token latency
+//!   histograms ([`TenantStats`]).
+//!
+//! # What it does not do
+//!
+//! It does not run a model: the caller executes [`StepPlan`]s (the simulator prices them with
+//! a cost model). Time is passed in as nanoseconds on the caller's clock, so the same code
+//! runs on a wall clock or a discrete-event one. No prefix caching, no speculative decoding,
+//! no pipeline parallelism.
+
+mod blocks;
+mod fair;
+mod port;
+mod stats;
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::str::FromStr;
+
+use thiserror::Error;
+
+pub use blocks::{blocks_for_tokens, BlockError, BlockManager, PinnedBlocks, BLOCK_TOKENS};
+pub use fair::{Drr, TokenBucket};
+pub use port::{InstantPort, SwapDir, SwapDone, SwapPort, SwapPortError};
+pub use stats::{new_histogram, record, TenantStats, LATENCY_NS_MAX};
+
+pub use crate::{BlockId, SeqId};
+
+/// Index of a tenant in the scheduler's tenant list.
+pub type TenantIndex = usize;
+
+/// Priority tier of a tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// Latency-sensitive: served first, may preempt batch work.
+    Interactive,
+    /// Throughput work: may be preempted.
+    Batch,
+}
+
+/// Scheduling policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// One global arrival-order queue; no admission control, no tiers (the baseline).
+    Fifo,
+    /// Token bucket + concurrency admission, DRR across tenants, interactive tier first.
+    Drr,
+    /// [`Policy::Drr`] plus preemption of batch sequences for waiting interactive ones.
+    DrrPreempt,
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Policy::Fifo => "fifo",
+            Policy::Drr => "drr",
+            Policy::DrrPreempt => "drr+preempt",
+        })
+    }
+}
+
+impl FromStr for Policy {
+    type Err = SchedError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fifo" => Ok(Policy::Fifo),
+            "drr" => Ok(Policy::Drr),
+            "drr+preempt" => Ok(Policy::DrrPreempt),
+            other => Err(SchedError::Config { reason: format!("unknown policy {other:?}") }),
+        }
+    }
+}
+
+/// What the router does with a request it cannot admit now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overflow {
+    /// Hold it in the tenant's router queue (at most `depth_max`), retried every step.
+    Queue {
+        /// Queue bound; beyond it requests are rejected.
+        depth_max: usize,
+    },
+    /// Refuse it (HTTP 429).
+    Reject,
+}
+
+/// One tenant's admission settings.
+#[derive(Debug, Clone)]
+pub struct TenantConfig {
+    /// Name (for reports; no spaces or commas: it becomes an .hlog tag).
+    pub name: String,
+    /// Priority tier.
+    pub tier: Tier,
+    /// Token bucket capacity B (burst).
+    pub bucket_capacity: f64,
+    /// Requests per minute refilled into the bucket (rate rpm/60 per second).
+    pub rpm: f64,
+    /// Streams in flight at most (admission slots).
+    pub concurrency_max: u32,
+    /// What to do with a request that cannot be admitted now.
+    pub overflow: Overflow,
+}
+
+/// The numbers the swap-or-recompute decision uses.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PreemptCosts {
+    /// GPU time to recompute one token of KV (prefill), ns.
+    pub prefill_ns_per_token: f64,
+    /// Transfer time per byte, one way, ns.
+    pub swap_ns_per_byte: f64,
+    /// Fixed cost per swap, one way, ns.
+    pub swap_fixed_ns: u64,
+    /// KV bytes per token.
+    pub kv_bytes_per_token: u64,
+}
+
+impl PreemptCosts {
+    /// Bytes of `blocks` KV blocks.
+    pub fn block_bytes(&self) -> u64 {
+        self.kv_bytes_per_token * u64::from(BLOCK_TOKENS)
+    }
+
+    /// Round-trip swap time of `tokens` tokens of KV (out and back in).
+    pub fn swap_round_trip_ns(&self, tokens: u32) -> f64 {
+        let bytes = u64::from(blocks_for_tokens(tokens)) * self.block_bytes();
+        2.0 * (self.swap_fixed_ns as f64 + bytes as f64 * self.swap_ns_per_byte)
+    }
+
+    /// Time to recompute `tokens` tokens of KV.
+    pub fn recompute_ns(&self, tokens: u32) -> f64 {
+        f64::from(tokens) * self.prefill_ns_per_token
+    }
+}
+
+/// Scheduler settings.
+#[derive(Debug, Clone)]
+pub struct SchedConfig {
+    /// Policy.
+    pub policy: Policy,
+    /// KV blocks on the device.
+    pub kv_blocks: u32,
+    /// Blocks kept free when starting a sequence (room for running ones to grow).
+    pub watermark_blocks: u32,
+    /// Prefill chunk size in tokens; `None`: whole prompts in one step.
+    pub chunk_tokens: Option<u32>,
+    /// Token budget of one step (decode tokens + prefill chunk tokens). A whole-prompt
+    /// prefill may exceed it when it is the step's only prefill.
+    pub batch_tokens_max: u32,
+    /// Sequences in one step at most.
+    pub batch_seqs_max: u32,
+    /// DRR quantum, in tokens.
+    pub drr_quantum_tokens: u64,
+    /// Streams longer than this (from admission) are ended; `None`: no fence.
+    pub stream_ns_max: Option<u64>,
+    /// The swap-or-recompute cost model.
+    pub preempt: PreemptCosts,
+}
+
+/// A request as it reaches the router.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// Its sequence id (unique).
+    pub seq: SeqId,
+    /// Tenant.
+    pub tenant: TenantIndex,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Tokens to generate (the stream ends after the last one).
+    pub output_tokens: u32,
+    /// Arrival at the router, ns.
+    pub arrival_ns: u64,
+}
+
+/// The router's answer to a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// It holds a slot and waits for the scheduler.
+    Admitted,
+    /// It waits at the router for a bucket token or a slot.
+    Queued,
+    /// Refused (429).
+    Rejected,
+}
+
+/// Errors of the scheduler.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum SchedError {
+    /// Invalid configuration.
+    #[error("scheduler config: {reason}")]
+    Config {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A request names a tenant that does not exist.
+    #[error("unknown tenant {tenant}")]
+    UnknownTenant {
+        /// The index given.
+        tenant: TenantIndex,
+    },
+    /// A request reuses a live sequence id.
+    #[error("sequence {seq:?} already exists")]
+    DuplicateSeq {
+        /// The id.
+        seq: SeqId,
+    },
+    /// A request that can never run (empty, or larger than the whole KV cache).
+    #[error("request {seq:?} cannot run: {reason}")]
+    BadRequest {
+        /// The id.
+        seq: SeqId,
+        /// Why.
+        reason: &'static str,
+    },
+    /// The previous plan was not completed before scheduling again, or vice versa.
+    #[error("step protocol: {reason}")]
+    Protocol {
+        /// What was out of order.
+        reason: &'static str,
+    },
+}
+
+/// What a sequence does in a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepKind {
+    /// Prefill `tokens` more prompt (or recompute) tokens.
+    Prefill {
+        /// Chunk size.
+        tokens: u32,
+    },
+    /// Generate one token.
+    Decode,
+}
+
+/// One sequence's share of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepItem {
+    /// The sequence.
+    pub seq: SeqId,
+    /// Its tenant.
+    pub tenant: TenantIndex,
+    /// Prefill chunk or decode.
+    pub kind: StepKind,
+    /// Tokens already in its KV cache before this step (attention reads them).
+    pub context_tokens: u32,
+}
+
+/// The batch of one step.
+#[derive(Debug, Clone, Default)]
+pub struct StepPlan {
+    /// Items, decodes first.
+    pub items: Vec<StepItem>,
+    /// Sum of prefill chunk tokens.
+    pub prefill_tokens: u32,
+    /// Decode tokens (one per decoding sequence).
+    pub decode_tokens: u32,
+}
+
+impl StepPlan {
+    /// Whether the step has nothing to run.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+/// How a sequence was preempted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreemptMode {
+    /// Its KV went to the host tier.
+    Swap,
+    /// Its KV was dropped, to be recomputed.
+    Recompute,
+}
+
+/// Something that happened, for callers that want more than the histograms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchedEvent {
+    /// A stream produced a token at `at_ns`; `gap_ns` is arrival→token for the first one.
+    Token {
+        /// The sequence.
+        seq: SeqId,
+        /// Its tenant.
+        tenant: TenantIndex,
+        /// Whether it is the first token.
+        first: bool,
+        /// Time since the previous token (since arrival for the first).
+        gap_ns: u64,
+        /// When.
+        at_ns: u64,
+    },
+    /// A stream ended (last token, or the fence when `fenced`).
+    Finished {
+        /// The sequence.
+        seq: SeqId,
+        /// Its tenant.
+        tenant: TenantIndex,
+        /// Ended by the max-stream-duration fence.
+        fenced: bool,
+    },
+    /// A sequence was preempted.
+    Preempted {
+        /// The sequence.
+        seq: SeqId,
+        /// Its tenant.
+        tenant: TenantIndex,
+        /// How.
+        mode: PreemptMode,
+    },
+}
+
+#[derive(Debug)]
+enum State {
+    /// Admitted, waiting to start (or to restart after a recompute preemption).
+    Waiting,
+    Running,
+    SwappingOut(PinnedBlocks),
+    SwappedOut,
+    SwappingIn,
+}
+
+#[derive(Debug)]
+struct Seq {
+    req: Request,
+    tier: Tier,
+    admitted_ns: u64,
+    /// Tokens whose KV exists (on the device, or on the host while swapped).
+    computed: u32,
+    /// Tokens to prefill before decoding (prompt, or everything computed before a
+    /// recompute preemption).
+    target: u32,
+    generated: u32,
+    /// Whether DRR has charged for this sequence's prompt.
+    charged: bool,
+    state: State,
+    last_token_ns: Option<u64>,
+    /// Order of (re)starting; larger = newer (victims are chosen newest first).
+    start_order: u64,
+}
+
+impl Seq {
+    fn decode_ready(&self) -> bool {
+        matches!(self.state, State::Running)
+            && self.computed >= self.target
+            && self.generated >= 1
+            && self.generated < self.req.output_tokens
+    }
+}
+
+struct TenantState {
+    cfg: TenantConfig,
+    bucket: TokenBucket,
+    inflight: u32,
+    router: VecDeque<Request>,
+    ready: VecDeque<SeqId>,
+    stats: TenantStats,
+}
+
+/// The scheduler. See the [module docs](self).
+pub struct Scheduler<P: SwapPort> {
+    cfg: SchedConfig,
+    tenants: Vec<TenantState>,
+    blocks: BlockManager,
+    port: P,
+    seqs: HashMap<SeqId, Seq>,
+    /// Policy `fifo`: the one queue.
+    fifo: VecDeque<SeqId>,
+    running: Vec<SeqId>,
+    drr: [Drr; 2],
+    plan: StepPlan,
+    planned: bool,
+    events: Vec<SchedEvent>,
+    done: Vec<SwapDone>,
+    order: u64,
+    steps: u64,
+}
+
+impl<P: SwapPort> fmt::Debug for Scheduler<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("policy", &self.cfg.policy)
+            .field("seqs", &self.seqs.len())
+            .field("running", &self.running.len())
+            .field("free_blocks", &self.blocks.free())
+            .field("steps", &self.steps)
+            .finish()
+    }
+}
+
+fn tier_index(t: Tier) -> usize {
+    match t {
+        Tier::Interactive => 0,
+        Tier::Batch => 1,
+    }
+}
+
+impl<P: SwapPort> Scheduler<P> {
+    /// A scheduler over `tenants`, swapping through `port`.
+    pub fn new(cfg: SchedConfig, tenants: Vec<TenantConfig>, port: P) -> Result<Self, SchedError> {
+        let bad = |reason: String| Err(SchedError::Config { reason });
+        if tenants.is_empty() {
+            return bad("no tenants".into());
+        }
+        if cfg.kv_blocks == 0 || cfg.watermark_blocks >= cfg.kv_blocks {
+            return bad(format!("kv_blocks {} watermark {}", cfg.kv_blocks, cfg.watermark_blocks));
+        }
+        if cfg.batch_tokens_max == 0 || cfg.batch_seqs_max == 0 || cfg.chunk_tokens == Some(0) {
+            return bad("zero step budget or chunk".into());
+        }
+        for t in &tenants {
+            if t.concurrency_max == 0
+                || t.rpm.is_nan()
+                || t.rpm < 0.0
+                || t.bucket_capacity.is_nan()
+                || t.bucket_capacity < 1.0
+            {
+                return bad(format!("tenant {}: bad admission settings", t.name));
+            }
+        }
+        let n = tenants.len();
+        let tenants = tenants
+            .into_iter()
+            .map(|cfg| TenantState {
+                bucket: TokenBucket::new(cfg.bucket_capacity, cfg.rpm / 60.0),
+                cfg,
+                inflight: 0,
+                router: VecDeque::new(),
+                ready: VecDeque::new(),
+                stats: TenantStats::default(),
+            })
+            .collect();
+        let quantum = cfg.drr_quantum_tokens;
+        Ok(Self {
+            blocks: BlockManager::new(cfg.kv_blocks),
+            cfg,
+            tenants,
+            port,
+            seqs: HashMap::new(),
+            fifo: VecDeque::new(),
+            running: Vec::new(),
+            drr: [Drr::new(n, quantum), Drr::new(n, quantum)],
+            plan: StepPlan::default(),
+            planned: false,
+            events: Vec::new(),
+            done: Vec::new(),
+            order: 0,
+            steps: 0,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SchedConfig {
+        &self.cfg
+    }
+
+    /// The block manager (read-only).
+    pub fn blocks(&self) -> &BlockManager {
+        &self.blocks
+    }
+
+    /// The swap port.
+    pub fn port(&self) -> &P {
+        &self.port
+    }
+
+    /// Tenant names, in index order.
+    pub fn tenant_names(&self) -> Vec<&str> {
+        self.tenants.iter().map(|t| t.cfg.name.as_str()).collect()
+    }
+
+    /// One tenant's statistics.
+    pub fn stats(&self, tenant: TenantIndex) -> Option<&TenantStats> {
+        self.tenants.get(tenant).map(|t| &t.stats)
+    }
+
+    /// Live sequences (admitted, not finished).
+    pub fn live(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Requests waiting at the router.
+    pub fn router_queued(&self) -> usize {
+        self.tenants.iter().map(|t| t.router.len()).sum()
+    }
+
+    /// Whether a stream has not produced its first token yet: admitted and waiting, or held
+    /// at the router.
+    pub fn waiting_first_token(&self) -> usize {
+        self.router_queued() + self.seqs.values().filter(|s| s.generated == 0).count()
+    }
+
+    /// Steps scheduled so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Events of the last [`complete_step`](Self::complete_step) and of preemptions since.
+    pub fn events(&self) -> &[SchedEvent] {
+        &self.events
+    }
+
+    /// Forget the recorded events.
+    pub fn clear_events(&mut self) {
+        self.events.clear();
+    }
+
+    /// A request reaches the router at `now_ns` (its `arrival_ns`).
+    pub fn submit(&mut self, now_ns: u64, req: Request) -> Result<Admission, SchedError> {
+        let t = req.tenant;
+        if t >= self.tenants.len() {
+            return Err(SchedError::UnknownTenant { tenant: t });
+        }
+        if req.prompt_tokens == 0 || req.output_tokens == 0 {
+            return Err(SchedError::BadRequest { seq: req.seq, reason: "empty prompt or output" });
+        }
+        let total = req.prompt_tokens.saturating_add(req.output_tokens);
+        if blocks_for_tokens(total) + self.cfg.watermark_blocks > self.cfg.kv_blocks {
+            return Err(SchedError::BadRequest {
+                seq: req.seq,
+                reason: "larger than the KV cache",
+            });
+        }
+        if self.seqs.contains_key(&req.seq) {
+            return Err(SchedError::DuplicateSeq { seq: req.seq });
+        }
+        self.tenants[t].stats.submitted += 1;
+        if self.cfg.policy == Policy::Fifo {
+            self.admit(now_ns, req);
+            return Ok(Admission::Admitted);
+        }
+        // Keep per-tenant arrival order: nothing overtakes a request held at the router.
+        if self.tenants[t].router.is_empty() && self.try_admit(now_ns, req) {
+            return Ok(Admission::Admitted);
+        }
+        let ts = &mut self.tenants[t];
+        match ts.cfg.overflow {
+            Overflow::Queue { depth_max } if ts.router.len() < depth_max => {
+                ts.router.push_back(req);
+                ts.stats.queued += 1;
+                Ok(Admission::Queued)
+            }
+            _ => {
+                ts.stats.rejected += 1;
+                Ok(Admission::Rejected)
+            }
+        }
+    }
+
+    /// Bucket and concurrency check; spends the bucket token only if both pass.
+    fn try_admit(&mut self, now_ns: u64, req: Request) -> bool {
+        let ts = &mut self.tenants[req.tenant];
+        if ts.inflight >= ts.cfg.concurrency_max || !ts.bucket.has_token(now_ns) {
+            return false;
+        }
+        ts.bucket.spend();
+        self.admit(now_ns, req);
+        true
+    }
+
+    fn admit(&mut self, now_ns: u64, req: Request) {
+        let ts = &mut self.tenants[req.tenant];
+        ts.inflight += 1;
+        ts.stats.admitted += 1;
+        let tier = if self.cfg.policy == Policy::Fifo { Tier::Batch } else { ts.cfg.tier };
+        self.seqs.insert(
+            req.seq,
+            Seq {
+                req,
+                tier,
+                admitted_ns: now_ns,
+                computed: 0,
+                target: req.prompt_tokens,
+                generated: 0,
+                charged: false,
+                state: State::Waiting,
+                last_token_ns: None,
+                start_order: 0,
+            },
+        );
+        if self.cfg.policy == Policy::Fifo {
+            self.fifo.push_back(req.seq);
+        } else {
+            ts.ready.push_back(req.seq);
+        }
+    }
+
+    /// The earliest time something can change without a step: a swap completes, or a
+    /// router-held request gets a bucket token. `None`: nothing pending.
+    pub fn next_wakeup_ns(&mut self, now_ns: u64) -> Option<u64> {
+        let mut next = self.port.next_completion_ns();
+        for ts in &mut self.tenants {
+            if !ts.router.is_empty() && ts.inflight < ts.cfg.concurrency_max {
+                if let Some(t) = ts.bucket.next_token_ns(now_ns) {
+                    next = Some(next.map_or(t, |n: u64| n.min(t)));
+                }
+            }
+        }
+        next
+    }
+
+    /// Form the batch for a step starting at `now_ns`. Starts swaps and preemptions as
+    /// needed. An empty plan means there is nothing to run now (see
+    /// [`next_wakeup_ns`](Self::next_wakeup_ns)).
+    pub fn schedule(&mut self, now_ns: u64) -> Result<&StepPlan, SchedError> {
+        if self.planned {
+            return Err(SchedError::Protocol {
+                reason: "schedule() twice without complete_step()",
+            });
+        }
+        self.plan = StepPlan::default();
+        self.poll_swaps(now_ns);
+        self.fence(now_ns);
+        self.retry_router(now_ns);
+        if self.cfg.policy == Policy::DrrPreempt {
+            self.preempt_for_interactive(now_ns);
+        }
+        let mut budget = self.cfg.batch_tokens_max;
+        let mut seqs_left = self.cfg.batch_seqs_max;
+        // Decodes first (a stall hurts them most), then the interactive tier's prefills —
+        // running ones, then new ones — and only then the batch tier's, so batch prefill
+        // chunks never take the token budget an interactive request is waiting for.
+        self.plan_decodes(now_ns, &mut budget, &mut seqs_left);
+        if self.cfg.policy != Policy::Fifo {
+            self.plan_prefills(Tier::Interactive, &mut budget, &mut seqs_left);
+            self.plan_new(now_ns, Some(Tier::Interactive), &mut budget, &mut seqs_left);
+        }
+        // `drr+preempt` also preempts batch work in compute: while an interactive request
+        // waits for or is in its prefill, batch prefill chunks sit the step out (their
+        // decodes keep running), so the step it lands in is short.
+        let hold_batch = self.cfg.policy == Policy::DrrPreempt
+            && self.seqs.values().any(|s| {
+                s.tier == Tier::Interactive
+                    && s.generated == 0
+                    && matches!(s.state, State::Waiting | State::Running)
+            });
+        if !hold_batch {
+            self.plan_prefills(Tier::Batch, &mut budget, &mut seqs_left);
+            self.plan_new(now_ns, None, &mut budget, &mut seqs_left);
+        }
+        debug_assert_eq!(self.blocks.accounted(), self.blocks.total());
+        if !self.plan.is_empty() {
+            self.planned = true;
+            self.steps += 1;
+        }
+        Ok(&self.plan)
+    }
+
+    fn poll_swaps(&mut self, now_ns: u64) {
+        let mut done = std::mem::take(&mut self.done);
+        done.clear();
+        self.port.poll(now_ns, &mut done);
+        for d in &done {
+            let Some(seq) = self.seqs.get_mut(&d.seq) else { continue };
+            match (d.dir, std::mem::replace(&mut seq.state, State::Waiting)) {
+                (SwapDir::Out, State::SwappingOut(pinned)) => {
+                    self.blocks.unpin(pinned);
+                    if d.ok {
+                        seq.state = State::SwappedOut;
+                    } else {
+                        // The host copy failed: the KV is gone from the device's point of
+                        // view once unpinned, so recompute it.
+                        seq.target = seq.computed.max(seq.target);
+                        seq.computed = 0;
+                        self.port.drop_seq(d.seq);
+                    }
+                    let t = seq.req.tenant;
+                    self.requeue_front(t, d.seq);
+                }
+                (SwapDir::In, State::SwappingIn) => {
+                    if d.ok {
+                        seq.state = State::Running;
+                        self.running.push(d.seq);
+                    } else {
+                        self.blocks.release(d.seq);
+                        seq.target = seq.computed.max(seq.target);
+                        seq.computed = 0;
+                        self.port.drop_seq(d.seq);
+                        let t = seq.req.tenant;
+                        self.requeue_front(t, d.seq);
+                    }
+                }
+                (_, other) => seq.state = other,
+            }
+        }
+        self.done = done;
+    }
+
+    fn requeue_front(&mut self, tenant: TenantIndex, seq: SeqId) {
+        if self.cfg.policy == Policy::Fifo {
+            self.fifo.push_front(seq);
+        } else {
+            self.tenants[tenant].ready.push_front(seq);
+        }
+    }
+
+    fn fence(&mut self, now_ns: u64) {
+        let Some(limit) = self.cfg.stream_ns_max else { return };
+        let expired: Vec<SeqId> = self
+            .seqs
+            .values()
+            .filter(|s| now_ns.saturating_sub(s.admitted_ns) > limit)
+            .filter(|s| matches!(s.state, State::Running | State::Waiting | State::SwappedOut))
+            .map(|s| s.req.seq)
+            .collect();
+        for seq in expired {
+            self.finish(seq, true);
+        }
+    }
+
+    fn retry_router(&mut self, now_ns: u64) {
+        for t in 0..self.tenants.len() {
+            // Bounded by the queue length.
+            while let Some(&req) = self.tenants[t].router.front() {
+                if !self.try_admit(now_ns, req) {
+                    break;
+                }
+                self.tenants[t].router.pop_front();
+            }
+        }
+    }
+
+    /// The request the policy would start next, without taking it.
+    fn peek_next(&mut self, tier: Option<Tier>) -> Option<SeqId> {
+        if self.cfg.policy == Policy::Fifo {
+            return self.fifo.front().copied();
+        }
+        let tiers: &[Tier] = match tier {
+            Some(Tier::Interactive) => &[Tier::Interactive],
+            Some(Tier::Batch) => &[Tier::Batch],
+            None => &[Tier::Interactive, Tier::Batch],
+        };
+        for &tier in tiers {
+            let tenants = &self.tenants;
+            let seqs = &self.seqs;
+            let cost = |t: usize| -> Option<u64> {
+                let ts = &tenants[t];
+                if ts.cfg.tier != tier {
+                    return None;
+                }
+                let id = ts.ready.front()?;
+                let s = seqs.get(id)?;
+                Some(if s.charged { 0 } else { u64::from(s.req.prompt_tokens) })
+            };
+            if let Some(t) = self.drr[tier_index(tier)].pick(cost) {
+                return self.tenants[t].ready.front().copied();
+            }
+        }
+        None
+    }
+
+    fn take_next(&mut self, seq: SeqId) {
+        if self.cfg.policy == Policy::Fifo {
+            let front = self.fifo.pop_front();
+            debug_assert_eq!(front, Some(seq));
+            return;
+        }
+        let Some(s) = self.seqs.get_mut(&seq) else { return };
+        let t = s.req.tenant;
+        if !s.charged {
+            s.charged = true;
+            let cost = u64::from(s.req.prompt_tokens);
+            self.drr[tier_index(s.tier)].charge(t, cost);
+        }
+        let front = self.tenants[t].ready.pop_front();
+        debug_assert_eq!(front, Some(seq));
+    }
+
+    /// Blocks a waiting sequence needs to start (or resume).
+    fn start_need(&self, seq: SeqId) -> u32 {
+        match self.seqs.get(&seq) {
+            Some(s) if matches!(s.state, State::SwappedOut) => blocks_for_tokens(s.computed),
+            Some(s) => blocks_for_tokens(s.target.max(s.computed + 1)),
+            None => 0,
+        }
+    }
+
+    /// `drr+preempt`: if the next interactive request cannot get blocks, free them by
+    /// preempting batch sequences, cheapest first.
+    fn preempt_for_interactive(&mut self, now_ns: u64) {
+        let Some(cand) = self.peek_next(Some(Tier::Interactive)) else { return };
+        let need = self.start_need(cand) + self.cfg.watermark_blocks;
+        // Blocks pinned by swap-outs come back on their own; count them as on the way.
+        let have = self.blocks.free() + self.blocks.pinned();
+        if have >= need {
+            return;
+        }
+        let mut short = need - have;
+        let mut victims: Vec<(f64, u64, SeqId, u32)> = self
+            .running
+            .iter()
+            .filter_map(|id| self.seqs.get(id))
+            .filter(|s| s.tier == Tier::Batch && matches!(s.state, State::Running))
+            .map(|s| {
+                let c = &self.cfg.preempt;
+                let cost = c.recompute_ns(s.computed).min(c.swap_round_trip_ns(s.computed));
+                let held = self.blocks.table(s.req.seq).map_or(0, |t| t.len() as u32);
+                (cost, u64::MAX - s.start_order, s.req.seq, held)
+            })
+            .collect();
+        // Cheapest first; newest first among equals.
+        victims.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        for (_, _, seq, held) in victims {
+            if short == 0 {
+                break;
+            }
+            self.preempt(now_ns, seq);
+            short = short.saturating_sub(held);
+        }
+    }
+
+    /// Preempt a running sequence: swap or recompute by the cost model.
+    fn preempt(&mut self, now_ns: u64, id: SeqId) {
+        self.running.retain(|&r| r != id);
+        let Some(seq) = self.seqs.get_mut(&id) else { return };
+        let c = self.cfg.preempt;
+        let tokens = seq.computed;
+        let bytes = u64::from(blocks_for_tokens(tokens)) * c.block_bytes();
+        let t = seq.req.tenant;
+        let swap = tokens > 0
+            && c.swap_round_trip_ns(tokens) < c.recompute_ns(tokens)
+            && self.port.can_hold(bytes);
+        let mut mode = PreemptMode::Recompute;
+        if swap {
+            // Only the blocks that hold KV travel; prompt blocks not yet filled are freed.
+            let _ = self.blocks.truncate(id, tokens);
+            if let Ok(pinned) = self.blocks.pin(id) {
+                match self.port.swap_out(now_ns, id, pinned.blocks()) {
+                    Ok(()) => {
+                        seq.state = State::SwappingOut(pinned);
+                        mode = PreemptMode::Swap;
+                        self.tenants[t].stats.swap_out_bytes += bytes;
+                    }
+                    Err(_) => self.blocks.unpin(pinned),
+                }
+            }
+        }
+        let stats = &mut self.tenants[t].stats;
+        match mode {
+            PreemptMode::Swap => stats.preempted_swap += 1,
+            PreemptMode::Recompute => {
+                stats.preempted_recompute += 1;
+                self.blocks.release(id);
+                seq.target = seq.target.max(seq.computed);
+                seq.computed = 0;
+                seq.state = State::Waiting;
+                self.requeue_front(t, id);
+            }
+        }
+        self.events.push(SchedEvent::Preempted { seq: id, tenant: t, mode });
+    }
+
+    /// Running sequences in service order: interactive first, then oldest start first.
+    fn running_in_order(&self) -> Vec<SeqId> {
+        let mut order: Vec<(usize, u64, SeqId)> = self
+            .running
+            .iter()
+            .filter_map(|id| self.seqs.get(id))
+            .map(|s| (tier_index(s.tier), s.start_order, s.req.seq))
+            .collect();
+        order.sort_unstable();
+        order.into_iter().map(|(_, _, id)| id).collect()
+    }
+
+    fn push_item(&mut self, seq: SeqId, kind: StepKind) {
+        let Some(s) = self.seqs.get(&seq) else { return };
+        self.plan.items.push(StepItem {
+            seq,
+            tenant: s.req.tenant,
+            kind,
+            context_tokens: s.computed,
+        });
+        match kind {
+            StepKind::Decode => self.plan.decode_tokens += 1,
+            StepKind::Prefill { tokens } => self.plan.prefill_tokens += tokens,
+        }
+    }
+
+    fn chunk_for(&self, remaining: u32, budget: u32) -> u32 {
+        match self.cfg.chunk_tokens {
+            Some(chunk) => remaining.min(chunk).min(budget),
+            // Whole prefill: one prompt per step may exceed the budget.
+            None if self.plan.prefill_tokens == 0 => remaining,
+            None => {
+                if remaining <= budget {
+                    remaining
+                } else {
+                    0
+                }
+            }
+        }
+    }
+
+    fn plan_decodes(&mut self, now_ns: u64, budget: &mut u32, seqs_left: &mut u32) {
+        let order = self.running_in_order();
+        let mut i = 0;
+        while i < order.len() {
+            let id = order[i];
+            i += 1;
+            if *seqs_left == 0 || *budget == 0 {
+                break;
+            }
+            let Some(s) = self.seqs.get(&id) else { continue };
+            if !s.decode_ready() || !self.running.contains(&id) {
+                continue;
+            }
+            let need_tokens = s.computed + 1;
+            let my_tier = s.tier;
+            // Bounded: each pass preempts one sequence.
+            let mut granted = false;
+            for _ in 0..=order.len() {
+                if self.blocks.grow(id, need_tokens).is_ok() {
+                    granted = true;
+                    break;
+                }
+                // Out of blocks: preempt the newest lowest-tier sequence not yet planned.
+                let victim = order[i..]
+                    .iter()
+                    .rev()
+                    .copied()
+                    .find(|v| self.running.contains(v))
+                    .filter(|v| tier_index(self.seqs[v].tier) >= tier_index(my_tier))
+                    .unwrap_or(id);
+                self.preempt(now_ns, victim);
+                if victim == id || self.blocks.free() == 0 {
+                    break;
+                }
+            }
+            if granted && self.running.contains(&id) {
+                self.push_item(id, StepKind::Decode);
+                *budget -= 1;
+                *seqs_left -= 1;
+            }
+        }
+    }
+
+    /// Prefills already under way, of one tier.
+    fn plan_prefills(&mut self, tier: Tier, budget: &mut u32, seqs_left: &mut u32) {
+        for id in self.running_in_order() {
+            if *seqs_left == 0 || *budget == 0 {
+                break;
+            }
+            let Some(s) = self.seqs.get(&id) else { continue };
+            if s.tier != tier || !matches!(s.state, State::Running) || s.computed >= s.target {
+                continue;
+            }
+            if !self.running.contains(&id) {
+                continue;
+            }
+            let chunk = self.chunk_for(s.target - s.computed, *budget);
+            if chunk == 0 {
+                continue;
+            }
+            self.push_item(id, StepKind::Prefill { tokens: chunk });
+            *budget = budget.saturating_sub(chunk);
+            *seqs_left -= 1;
+        }
+    }
+
+    fn plan_new(&mut self, now_ns: u64, tier: Option<Tier>, budget: &mut u32, seqs_left: &mut u32) {
+        // Bounded by the number of live sequences: each pass starts one or stops.
+        for _ in 0..=self.seqs.len() {
+            if *seqs_left == 0 || *budget == 0 {
+                return;
+            }
+            let Some(id) = self.peek_next(tier) else { return };
+            let need = self.start_need(id);
+            if self.blocks.free() < need + self.cfg.watermark_blocks {
+                // Wait for blocks; nothing behind it may take them (no starvation by
+                // smaller requests, and the interactive tier keeps what preemption freed).
+                return;
+            }
+            let Some(s) = self.seqs.get(&id) else { return };
+            let swapped = matches!(s.state, State::SwappedOut);
+            let remaining = s.target.saturating_sub(s.computed);
+            let chunk = if swapped { 0 } else { self.chunk_for(remaining, *budget) };
+            if !swapped && chunk == 0 {
+                return;
+            }
+            self.take_next(id);
+            self.order += 1;
+            let order = self.order;
+            let Some(s) = self.seqs.get_mut(&id) else { return };
+            s.start_order = order;
+            if swapped {
+                let tokens = s.computed;
+                let t = s.req.tenant;
+                // Cannot fail: free >= need checked above.
+                let _ = self.blocks.grow(id, tokens);
+                let table = self.blocks.table(id).unwrap_or(&[]).to_vec();
+                match self.port.swap_in(now_ns, id, &table) {
+                    Ok(()) => {
+                        s.state = State::SwappingIn;
+                        let bytes = table.len() as u64 * self.cfg.preempt.block_bytes();
+                        self.tenants[t].stats.swap_in_bytes += bytes;
+                    }
+                    Err(_) => {
+                        // The host copy is unusable: recompute instead.
+                        self.blocks.release(id);
+                        self.port.drop_seq(id);
+                        s.target = s.target.max(s.computed);
+                        s.computed = 0;
+                        s.state = State::Waiting;
+                        self.requeue_front(t, id);
+                    }
+                }
+                continue;
+            }
+            let target = s.target;
+            // Cannot fail: free >= need checked above.
+            let _ = self.blocks.grow(id, target);
+            s.state = State::Running;
+            self.running.push(id);
+            self.push_item(id, StepKind::Prefill { tokens: chunk });
+            *budget = budget.saturating_sub(chunk);
+            *seqs_left -= 1;
+        }
+    }
+
+    /// The step planned by [`schedule`](Self::schedule) finished at `now_ns`: emit tokens,
+    /// finish streams, record latencies. Returns the events.
+    pub fn complete_step(&mut self, now_ns: u64) -> Result<&[SchedEvent], SchedError> {
+        if !self.planned {
+            return Err(SchedError::Protocol { reason: "complete_step() without a planned step" });
+        }
+        self.planned = false;
+        let items = std::mem::take(&mut self.plan.items);
+        for item in &items {
+            let Some(s) = self.seqs.get_mut(&item.seq) else { continue };
+            if !matches!(s.state, State::Running) {
+                continue;
+            }
+            let emit = match item.kind {
+                StepKind::Prefill { tokens } => {
+                    s.computed += tokens;
+                    self.tenants[item.tenant].stats.prefill_tokens += u64::from(tokens);
+                    s.computed >= s.target && s.generated == 0
+                }
+                StepKind::Decode => {
+                    s.computed += 1;
+                    true
+                }
+            };
+            if !emit {
+                continue;
+            }
+            s.generated += 1;
+            let first = s.last_token_ns.is_none();
+            let since = s.last_token_ns.unwrap_or(s.req.arrival_ns);
+            let gap_ns = now_ns.saturating_sub(since);
+            s.last_token_ns = Some(now_ns);
+            let done = s.generated >= s.req.output_tokens;
+            let stats = &mut self.tenants[item.tenant].stats;
+            stats.output_tokens += 1;
+            if first {
+                record(&mut stats.ttft, gap_ns);
+            } else {
+                record(&mut stats.token_gap, gap_ns);
+            }
+            self.events.push(SchedEvent::Token {
+                seq: item.seq,
+                tenant: item.tenant,
+                first,
+                gap_ns,
+                at_ns: now_ns,
+            });
+            if done {
+                self.finish(item.seq, false);
+            }
+        }
+        self.plan.items = items;
+        self.plan.items.clear();
+        Ok(&self.events)
+    }
+
+    fn finish(&mut self, id: SeqId, fenced: bool) {
+        let Some(s) = self.seqs.remove(&id) else { return };
+        self.blocks.release(id);
+        self.running.retain(|&r| r != id);
+        if matches!(s.state, State::SwappedOut) {
+            self.port.drop_seq(id);
+        }
+        if self.cfg.policy == Policy::Fifo {
+            self.fifo.retain(|&q| q != id);
+        } else {
+            self.tenants[s.req.tenant].ready.retain(|&q| q != id);
+        }
+        let ts = &mut self.tenants[s.req.tenant];
+        ts.inflight -= 1;
+        if fenced {
+            ts.stats.fenced += 1;
+        } else {
+            ts.stats.completed += 1;
+        }
+        self.events.push(SchedEvent::Finished { seq: id, tenant: s.req.tenant, fenced });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn costs() -> PreemptCosts {
+        PreemptCosts {
+            prefill_ns_per_token: 100_000.0,
+            swap_ns_per_byte: 0.04,
+            swap_fixed_ns: 100_000,
+            kv_bytes_per_token: 131_072,
+        }
+    }
+
+    fn cfg(policy: Policy, kv_blocks: u32) -> SchedConfig {
+        SchedConfig {
+            policy,
+            kv_blocks,
+            watermark_blocks: 1,
+            chunk_tokens: Some(512),
+            batch_tokens_max: 2048,
+            batch_seqs_max: 256,
+            drr_quantum_tokens: 512,
+            stream_ns_max: None,
+            preempt: costs(),
+        }
+    }
+
+    fn tenant(
+        name: &str,
+        tier: Tier,
+        cap: f64,
+        rpm: f64,
+        conc: u32,
+        overflow: Overflow,
+    ) -> TenantConfig {
+        TenantConfig {
+            name: name.into(),
+            tier,
+            bucket_capacity: cap,
+            rpm,
+            concurrency_max: conc,
+            overflow,
+        }
+    }
+
+    fn port() -> InstantPort {
+        InstantPort::new(131_072 * 16, 0.04, 100_000, 1 << 40)
+    }
+
+    fn req(seq: u64, tenant: TenantIndex, prompt: u32, out: u32, at: u64) -> Request {
+        Request {
+            seq: SeqId(seq),
+            tenant,
+            prompt_tokens: prompt,
+            output_tokens: out,
+            arrival_ns: at,
+        }
+    }
+
+    /// Run steps of 10 ms until idle or `steps_max`.
+    fn drain<P: SwapPort>(s: &mut Scheduler<P>, mut now: u64, steps_max: u32) -> u64 {
+        for _ in 0..steps_max {
+            let empty = s.schedule(now).unwrap().is_empty();
+            if empty {
+                match s.next_wakeup_ns(now) {
+                    Some(t) => {
+                        now = t.max(now + 1);
+                        continue;
+                    }
+                    None => return now,
+                }
+            }
+            now += 10_000_000;
+            s.complete_step(now).unwrap();
+        }
+        now
+    }
+
+    #[test]
+    fn bucket_pass_but_concurrency_fail_keeps_the_token() {
+        let t = tenant("a", Tier::Interactive, 2.0, 0.0, 1, Overflow::Reject);
+        let mut s = Scheduler::new(cfg(Policy::Drr, 1000), vec![t], port()).unwrap();
+        assert_eq!(s.submit(0, req(1, 0, 16, 4, 0)).unwrap(), Admission::Admitted);
+        // Slot taken: rejected, and the bucket still has its second token.
+        assert_eq!(s.submit(0, req(2, 0, 16, 4, 0)).unwrap(), Admission::Rejected);
+        drain(&mut s, 0, 100);
+        assert_eq!(s.stats(0).unwrap().completed, 1);
+        assert_eq!(s.submit(1, req(3, 0, 16, 4, 1)).unwrap(), Admission::Admitted);
+        drain(&mut s, 1, 100);
+        // Now both tokens are spent (rpm 0: no refill).
+        assert_eq!(s.submit(2, req(4, 0, 16, 4, 2)).unwrap(), Admission::Rejected);
+        let st = s.stats(0).unwrap();
+        assert_eq!((st.admitted, st.rejected, st.completed), (2, 2, 2));
+    }
+
+    #[test]
+    fn router_queue_admits_when_the_bucket_refills() {
+        let t = tenant("a", Tier::Interactive, 1.0, 60.0, 8, Overflow::Queue { depth_max: 4 });
+        let mut s = Scheduler::new(cfg(Policy::Drr, 1000), vec![t], port()).unwrap();
+        assert_eq!(s.submit(0, req(1, 0, 16, 2, 0)).unwrap(), Admission::Admitted);
+        assert_eq!(s.submit(0, req(2, 0, 16, 2, 0)).unwrap(), Admission::Queued);
+        let end = drain(&mut s, 0, 1000);
+        assert!(end >= 1_000_000_000, "second request waited for the refill: {end}");
+        let st = s.stats(0).unwrap();
+        assert_eq!(st.completed, 2);
+        // Its TTFT counts the router wait (≈ 1 s).
+        assert!(st.ttft.max() >= 1_000_000_000);
+    }
+
+    #[test]
+    fn chunked_prefill_splits_a_long_prompt_and_decodes_keep_running() {
+        let t = tenant("a", Tier::Interactive, 100.0, 6000.0, 100, Overflow::Reject);
+        let mut s = Scheduler::new(cfg(Policy::Drr, 10_000), vec![t], port()).unwrap();
+        s.submit(0, req(1, 0, 16, 100, 0)).unwrap();
+        let _ = s.schedule(0).unwrap();
+        s.complete_step(1).unwrap();
+        s.submit(1, req(2, 0, 2000, 1, 1)).unwrap();
+        let mut prefill_chunks = Vec::new();
+        for k in 0..5u64 {
+            let plan = s.schedule(2 + k).unwrap();
+            assert!(plan.items.iter().any(|i| i.kind == StepKind::Decode), "decode every step");
+            prefill_chunks.extend(plan.items.iter().filter_map(|i| match i.kind {
+                StepKind::Prefill { tokens } => Some(tokens),
+                StepKind::Decode => None,
+            }));
+            s.complete_step(3 + k).unwrap();
+        }
+        assert_eq!(&prefill_chunks[..4], &[512, 512, 512, 464]);
+    }
+
+    #[test]
+    fn interactive_preempts_batch_by_swap_and_batch_resumes() {
+        let tenants = vec![
+            tenant("chat", Tier::Interactive, 10.0, 600.0, 10, Overflow::Reject),
+            tenant("batch", Tier::Batch, 10.0, 600.0, 10, Overflow::Reject),
+        ];
+        // 100 blocks: the batch job (1200 + 64 tokens = 79 blocks) leaves too few for chat.
+        let mut s = Scheduler::new(cfg(Policy::DrrPreempt, 100), tenants, port()).unwrap();
+        s.submit(0, req(1, 1, 1200, 64, 0)).unwrap();
+        let mut now = 0;
+        for _ in 0..5 {
+            let _ = s.schedule(now).unwrap();
+            now += 10_000_000;
+            s.complete_step(now).unwrap();
+        }
+        s.submit(now, req(2, 0, 400, 4, now)).unwrap();
+        let end = drain(&mut s, now, 10_000);
+        let chat = s.stats(0).unwrap();
+        let batch = s.stats(1).unwrap();
+        assert_eq!(chat.completed, 1);
+        assert_eq!(batch.completed, 1, "batch job resumed and finished");
+        assert_eq!(batch.preempted_swap, 1);
+        assert!(batch.swap_out_bytes > 0 && batch.swap_in_bytes == batch.swap_out_bytes);
+        assert!(chat.ttft.max() < 100_000_000, "chat waited {} ns", chat.ttft.max());
+        assert!(end > now);
+        assert_eq!(s.blocks().free(), 100);
+    }
+
+    #[test]
+    fn without_preemption_interactive_waits_for_the_batch_job() {
+        let tenants = vec![
+            tenant("chat", Tier::Interactive, 10.0, 600.0, 10, Overflow::Reject),
+            tenant("batch", Tier::Batch, 10.0, 600.0, 10, Overflow::Reject),
+        ];
+        let mut s = Scheduler::new(cfg(Policy::Drr, 100), tenants, port()).unwrap();
+        s.submit(0, req(1, 1, 1200, 64, 0)).unwrap();
+        let mut now = 0;
+        for _ in 0..5 {
+            let _ = s.schedule(now).unwrap();
+            now += 10_000_000;
+            s.complete_step(now).unwrap();
+        }
+        s.submit(now, req(2, 0, 400, 4, now)).unwrap();
+        drain(&mut s, now, 10_000);
+        let chat = s.stats(0).unwrap();
+        assert_eq!(s.stats(1).unwrap().preemptions(), 0);
+        assert!(chat.ttft.max() > 500_000_000, "chat waited only {} ns", chat.ttft.max());
+    }
+
+    #[test]
+    fn fence_ends_runaway_streams_and_frees_the_slot() {
+        let t = tenant("a", Tier::Interactive, 10.0, 600.0, 1, Overflow::Queue { depth_max: 4 });
+        let mut c = cfg(Policy::Drr, 10_000);
+        c.stream_ns_max = Some(200_000_000);
+        let mut s = Scheduler::new(c, vec![t], port()).unwrap();
+        s.submit(0, req(1, 0, 16, 1_000_000, 0)).unwrap_err();
+        s.submit(0, req(1, 0, 16, 10_000, 0)).unwrap();
+        s.submit(0, req(2, 0, 16, 4, 0)).unwrap();
+        drain(&mut s, 0, 10_000);
+        let st = s.stats(0).unwrap();
+        assert_eq!((st.fenced, st.completed), (1, 1));
+        assert_eq!(s.live(), 0);
+    }
+
+    #[test]
+    fn drr_shares_the_engine_between_a_flooder_and_a_quiet_tenant() {
+        let tenants = vec![
+            tenant("flood", Tier::Interactive, 1e9, 1e9, 1000, Overflow::Reject),
+            tenant("quiet", Tier::Interactive, 1e9, 1e9, 1000, Overflow::Reject),
+        ];
+        let mut c = cfg(Policy::Drr, 400);
+        c.batch_seqs_max = 4;
+        let mut s = Scheduler::new(c, tenants, port()).unwrap();
+        for i in 0..200 {
+            s.submit(0, req(i, 0, 256, 8, 0)).unwrap();
+        }
+        s.submit(0, req(1000, 1, 256, 8, 0)).unwrap();
+        let mut now = 0;
+        let mut quiet_first = None;
+        for step in 0..400 {
+            let _ = s.schedule(now).unwrap();
+            now += 10_000_000;
+            s.complete_step(now).unwrap();
+            if s.stats(1).unwrap().ttft.len() == 1 {
+                quiet_first = Some(step);
+                break;
+            }
+        }
+        assert!(quiet_first.unwrap() < 10, "quiet tenant served at step {quiet_first:?}");
+    }
+}
