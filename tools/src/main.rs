@@ -13,6 +13,7 @@ mod bench_nvme;
 mod hist;
 mod itch;
 mod journal;
+mod kv;
 mod rdma;
 mod serve;
 
@@ -33,6 +34,8 @@ enum Command {
     Itch(itch::ItchArgs),
     /// The record journal: append, verify, dump, bench.
     Journal(journal::JournalArgs),
+    /// The KV-cache swap tier: serve it on a Unix socket, benchmark its tiers.
+    Kv(kv::KvArgs),
     /// RDMA: serve a remote memory pool; WRITE latency/bandwidth benchmark.
     Rdma(rdma::RdmaArgs),
     /// Export a block backend as a vhost-user-blk device on a Unix socket.
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
         Command::Hist(args) => hist::run(&args),
         Command::Itch(args) => itch::run(&args),
         Command::Journal(args) => journal::run(&args),
+        Command::Kv(args) => kv::run(&args),
         Command::Rdma(args) => rdma::run(&args),
         Command::Serve(args) => serve::run(&args),
     };

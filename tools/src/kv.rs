@@ -1,0 +1,498 @@
+//! `fastlane kv`: the KV-cache swap tier.
+//!
+//! - `fastlane kv serve --socket PATH`: the swap engine behind the versioned Unix-socket
+//!   protocol of `kvswap::proto` (docs/kvswap.md), device memory shared by memfd, until
+//!   SIGINT/SIGTERM.
+//! - `fastlane kv bench`: host tier vs `memcpy` and NVMe tier vs sequential O_DIRECT
+//!   `pwrite`/`pread` of the same bytes in one run, and swap-in latency per tier as `.hlog`.
+
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use fastlane_hist::{HlogWriter, LatencyRecorder};
+use fastlane_nvme::block::spec::parse_size;
+use kvswap::{
+    BlockId, ChecksumMode, EngineConfig, HostDeviceMemory, KvGeometry, NvmeTierConfig,
+    RemoteTierConfig, SeqId, SpillPolicy, SwapEngine,
+};
+
+/// `fastlane kv`.
+#[derive(Debug, Args)]
+pub struct KvArgs {
+    #[command(subcommand)]
+    command: KvCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum KvCommand {
+    /// Serve the swap engine on a Unix socket (protocol: docs/kvswap.md).
+    Serve(ServeArgs),
+    /// Tier bandwidth against memcpy / O_DIRECT, and swap-in latency histograms.
+    Bench(BenchArgs),
+    /// Simulate the multi-tenant scheduler (docs/scheduler.md): per-tenant TTFT table, .hlog, SVG.
+    Sim(crate::kv_sim::SimArgs),
+}
+
+/// Model geometry options shared by the subcommands.
+#[derive(Debug, Args)]
+struct ModelArgs {
+    /// Built-in model: llama-3.1-8b or llama-3.1-70b (fp16).
+    #[arg(long, default_value = "llama-3.1-8b")]
+    model: String,
+    /// A Hugging Face config.json instead of --model.
+    #[arg(long)]
+    model_config: Option<PathBuf>,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    tokens_per_block: u32,
+}
+
+impl ModelArgs {
+    fn geometry(&self) -> Result<KvGeometry> {
+        let mut g = match &self.model_config {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).with_context(|| format!("reading {p:?}"))?;
+                KvGeometry::from_hf_config(&text, self.tokens_per_block)?
+            }
+            None => match self.model.as_str() {
+                "llama-3.1-8b" => KvGeometry::LLAMA31_8B,
+                "llama-3.1-70b" => KvGeometry::LLAMA31_70B,
+                m => bail!("unknown model {m:?} (llama-3.1-8b, llama-3.1-70b, or --model-config)"),
+            },
+        };
+        g.tokens_per_block = self.tokens_per_block;
+        Ok(g)
+    }
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Unix socket path (replaced if it exists).
+    #[arg(long)]
+    socket: PathBuf,
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Device pool size in blocks (host memory standing in for GPU memory).
+    #[arg(long, default_value_t = 256)]
+    device_blocks: u32,
+    /// Host tier size (K/M/G suffixes).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    host_bytes: u64,
+    /// NVMe tier: a file or block device (O_DIRECT).
+    #[arg(long)]
+    nvme: Option<PathBuf>,
+    /// NVMe tier size.
+    #[arg(long, default_value = "4G", value_parser = parse_size)]
+    nvme_bytes: u64,
+    /// Remote tier: address of `fastlane rdma serve`.
+    #[arg(long)]
+    remote: Option<std::net::SocketAddr>,
+    /// RDMA device for the remote tier.
+    #[arg(long, default_value = "rxe0")]
+    rdma_dev: String,
+    /// Remote tier size.
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    remote_bytes: u64,
+    /// Spill policy: nvme-first, remote-first, nvme, remote, never.
+    #[arg(long, default_value = "nvme-first")]
+    spill: String,
+    /// Per-block checksum: fast, crc32c, off.
+    #[arg(long, default_value = "fast")]
+    checksum: String,
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Bytes per sequence (1G = 8K tokens of Llama-3.1-8B).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    bytes: u64,
+    /// Tiers to measure: host, nvme (comma separated).
+    #[arg(long, default_value = "host,nvme")]
+    tiers: String,
+    /// File for the NVMe tier and the O_DIRECT baseline (on a filesystem with O_DIRECT).
+    #[arg(long, default_value = "kvswap-bench.dat")]
+    file: PathBuf,
+    /// Bandwidth rounds (best of).
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// Swap-in latency samples per tier.
+    #[arg(long, default_value_t = 10)]
+    samples: u32,
+    /// Where to write the swap-in latency histograms.
+    #[arg(long, default_value = "kvswap-swapin.hlog")]
+    hlog: PathBuf,
+    /// Per-block checksum: fast, crc32c, off.
+    #[arg(long, default_value = "fast")]
+    checksum: String,
+    /// Keep the bench file afterwards.
+    #[arg(long)]
+    keep_file: bool,
+}
+
+/// Runs `fastlane kv`.
+pub fn run(args: &KvArgs) -> Result<()> {
+    match &args.command {
+        KvCommand::Serve(a) => serve(a),
+        KvCommand::Bench(a) => bench(a),
+        KvCommand::Sim(a) => crate::kv_sim::run(a),
+    }
+}
+
+fn checksum_mode(s: &str) -> Result<ChecksumMode> {
+    ChecksumMode::parse(s).with_context(|| format!("checksum {s:?}: fast, crc32c or off"))
+}
+
+fn spill_policy(s: &str) -> Result<SpillPolicy> {
+    Ok(match s {
+        "nvme-first" => SpillPolicy::NvmeFirst,
+        "remote-first" => SpillPolicy::RemoteFirst,
+        "nvme" => SpillPolicy::NvmeOnly,
+        "remote" => SpillPolicy::RemoteOnly,
+        "never" => SpillPolicy::Never,
+        _ => bail!("spill {s:?}: nvme-first, remote-first, nvme, remote or never"),
+    })
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    // Only an atomic store: async-signal-safe.
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn serve(a: &ServeArgs) -> Result<()> {
+    let g = a.model.geometry()?;
+    let dev = Arc::new(HostDeviceMemory::new(g.block_bytes() as usize, a.device_blocks)?);
+    let config = EngineConfig {
+        host_bytes: a.host_bytes,
+        nvme: a.nvme.as_ref().map(|p| NvmeTierConfig {
+            path: p.clone(),
+            bytes: a.nvme_bytes,
+            depth: 16,
+        }),
+        remote: a.remote.map(|addr| RemoteTierConfig {
+            device: a.rdma_dev.clone(),
+            addr,
+            bytes: a.remote_bytes,
+        }),
+        spill: spill_policy(&a.spill)?,
+        checksum: checksum_mode(&a.checksum)?,
+        ..EngineConfig::default()
+    };
+    let engine = SwapEngine::new(config, dev.clone())?;
+    let locked = engine.stats().tiers[0].locked;
+    let server = kvswap::server::Server::bind(&a.socket, engine, dev.fd(), dev.len_bytes() as u64)?;
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY:
+        // - the handler only stores to a static atomic, which is async-signal-safe;
+        // - replacing the default disposition of SIGINT/SIGTERM affects only this process.
+        unsafe { libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t) };
+    }
+    eprintln!(
+        "fastlane kv serve: {} blocks of {} bytes, host tier {} bytes{}, listening on {:?} \
+         (protocol v{})",
+        a.device_blocks,
+        g.block_bytes(),
+        a.host_bytes,
+        if locked { " (mlocked)" } else { " (NOT mlocked: raise RLIMIT_MEMLOCK)" },
+        a.socket,
+        kvswap::proto::VERSION
+    );
+    server.serve(&STOP)?;
+    let c = server.counters();
+    eprintln!(
+        "fastlane kv serve: stopped after {} connections, {} requests, {} protocol errors",
+        c.accepted.load(Ordering::Relaxed),
+        c.requests.load(Ordering::Relaxed),
+        c.protocol_errors.load(Ordering::Relaxed)
+    );
+    let _ = std::fs::remove_file(&a.socket);
+    drop(server);
+    drop(dev);
+    Ok(())
+}
+
+fn fill(dev: &HostDeviceMemory) {
+    // SAFETY: no engine transfer runs yet; the mapping is len_bytes long.
+    let s = unsafe { std::slice::from_raw_parts_mut(dev.base(), dev.len_bytes()) };
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for w in s.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        w.copy_from_slice(&x.to_le_bytes()[..w.len()]);
+    }
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+fn gibps(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 / secs(d) / (1u64 << 30) as f64
+}
+
+/// Best-of-`rounds` time of `f`.
+fn best(rounds: u32, mut f: impl FnMut() -> Result<Duration>) -> Result<Duration> {
+    let mut b = Duration::MAX;
+    for _ in 0..rounds.max(1) {
+        b = b.min(f()?);
+    }
+    Ok(b)
+}
+
+/// A page-aligned, pre-faulted anonymous buffer.
+struct Buf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Buf {
+    fn new(len: usize) -> Result<Buf> {
+        // SAFETY: a new private anonymous mapping.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            bail!("mmap {len}: {}", std::io::Error::last_os_error());
+        }
+        Ok(Buf { ptr: p as *mut u8, len })
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        // SAFETY: our mapping; nothing uses it after drop.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+struct Row {
+    what: String,
+    peer_s: f64,
+    ours_s: f64,
+    bytes: u64,
+}
+
+fn swap_round(e: &mut SwapEngine, seq: SeqId, blocks: &[BlockId], out: bool) -> Result<Duration> {
+    let t0 = Instant::now();
+    let t = if out { e.swap_out(seq, blocks)? } else { e.swap_in(seq, blocks)? };
+    e.wait(t, Duration::from_secs(300))?;
+    Ok(t0.elapsed())
+}
+
+fn bench(a: &BenchArgs) -> Result<()> {
+    let g = a.model.geometry()?;
+    let bb = g.block_bytes();
+    let nblocks = (a.bytes / bb).max(1);
+    let bytes = nblocks * bb;
+    let mode = checksum_mode(&a.checksum)?;
+    let tiers: Vec<&str> = a.tiers.split(',').map(str::trim).collect();
+    eprintln!(
+        "fastlane kv bench: {bytes} bytes = {nblocks} blocks of {bb} ({} tokens), checksum \
+         {mode:?}, best of {} rounds",
+        nblocks * u64::from(g.tokens_per_block),
+        a.rounds
+    );
+    let dev = Arc::new(HostDeviceMemory::new(bb as usize, nblocks as u32)?);
+    fill(&dev);
+    let mut rows = Vec::new();
+    let mut hlog = HlogWriter::create(&a.hlog)?;
+    hlog.write_comment(&format!(
+        "fastlane kv bench: swap-in latency of {bytes} bytes per tier, checksum {mode:?}"
+    ))?;
+    let seq = SeqId(1);
+    for tier in &tiers {
+        match *tier {
+            "host" => {
+                let buf = Buf::new(bytes as usize)?;
+                let src = dev.base();
+                let len = bytes as usize;
+                let copy_out = best(a.rounds, || {
+                    let t0 = Instant::now();
+                    // SAFETY: src and buf are distinct live mappings of len bytes.
+                    unsafe { std::ptr::copy_nonoverlapping(src, buf.ptr, len) };
+                    Ok(t0.elapsed())
+                })?;
+                let copy_in = best(a.rounds, || {
+                    let t0 = Instant::now();
+                    // SAFETY: as above, the other direction.
+                    unsafe { std::ptr::copy_nonoverlapping(buf.ptr, src, len) };
+                    Ok(t0.elapsed())
+                })?;
+                drop(buf);
+                let config =
+                    EngineConfig { host_bytes: bytes, checksum: mode, ..EngineConfig::default() };
+                let mut e = SwapEngine::new(config, dev.clone())?;
+                let blocks = e.alloc_blocks(seq, nblocks as u32)?;
+                let (mut out_best, mut in_best) = (Duration::MAX, Duration::MAX);
+                for _ in 0..a.rounds.max(1) {
+                    out_best = out_best.min(swap_round(&mut e, seq, &blocks, true)?);
+                    in_best = in_best.min(swap_round(&mut e, seq, &blocks, false)?);
+                }
+                rows.push(Row {
+                    what: "host swap-out vs memcpy".into(),
+                    peer_s: secs(copy_out),
+                    ours_s: secs(out_best),
+                    bytes,
+                });
+                rows.push(Row {
+                    what: "host swap-in vs memcpy".into(),
+                    peer_s: secs(copy_in),
+                    ours_s: secs(in_best),
+                    bytes,
+                });
+                latency(&mut e, seq, &blocks, a.samples, "host", &mut hlog)?;
+            }
+            "nvme" => {
+                let (w, r) = odirect_baseline(&a.file, dev.base(), bytes, a.rounds)?;
+                let config = EngineConfig {
+                    host_bytes: 0,
+                    nvme: Some(NvmeTierConfig { path: a.file.clone(), bytes, depth: 16 }),
+                    spill: SpillPolicy::NvmeOnly,
+                    checksum: mode,
+                    ..EngineConfig::default()
+                };
+                let mut e = SwapEngine::new(config, dev.clone())?;
+                let blocks = e.alloc_blocks(seq, nblocks as u32)?;
+                let (mut out_best, mut in_best) = (Duration::MAX, Duration::MAX);
+                for _ in 0..a.rounds.max(1) {
+                    out_best = out_best.min(swap_round(&mut e, seq, &blocks, true)?);
+                    in_best = in_best.min(swap_round(&mut e, seq, &blocks, false)?);
+                }
+                rows.push(Row {
+                    what: "nvme swap-out vs O_DIRECT pwrite".into(),
+                    peer_s: secs(w),
+                    ours_s: secs(out_best),
+                    bytes,
+                });
+                rows.push(Row {
+                    what: "nvme swap-in vs O_DIRECT pread".into(),
+                    peer_s: secs(r),
+                    ours_s: secs(in_best),
+                    bytes,
+                });
+                latency(&mut e, seq, &blocks, a.samples, "nvme", &mut hlog)?;
+                drop(e);
+                if !a.keep_file {
+                    let _ = std::fs::remove_file(&a.file);
+                }
+            }
+            t => bail!("unknown tier {t:?} (host, nvme)"),
+        }
+    }
+    hlog.flush()?;
+    println!(
+        "{:<36} {:>12} {:>12} {:>8}",
+        "case (same bytes, one run)", "peer GiB/s", "ours GiB/s", "ratio"
+    );
+    for r in &rows {
+        println!(
+            "{:<36} {:>12.2} {:>12.2} {:>8.2}",
+            r.what,
+            r.bytes as f64 / r.peer_s / (1u64 << 30) as f64,
+            r.bytes as f64 / r.ours_s / (1u64 << 30) as f64,
+            r.peer_s / r.ours_s
+        );
+    }
+    println!(
+        "swap-in latency histograms (tags swapin-<tier>): {:?}, read with `fastlane hist`",
+        a.hlog
+    );
+    Ok(())
+}
+
+fn latency(
+    e: &mut SwapEngine,
+    seq: SeqId,
+    blocks: &[BlockId],
+    samples: u32,
+    tag: &str,
+    hlog: &mut HlogWriter<std::io::BufWriter<std::fs::File>>,
+) -> Result<()> {
+    let mut rec = LatencyRecorder::with_max(600_000_000_000)?;
+    let start = Instant::now();
+    for _ in 0..samples {
+        swap_round(e, seq, blocks, true)?;
+        let d = swap_round(e, seq, blocks, false)?;
+        rec.record_duration(d);
+    }
+    let h = rec.current();
+    println!(
+        "{tag} swap-in of {} bytes: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} samples, {:.2} GiB/s at p50)",
+        blocks.len() as u64 * e.block_bytes() as u64,
+        h.value_at_quantile(0.5) as f64 / 1e6,
+        h.value_at_quantile(0.99) as f64 / 1e6,
+        h.max() as f64 / 1e6,
+        h.len(),
+        gibps(blocks.len() as u64 * e.block_bytes() as u64, Duration::from_nanos(h.value_at_quantile(0.5).max(1)))
+    );
+    hlog.write_histogram(Some(&format!("swapin-{tag}")), Duration::ZERO, start.elapsed(), h)?;
+    Ok(())
+}
+
+/// Sequential O_DIRECT pwrite then pread of `bytes` from `src`, in 4 MiB calls, on `file`.
+fn odirect_baseline(
+    file: &PathBuf,
+    src: *mut u8,
+    bytes: u64,
+    rounds: u32,
+) -> Result<(Duration, Duration)> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(file)
+        .with_context(|| format!("open {file:?} O_DIRECT"))?;
+    if f.metadata()?.len() < bytes {
+        f.set_len(bytes)?;
+    }
+    let fd = f.as_raw_fd();
+    const CHUNK: u64 = 4 << 20;
+    let io = |write: bool| -> Result<Duration> {
+        let t0 = Instant::now();
+        let mut off = 0u64;
+        while off < bytes {
+            let n = CHUNK.min(bytes - off) as usize;
+            // SAFETY: src..src+bytes is the device mapping (page aligned, alive for the
+            // call); offsets and lengths are multiples of 4 KiB.
+            let p = unsafe { src.add(off as usize) };
+            let r = if write {
+                // SAFETY: p names n readable bytes of that mapping for the call.
+                unsafe { libc::pwrite(fd, p as *const libc::c_void, n, off as libc::off_t) }
+            } else {
+                // SAFETY: p names n writable bytes of that mapping, unused by anyone else.
+                unsafe { libc::pread(fd, p as *mut libc::c_void, n, off as libc::off_t) }
+            };
+            if r != n as isize {
+                bail!(
+                    "O_DIRECT {} at {off}: {}",
+                    if write { "pwrite" } else { "pread" },
+                    std::io::Error::last_os_error()
+                );
+            }
+            off += n as u64;
+        }
+        Ok(t0.elapsed())
+    };
+    let w = best(rounds, || io(true))?;
+    let r = best(rounds, || io(false))?;
+    Ok((w, r))
+}
