@@ -1062,7 +1062,9 @@ impl SwapEngine {
                     JobFail::Io { errno }
                         if tier == TierKind::Remote && errno == crate::tier::REMOTE_GONE_ERRNO =>
                     {
-                        KvSwapError::RemotePeerGone { detail: format!("errno {errno}") }
+                        KvSwapError::RemotePeerGone {
+                            detail: "the remote pool stopped answering (connection lost)".into(),
+                        }
                     }
                     JobFail::Io { errno } => KvSwapError::TierIo { tier, errno },
                 };

@@ -253,19 +253,11 @@ impl Worker {
                     (None, None) => return Started::Done(Err(JobFail::Io { errno: libc::EINVAL })),
                 },
             };
-            if job.op == JobOp::Out {
-                if self.block_ptr(job.blocks[i]).is_none() {
-                    // SAFETY: the block is pinned by the engine until this job's Done; addr
-                    // is this slot's staging buffer.
-                    if unsafe { self.device.read_block(BlockId(job.blocks[i]), addr) }.is_err() {
-                        return Started::Done(Err(JobFail::Io { errno: libc::EIO }));
-                    }
-                }
-                if self.mode != ChecksumMode::Off {
-                    // SAFETY: the device block is pinned (read-only) until Done.
-                    let data = unsafe { std::slice::from_raw_parts(addr, bb) };
-                    self.sums[job.slot as usize + i]
-                        .store(checksum(self.mode, data), Ordering::Relaxed);
+            if job.op == JobOp::Out && self.block_ptr(job.blocks[i]).is_none() {
+                // SAFETY: the block is pinned by the engine until this job's Done; addr is
+                // this slot's staging buffer.
+                if unsafe { self.device.read_block(BlockId(job.blocks[i]), addr) }.is_err() {
+                    return Started::Done(Err(JobFail::Io { errno: libc::EIO }));
                 }
             }
             segs[i] = Segment { addr, len: bb as u32 };
@@ -280,10 +272,21 @@ impl Worker {
             // SAFETY: see above; nobody else touches the pinned destination blocks.
             JobOp::In => unsafe { self.tier.load(tag, offset, &segs[..n]) },
         };
-        match r {
-            Ok(()) => Started::InFlight,
-            Err(d) => Started::Done(Err(JobFail::Io { errno: d.result.err().unwrap_or(-1) })),
+        if let Err(d) = r {
+            return Started::Done(Err(JobFail::Io { errno: d.result.err().unwrap_or(-1) }));
         }
+        if job.op == JobOp::Out && self.mode != ChecksumMode::Off {
+            // Checksums of a store are taken while the device writes: the source does not
+            // change until Done (pinned device block or this slot's staging buffer), and Done
+            // is pushed only after this loop, so the sums are in place before anyone loads.
+            for (i, s) in segs[..n].iter().enumerate() {
+                // SAFETY: the segment stays valid and unwritten until this job's Done (above).
+                let data = unsafe { std::slice::from_raw_parts(s.addr as *const u8, bb) };
+                self.sums[job.slot as usize + i]
+                    .store(checksum(self.mode, data), Ordering::Relaxed);
+            }
+        }
+        Started::InFlight
     }
 
     fn after_io(&mut self, job: &Job, staging: Option<*mut u8>) -> Result<(), JobFail> {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use kvswap::testing::MemTier;
 use kvswap::{
-    BlockId, ChecksumMode, CustomTiers, EngineConfig, HostDeviceMemory, KvSwapError,
+    BlockId, ChecksumMode, CustomTiers, DeviceMemory, EngineConfig, HostDeviceMemory, KvSwapError,
     NvmeTierConfig, SeqId, SeqPhase, SpillPolicy, SwapEngine, TenantId, TierIo, TierKind,
 };
 
@@ -20,7 +20,7 @@ fn device(blocks: u32) -> Arc<HostDeviceMemory> {
 fn fill(dev: &HostDeviceMemory, blocks: &[BlockId], seed: u64) {
     for (i, b) in blocks.iter().enumerate() {
         // SAFETY: the test owns these blocks; no transfer names them now.
-        let s = unsafe { std::slice::from_raw_parts_mut(dev.base().add(b.0 as usize * BB), BB) };
+        let s = unsafe { std::slice::from_raw_parts_mut(dev.block_ptr(*b).unwrap(), BB) };
         for (j, w) in s.chunks_mut(8).enumerate() {
             w.copy_from_slice(
                 &(seed.wrapping_mul(1_000_003) ^ ((i as u64) << 32) ^ j as u64).to_le_bytes(),
@@ -38,7 +38,7 @@ fn check(dev: &HostDeviceMemory, blocks: &[BlockId], seed: u64) -> bool {
             );
         }
         // SAFETY: as in `fill`.
-        let s = unsafe { std::slice::from_raw_parts(dev.base().add(b.0 as usize * BB), BB) };
+        let s = unsafe { std::slice::from_raw_parts(dev.block_ptr(*b).unwrap(), BB) };
         s == &want[..]
     })
 }
