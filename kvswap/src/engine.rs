@@ -1275,3 +1275,29 @@ impl Drop for SwapEngine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::HostDeviceMemory;
+
+    #[test]
+    fn host_tier_checksum_catches_a_flipped_byte() {
+        let bb = 64 * 1024;
+        let dev = Arc::new(HostDeviceMemory::new(bb, 8).unwrap());
+        let config = EngineConfig { host_bytes: 8 * bb as u64, ..EngineConfig::default() };
+        let mut e = SwapEngine::new(config, dev.clone()).unwrap();
+        let b = e.alloc_blocks(SeqId(1), 3).unwrap();
+        let t = e.swap_out(SeqId(1), &b).unwrap();
+        e.wait(t, Duration::from_secs(10)).unwrap();
+        // The copy sits in host slots 0..3 (first fit); flip a byte of the second block.
+        // SAFETY: no transfer is in flight; the offset is inside the host tier mapping.
+        unsafe { *e._host.base().add(bb + 77) ^= 0x40 };
+        let t = e.swap_in(SeqId(1), &b).unwrap();
+        let r = e.wait(t, Duration::from_secs(10));
+        let want = KvSwapError::ChecksumMismatch { seq: SeqId(1), index: 1, tier: TierKind::Host };
+        assert_eq!(r, Err(want));
+        assert_eq!(e.lookup(SeqId(1)).unwrap().phase, SeqPhase::Out(TierKind::Host));
+        assert_eq!(e.stats().checksum_failures, 1);
+    }
+}

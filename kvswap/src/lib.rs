@@ -65,8 +65,9 @@
 //!
 //! - No cross-process sharing of the engine itself: one owner (the server, or a scheduler
 //!   thread) drives it.
-//! - The remote tier is implemented against `fastlane_rdma::RemotePool`; it is exercised only
-//!   through a [`TierIo`] double here (RDMA needs a guest with soft-RoCE).
+//! - The remote tier (`fastlane_rdma::RemotePool`) runs only where RDMA does: its test boots a
+//!   QEMU guest with soft-RoCE (`tests/remote_guest.rs`); elsewhere [`testing::MemTier`]
+//!   stands in for it.
 //! - The `cuda` feature compiles everywhere (cudarc, dynamic loading) but is run only where
 //!   a GPU is present.
 //!
