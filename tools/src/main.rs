@@ -14,6 +14,7 @@ mod hist;
 mod itch;
 mod journal;
 mod kv;
+mod kv_sim;
 mod rdma;
 mod serve;
 
