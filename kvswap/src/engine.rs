@@ -1291,8 +1291,10 @@ mod tests {
         let t = e.swap_out(SeqId(1), &b).unwrap();
         e.wait(t, Duration::from_secs(10)).unwrap();
         // The copy sits in host slots 0..3 (first fit); flip a byte of the second block.
-        // SAFETY: no transfer is in flight; the offset is inside the host tier mapping.
-        unsafe { *e._host.base().add(bb + 77) ^= 0x40 };
+        // SAFETY: the offset is inside the host tier mapping (8 blocks of `bb` bytes).
+        let byte = unsafe { e._host.base().add(bb + 77) };
+        // SAFETY: no transfer is in flight, so nothing else touches that byte now.
+        unsafe { *byte ^= 0x40 };
         let t = e.swap_in(SeqId(1), &b).unwrap();
         let r = e.wait(t, Duration::from_secs(10));
         let want = KvSwapError::ChecksumMismatch { seq: SeqId(1), index: 1, tier: TierKind::Host };
