@@ -3,14 +3,20 @@
 //! This facade re-exports the public surface of the workspace crates:
 //!
 //! - [`ring`]: lock-free SPSC rings, in-process and across processes in shared memory.
+//! - [`hist`]: latency recording into HdrHistograms and `.hlog` interval logs.
+//! - [`nvme`]: block backends (RAM, io_uring, inline file, VFIO NVMe), the vhost-user-blk
+//!   device and the record journal.
+//! - [`rdma`]: RDMA verbs, the remote memory pool and the write mirror.
 //! - [`fpga`]: the preprocessing card interface (ring ABI, software model), ITCH 5.0 decoding,
 //!   order books, CRC32C and the card clock.
-//! - [`hist`]: latency recording into HdrHistograms and `.hlog` interval logs.
-//! - [`kvswap`]: the KV-cache swap tier (host, NVMe and remote tiers, the swap engine).
+//! - [`kvswap`]: the KV-cache swap tier (host, NVMe and remote tiers, the swap engine), the
+//!   preemptive scheduler and its simulator.
 //!
 //! It holds no code of its own; the root `tests/` and `benches/` live here.
 
 pub use fastlane_fpga as fpga;
 pub use fastlane_hist as hist;
-pub use kvswap;
+pub use fastlane_nvme as nvme;
+pub use fastlane_rdma as rdma;
 pub use fastlane_ring as ring;
+pub use kvswap;
