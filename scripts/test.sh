@@ -5,7 +5,8 @@
 #   2. cargo clippy --workspace --all-targets -- -D warnings
 #   3. cargo test --workspace --all-targets  (unit, integration, QEMU-guest tests; criterion
 #      benches run once in test mode so they keep compiling)
-#   4. the loom models of fastlane-ring (RUSTFLAGS="--cfg loom", own target dir)
+#   4. cargo check -p kvswap --features cuda, doc tests
+#   5. the loom models of fastlane-ring (RUSTFLAGS="--cfg loom", own target dir)
 # Options: --skip-install  do not touch system packages (for a machine already set up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +39,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
 cargo test --workspace --all-targets --locked
+
+step "kvswap cuda feature compiles (no GPU here; it is exercised only where one exists)"
+cargo check -p kvswap --features cuda --locked
 
 step "doc tests"
 cargo test --workspace --doc --locked
