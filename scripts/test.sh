@@ -15,7 +15,7 @@ skip_install=0
 for arg in "$@"; do
   case "$arg" in
     --skip-install) skip_install=1 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
