@@ -1,7 +1,9 @@
 //! A fault-injecting block device for power-cut tests: writes land in a volatile image and
 //! become durable only at a flush; [`FaultDisk::power_cut`] returns what a power cut at this
 //! instant could leave on the medium (unflushed writes dropped, or some of them applied and
-//! one torn at a random byte).
+//! one torn at a random byte). With [`FaultDisk::deferred_flush`] a flush completes only some
+//! `complete` calls after it was submitted and then makes durable exactly the writes that had
+//! completed before its submission, so writes and flushes overlap as on a real queue.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -14,8 +16,9 @@ use crate::block::{
 struct State {
     durable: Vec<u8>,
     volatile: Vec<u8>,
-    /// Writes since the last flush, in submission order.
-    pending: Vec<(u64, Vec<u8>)>,
+    /// Writes not yet made durable, in submission order: (id, offset, bytes).
+    pending: Vec<(u64, u64, Vec<u8>)>,
+    next_id: u64,
 }
 
 /// How a power cut treats the unflushed writes.
@@ -31,13 +34,23 @@ pub(crate) enum Cut {
 pub(crate) struct FaultDisk {
     state: Arc<Mutex<State>>,
     size: u64,
+    /// Flushes complete this many `complete` calls after their submission (0: at once).
+    flush_delay: u32,
 }
 
 impl FaultDisk {
     pub(crate) fn new(image: Vec<u8>) -> FaultDisk {
         let size = image.len() as u64;
-        let state = State { durable: image.clone(), volatile: image, pending: Vec::new() };
-        FaultDisk { state: Arc::new(Mutex::new(state)), size }
+        let state =
+            State { durable: image.clone(), volatile: image, pending: Vec::new(), next_id: 0 };
+        FaultDisk { state: Arc::new(Mutex::new(state)), size, flush_delay: 0 }
+    }
+
+    /// Makes flushes complete `calls` `complete` calls after submission (writes still
+    /// complete at once), so the writer has writes and flushes in flight together.
+    pub(crate) fn deferred_flush(mut self, calls: u32) -> FaultDisk {
+        self.flush_delay = calls;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -55,11 +68,11 @@ impl FaultDisk {
             }
             let applied = (rng() % (order.len() as u64 + 1)) as usize;
             for &i in &order[..applied] {
-                let (off, bytes) = &st.pending[i];
+                let (_, off, bytes) = &st.pending[i];
                 img[*off as usize..*off as usize + bytes.len()].copy_from_slice(bytes);
             }
             if applied < order.len() {
-                let (off, bytes) = &st.pending[order[applied]];
+                let (_, off, bytes) = &st.pending[order[applied]];
                 let torn = (rng() % (bytes.len() as u64 + 1)) as usize;
                 img[*off as usize..*off as usize + torn].copy_from_slice(&bytes[..torn]);
             }
@@ -87,7 +100,12 @@ impl BlockDevice for FaultDisk {
     }
 
     fn open_queue(&self, depth: u32) -> std::io::Result<Box<dyn BlockQueue>> {
-        Ok(Box::new(FaultQueue { disk: self.clone(), depth, done: VecDeque::new() }))
+        Ok(Box::new(FaultQueue {
+            disk: self.clone(),
+            depth,
+            done: VecDeque::new(),
+            held: VecDeque::new(),
+        }))
     }
 }
 
@@ -95,6 +113,21 @@ struct FaultQueue {
     disk: FaultDisk,
     depth: u32,
     done: VecDeque<Completion>,
+    /// Deferred flushes: completion, the last write id it covers, `complete` calls left.
+    held: VecDeque<(Completion, Option<u64>, u32)>,
+}
+
+/// Makes the writes with id <= `upto` durable.
+fn make_durable(st: &mut State, upto: Option<u64>) {
+    let Some(upto) = upto else { return };
+    let pending = std::mem::take(&mut st.pending);
+    for (id, o, b) in pending {
+        if id <= upto {
+            st.durable[o as usize..o as usize + b.len()].copy_from_slice(&b);
+        } else {
+            st.pending.push((id, o, b));
+        }
+    }
 }
 
 impl FaultQueue {
@@ -130,18 +163,22 @@ impl FaultQueue {
                     bytes.extend_from_slice(src);
                 }
                 st.volatile[off..off + bytes.len()].copy_from_slice(&bytes);
-                st.pending.push((req.offset, bytes));
+                let id = st.next_id;
+                st.next_id += 1;
+                st.pending.push((id, req.offset, bytes));
             }
             BlockOp::WriteZeroes { .. } | BlockOp::Discard => {
                 let bytes = vec![0u8; len as usize];
                 st.volatile[off..off + bytes.len()].copy_from_slice(&bytes);
-                st.pending.push((req.offset, bytes));
+                let id = st.next_id;
+                st.next_id += 1;
+                st.pending.push((id, req.offset, bytes));
             }
             BlockOp::Flush => {
-                let pending = std::mem::take(&mut st.pending);
-                for (o, b) in pending {
-                    st.durable[o as usize..o as usize + b.len()].copy_from_slice(&b);
-                }
+                // Covers what completed before now: every write submitted so far (they
+                // complete inline).
+                let upto = st.next_id.checked_sub(1);
+                make_durable(&mut st, upto);
             }
         }
         Ok(len.min(u64::from(u32::MAX)) as u32)
@@ -150,8 +187,14 @@ impl FaultQueue {
 
 impl BlockQueue for FaultQueue {
     unsafe fn submit<'a>(&mut self, req: BlockRequest<'a>) -> Result<(), QueueFull<'a>> {
-        if self.done.len() >= self.depth as usize {
+        if self.done.len() + self.held.len() >= self.depth as usize {
             return Err(QueueFull(req));
+        }
+        if req.op == BlockOp::Flush && self.disk.flush_delay > 0 {
+            let upto = self.disk.lock().next_id.checked_sub(1);
+            let c = Completion { tag: req.tag, result: Ok(0) };
+            self.held.push_back((c, upto, self.disk.flush_delay));
+            return Ok(());
         }
         let result = self.run(&req);
         self.done.push_back(Completion { tag: req.tag, result });
@@ -163,6 +206,14 @@ impl BlockQueue for FaultQueue {
     }
 
     fn complete(&mut self, out: &mut [Completion]) -> usize {
+        for h in self.held.iter_mut() {
+            h.2 = h.2.saturating_sub(1);
+        }
+        while self.held.front().is_some_and(|h| h.2 == 0) {
+            let (c, upto, _) = self.held.pop_front().expect("checked");
+            make_durable(&mut self.disk.lock(), upto);
+            self.done.push_back(c);
+        }
         let n = out.len().min(self.done.len());
         for slot in out.iter_mut().take(n) {
             *slot = self.done.pop_front().expect("counted");
@@ -175,6 +226,6 @@ impl BlockQueue for FaultQueue {
     }
 
     fn in_flight(&self) -> u32 {
-        self.done.len() as u32
+        (self.done.len() + self.held.len()) as u32
     }
 }

@@ -1,0 +1,126 @@
+#!/bin/sh
+# Guest side of tools/tests/journal_rdma_guest.rs: the record journal replicated over RDMA
+# (soft-RoCE, rxe0 on dummy0, both ends on 127.0.0.1). Runs as root in a
+# tests/vm/run-guest.sh guest (busybox sh) with the rxe modules loaded.
+#
+#   replicated  `fastlane journal replica` stores what the mirror writes; a `replicated`
+#               journal appends N records, printing ACK lines as seqs become durable; the
+#               replica's file must verify, end at seq N and carry the primary's chain head.
+#   kill        the replica is killed with -9 while the primary appends: the primary must
+#               exit with the writer's replica error within the RDMA timeout (no hang), and
+#               every seq it acknowledged must be in both files, which still verify.
+#
+# Output: "CHECK name ok|FAIL detail" and "RESULT ..." lines. Exits non-zero on any failure;
+# every process is bounded by `timeout` or killed by this script.
+set -u
+
+ip link set dummy0 up
+ip addr add 10.11.12.1/24 dev dummy0
+rdma link add rxe0 type rxe netdev dummy0
+ulimit -l unlimited 2>/dev/null || true
+
+F=/bin/fastlane
+SIZE=16M
+N=${N:-3000}
+failures=0
+T=/tmp/jr
+mkdir -p $T
+
+ok() { echo "CHECK $1 ok${2:+ $2}"; }
+fail() { echo "CHECK $1 FAIL${2:+ $2}"; failures=$((failures + 1)); }
+
+# wait_for FILE TEXT SECONDS: until FILE contains TEXT (polling every 0.1 s)
+wait_for() {
+    n=0
+    while ! grep -q "$2" "$1" 2>/dev/null; do
+        n=$((n + 1))
+        [ "$n" -ge $(($3 * 10)) ] && return 1
+        sleep 0.1
+    done
+}
+
+# field NAME FILE: the value after "NAME " in a `journal verify` line
+field() { sed -n "s/.*$1 \([0-9a-f]*\).*/\1/p" "$2" | head -1; }
+
+# --- replicated: every acknowledged seq is in the replica's copy --------------------------
+t0=$(date +%s)
+timeout 60 $F journal replica --listen 127.0.0.1:7490 --device rxe0 --file $T/r1.journal \
+    --size $SIZE --sessions 1 >$T/r1.log 2>&1 &
+rpid=$!
+wait_for $T/r1.log READY 20 || { cat $T/r1.log; fail replica-start; }
+if timeout 60 $F journal append $T/p1.journal --size $SIZE --durability replicated \
+    --replica rdma://127.0.0.1:7490 --device rxe0 --generate "$N" --ack-every 100 \
+    >$T/p1.out 2>$T/p1.err; then
+    ok replicated-append "acks=$(grep -c '^ACK' $T/p1.out)"
+else
+    fail replicated-append "$(cat $T/p1.err)"
+fi
+wait $rpid || fail replica-exit "$(cat $T/r1.log)"
+cat $T/r1.log
+last=$(sed -n 's/^ACK //p' $T/p1.out | tail -1)
+$F journal verify $T/p1.journal >$T/v1p 2>&1 || true
+$F journal verify $T/r1.journal --expect-last-seq "$N" >$T/v1r 2>&1 || true
+cat $T/v1p $T/v1r
+ph=$(field head $T/v1p)
+rh=$(field head $T/v1r)
+if [ "$last" = "$N" ] && grep -q '^OK' $T/v1p && grep -q '^OK' $T/v1r && [ -n "$ph" ] && [ "$ph" = "$rh" ]; then
+    ok replica-has-every-acked-seq "last_ack=$last head=$rh"
+else
+    fail replica-has-every-acked-seq "last_ack=$last primary_head=$ph replica_head=$rh"
+fi
+echo "RESULT time replicated $(($(date +%s) - t0))s"
+
+# --- kill: a dead replica is a typed error at the primary, acks stay acks -------------------
+t0=$(date +%s)
+# No timeout(1) wrapper: $! must be the replica itself (kill -9 below).
+$F journal replica --listen 127.0.0.1:7491 --device rxe0 --file $T/r2.journal --size $SIZE \
+    >$T/r2.log 2>&1 &
+rpid=$!
+wait_for $T/r2.log READY 20 || { cat $T/r2.log; fail replica2-start; }
+timeout 90 $F journal append $T/p2.journal --size $SIZE --durability replicated \
+    --replica rdma://127.0.0.1:7491 --device rxe0 --replica-timeout-ms 3000 \
+    --generate 100000000 --ack-every 50 >$T/p2.out 2>$T/p2.err &
+ppid=$!
+# acks FILE: ACK lines so far (grep -c prints 0 and fails when there are none)
+acks() { c=$(grep -c '^ACK' "$1" 2>/dev/null); echo "${c:-0}"; }
+n=0
+while [ "$(acks $T/p2.out)" -lt 5 ] && [ "$n" -lt 300 ]; do
+    sleep 0.1
+    n=$((n + 1))
+done
+acks_before=$(acks $T/p2.out)
+[ "$acks_before" -ge 5 ] || { cat $T/r2.log $T/p2.err; fail primary-acked-before-kill "$acks_before"; }
+k0=$(date +%s)
+kill -9 $rpid
+wait $ppid
+prc=$?
+k1=$(date +%s)
+wait $rpid 2>/dev/null || true
+last=$(sed -n 's/^ACK //p' $T/p2.out | tail -1)
+echo "RESULT kill acks_before=$acks_before last_ack=$last primary_rc=$prc error_after=$((k1 - k0))s"
+sed 's/^/RESULT primary stderr: /' $T/p2.err | tail -3
+if [ "$prc" != 0 ] && [ "$prc" != 124 ] && grep -qi 'replica' $T/p2.err; then
+    ok dead-replica-typed-error "rc=$prc"
+else
+    fail dead-replica-typed-error "rc=$prc $(tail -2 $T/p2.err)"
+fi
+if [ $((k1 - k0)) -le 20 ]; then
+    ok dead-replica-no-hang "$((k1 - k0))s"
+else
+    fail dead-replica-no-hang "$((k1 - k0))s"
+fi
+$F journal verify $T/p2.journal >$T/v2p 2>&1 || true
+$F journal verify $T/r2.journal >$T/v2r 2>&1 || true
+cat $T/v2p $T/v2r
+pl=$(sed -n 's/.*last seq \([0-9]*\).*/\1/p' $T/v2p | head -1)
+rl=$(sed -n 's/.*last seq \([0-9]*\).*/\1/p' $T/v2r | head -1)
+if [ -n "$last" ] && [ -n "$pl" ] && [ -n "$rl" ] && grep -q '^OK' $T/v2p && grep -q '^OK' $T/v2r \
+    && [ "$pl" -ge "$last" ] && [ "$rl" -ge "$last" ]; then
+    ok acked-survive-replica-kill "last_ack=$last primary_last=$pl replica_last=$rl"
+else
+    fail acked-survive-replica-kill "last_ack=$last primary_last=$pl replica_last=$rl"
+fi
+echo "RESULT time kill $(($(date +%s) - t0))s"
+
+echo "RESULT failures=$failures"
+[ "$failures" = 0 ]
