@@ -720,6 +720,20 @@ impl<'a> FeedReader<'a> {
     }
 }
 
+impl FeedReader<'_> {
+    /// The next message that decodes; rejected ones are counted in [`stats`](Self::stats)
+    /// and skipped. `None` at the end of the feed (or at a truncation, also counted).
+    #[inline(always)]
+    pub fn next_message(&mut self) -> Option<Message> {
+        loop {
+            match self.next()? {
+                Ok(m) => return Some(m),
+                Err(_) => continue,
+            }
+        }
+    }
+}
+
 impl Iterator for FeedReader<'_> {
     type Item = Result<Message, ItchError>;
 

@@ -367,6 +367,14 @@ fn bad_input_is_counted_and_the_reader_resynchronises() {
         (3, 1, 1, 1, 1, 1)
     );
     assert_eq!(s.by_type[usize::from(b'D')], 3);
+    // The same feed through `next_message`: the good messages, the rest counted.
+    let mut r = FeedReader::new(&feed);
+    let mut n = 0;
+    while let Some(m) = r.next_message() {
+        assert_eq!(m.body, Body::OrderDelete { order_ref: 7 });
+        n += 1;
+    }
+    assert_eq!((n, r.stats().errors()), (3, 5));
     // A lone byte: a truncated length prefix.
     let mut r = FeedReader::new(&[0x00]);
     assert!(matches!(r.next(), Some(Err(ItchError::Truncated { needed: 2, available: 1, .. }))));

@@ -254,7 +254,7 @@ fn replay_soft(feed: &[u8], symbols: &[Stock]) -> Outcome {
     let mut filter = (!symbols.is_empty()).then(|| SymbolFilter::new(symbols));
     let mut names = BTreeMap::new();
     let mut reader = FeedReader::new(feed);
-    for m in reader.by_ref().flatten() {
+    while let Some(m) = reader.next_message() {
         if let Some(f) = filter.as_mut() {
             if !f.admit(&m) {
                 continue;
