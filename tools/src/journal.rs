@@ -610,6 +610,31 @@ fn bench(a: &BenchArgs) -> Result<()> {
     let ap = pcts(&append_rec);
     hlog.write_histogram(Some("append"), Duration::ZERO, elapsed, append_rec.current())?;
 
+    // 3. The floor: pwrite + fdatasync of one frame's bytes on the same file system, half of
+    //    the calls right before the ack run and half right after it, so that the ratio
+    //    compares the same minutes of a shared disk whose flush time drifts.
+    let mut bp = a.file.as_os_str().to_owned();
+    bp.push(".baseline");
+    let bp = PathBuf::from(bp);
+    let _ = std::fs::remove_file(&bp);
+    let bf = OpenOptions::new().read(true).write(true).create_new(true).open(&bp)?;
+    bf.set_len(a.size.min(64 << 20))?;
+    let mut base_rec = LatencyRecorder::with_max(10_000_000_000)?;
+    let frame = vec![0x5Au8; 48 + a.record_bytes.div_ceil(8) * 8];
+    let bstart = Instant::now();
+    let mut base_done = 0u64;
+    let mut floor = |n: u64, rec: &mut LatencyRecorder| -> Result<()> {
+        for _ in 0..n {
+            let c0 = tsc();
+            bf.write_all_at(&frame, base_done * frame.len() as u64)?;
+            bf.sync_data()?;
+            rec.record((tsc().wrapping_sub(c0) as f64 * npt) as u64);
+            base_done += 1;
+        }
+        Ok(())
+    };
+    floor(a.baseline_ops / 2, &mut base_rec)?;
+
     // 2. Durable-ack latency under a steady load: append at `rate`, a waiter thread stamps
     //    each seq when it becomes durable.
     let j = Arc::new(fresh_journal(a, WaitStrategy::default())?);
@@ -667,22 +692,8 @@ fn bench(a: &BenchArgs) -> Result<()> {
     load_stats.close()?;
     hlog.write_histogram(Some("ack"), Duration::ZERO, ack_elapsed, ack_rec.current())?;
 
-    // 3. The floor: pwrite + fdatasync of the same bytes on the same file system.
-    let mut bp = a.file.as_os_str().to_owned();
-    bp.push(".baseline");
-    let bp = PathBuf::from(bp);
-    let _ = std::fs::remove_file(&bp);
-    let bf = OpenOptions::new().read(true).write(true).create_new(true).open(&bp)?;
-    bf.set_len(a.size.min(64 << 20))?;
-    let mut base_rec = LatencyRecorder::with_max(10_000_000_000)?;
-    let frame = vec![0x5Au8; 48 + a.record_bytes.div_ceil(8) * 8];
-    let bstart = Instant::now();
-    for i in 0..a.baseline_ops {
-        let c0 = tsc();
-        bf.write_all_at(&frame, i * frame.len() as u64)?;
-        bf.sync_data()?;
-        base_rec.record((tsc().wrapping_sub(c0) as f64 * npt) as u64);
-    }
+    // 3. The floor, second half (after the ack run; the first half ran just before it).
+    floor(a.baseline_ops - a.baseline_ops / 2, &mut base_rec)?;
     hlog.write_histogram(
         Some("pwrite_fdatasync"),
         Duration::ZERO,
