@@ -135,6 +135,13 @@ impl Drr {
         None
     }
 
+    /// The flow [`pick`](Self::pick) would visit first: the first non-empty flow from the
+    /// cursor. Changes nothing (for callers that only need to know who is next).
+    pub fn peek(&self, head_cost: impl Fn(usize) -> Option<u64>) -> Option<usize> {
+        let n = self.deficit.len();
+        (0..n).map(|k| (self.cursor + k) % n).find(|&f| head_cost(f).is_some())
+    }
+
     /// Charge `cost` to `flow` after serving its head.
     pub fn charge(&mut self, flow: usize, cost: u64) {
         self.deficit[flow] = self.deficit[flow].saturating_sub(cost);

@@ -9,15 +9,18 @@
 //! - Runs one step at a time ([`Scheduler::schedule`] → the caller runs the batch →
 //!   [`Scheduler::complete_step`]). A step holds one decode token per running sequence and
 //!   prefill chunks of at most `chunk_tokens` each (Sarathi-Serve's chunked prefill), within
-//!   a token budget; decodes go first, then unfinished prefills, then new sequences.
+//!   a token budget; decodes go first, then prefill chunks.
 //! - Admits requests at the router (policies `drr` and `drr+preempt`): a per-tenant token
 //!   bucket (capacity B, refill rpm/60 per second) and a per-tenant concurrency limit. A
 //!   request needs both; one that has a bucket token but no free slot does **not** spend the
 //!   token. Refused requests wait in a bounded per-tenant router queue or get a 429. The slot
 //!   is held until the stream's last token, or until the max-stream-duration fence ends it.
-//! - Picks which admitted request starts next by deficit round robin across tenants on token
-//!   cost (prompt tokens), interactive tier before batch tier. Policy `fifo` is the baseline:
-//!   one global arrival-order queue, no bucket, no tiers.
+//! - Shares each step's prefill token budget across tenants by deficit round robin on chunk
+//!   tokens, interactive tier before batch tier: a tenant's prefill work is its running
+//!   prefills and then its admitted requests, so a request that waits gets its tenant's share
+//!   of the very next step however many prefills another tenant has under way, and which
+//!   tenant's request starts next is DRR's choice too. Policy `fifo` is the baseline: one
+//!   global arrival-order queue, running prefills oldest first, no bucket, no tiers.
 //! - Under `drr+preempt`, when an interactive request is waiting and the free pool cannot
 //!   take it, preempts batch sequences at the step boundary, cheapest first, by swap (through
 //!   a [`SwapPort`]) or by recompute, whichever the [`PreemptCosts`] model says costs less;
@@ -353,8 +356,6 @@ struct Seq {
     /// recompute preemption).
     target: u32,
     generated: u32,
-    /// Whether DRR has charged for this sequence's prompt.
-    charged: bool,
     state: State,
     last_token_ns: Option<u64>,
     /// Order of (re)starting; larger = newer (victims are chosen newest first).
@@ -594,7 +595,6 @@ impl<P: SwapPort> Scheduler<P> {
                 computed: 0,
                 target: req.prompt_tokens,
                 generated: 0,
-                charged: false,
                 state: State::Waiting,
                 last_token_ns: None,
                 start_order: 0,
@@ -643,10 +643,14 @@ impl<P: SwapPort> Scheduler<P> {
         // running ones, then new ones — and only then the batch tier's, so batch prefill
         // chunks never take the token budget an interactive request is waiting for.
         self.plan_decodes(now_ns, &mut budget, &mut seqs_left);
-        if self.cfg.policy != Policy::Fifo {
-            self.plan_prefills(Tier::Interactive, &mut budget, &mut seqs_left);
-            self.plan_new(now_ns, Some(Tier::Interactive), &mut budget, &mut seqs_left);
+        if self.cfg.policy == Policy::Fifo {
+            self.plan_prefills(Tier::Batch, &mut budget, &mut seqs_left);
+            self.plan_new(now_ns, &mut budget, &mut seqs_left);
+            return self.finish_plan();
         }
+        // Each tier's prefill work — chunks of running prefills and new starts alike — gets
+        // the step's remaining budget shared across its tenants by deficit round robin.
+        let blocked = self.plan_tier(now_ns, Tier::Interactive, false, &mut budget, &mut seqs_left);
         // `drr+preempt` also preempts batch work in compute: while an interactive request
         // waits for or is in its prefill, batch prefill chunks sit the step out (their
         // decodes keep running), so the step it lands in is short.
@@ -657,9 +661,14 @@ impl<P: SwapPort> Scheduler<P> {
                     && matches!(s.state, State::Waiting | State::Running)
             });
         if !hold_batch {
-            self.plan_prefills(Tier::Batch, &mut budget, &mut seqs_left);
-            self.plan_new(now_ns, None, &mut budget, &mut seqs_left);
+            // An interactive start waiting for blocks keeps batch starts out (it keeps what
+            // preemption freed); running batch prefills still get their chunks.
+            self.plan_tier(now_ns, Tier::Batch, blocked, &mut budget, &mut seqs_left);
         }
+        self.finish_plan()
+    }
+
+    fn finish_plan(&mut self) -> Result<&StepPlan, SchedError> {
         debug_assert_eq!(self.blocks.accounted(), self.blocks.total());
         if !self.plan.is_empty() {
             self.planned = true;
@@ -742,50 +751,15 @@ impl<P: SwapPort> Scheduler<P> {
         }
     }
 
-    /// The request the policy would start next, without taking it.
-    fn peek_next(&mut self, tier: Option<Tier>) -> Option<SeqId> {
-        if self.cfg.policy == Policy::Fifo {
-            return self.fifo.front().copied();
-        }
-        let tiers: &[Tier] = match tier {
-            Some(Tier::Interactive) => &[Tier::Interactive],
-            Some(Tier::Batch) => &[Tier::Batch],
-            None => &[Tier::Interactive, Tier::Batch],
-        };
-        for &tier in tiers {
-            let tenants = &self.tenants;
-            let seqs = &self.seqs;
-            let cost = |t: usize| -> Option<u64> {
-                let ts = &tenants[t];
-                if ts.cfg.tier != tier {
-                    return None;
-                }
-                let id = ts.ready.front()?;
-                let s = seqs.get(id)?;
-                Some(if s.charged { 0 } else { u64::from(s.req.prompt_tokens) })
-            };
-            if let Some(t) = self.drr[tier_index(tier)].pick(cost) {
-                return self.tenants[t].ready.front().copied();
-            }
-        }
-        None
-    }
-
-    fn take_next(&mut self, seq: SeqId) {
-        if self.cfg.policy == Policy::Fifo {
-            let front = self.fifo.pop_front();
-            debug_assert_eq!(front, Some(seq));
-            return;
-        }
-        let Some(s) = self.seqs.get_mut(&seq) else { return };
-        let t = s.req.tenant;
-        if !s.charged {
-            s.charged = true;
-            let cost = u64::from(s.req.prompt_tokens);
-            self.drr[tier_index(s.tier)].charge(t, cost);
-        }
-        let front = self.tenants[t].ready.pop_front();
-        debug_assert_eq!(front, Some(seq));
+    /// The interactive request that would start next (the first interactive tenant, from
+    /// the DRR cursor, with a request ready to start), without taking it.
+    fn peek_interactive(&self) -> Option<SeqId> {
+        let tenants = &self.tenants;
+        let t = self.drr[tier_index(Tier::Interactive)].peek(|t| {
+            let ts = &tenants[t];
+            (ts.cfg.tier == Tier::Interactive && !ts.ready.is_empty()).then_some(0)
+        })?;
+        self.tenants[t].ready.front().copied()
     }
 
     /// Blocks a waiting sequence needs to start (or resume).
@@ -800,7 +774,7 @@ impl<P: SwapPort> Scheduler<P> {
     /// `drr+preempt`: if the next interactive request cannot get blocks, free them by
     /// preempting batch sequences, cheapest first.
     fn preempt_for_interactive(&mut self, now_ns: u64) {
-        let Some(cand) = self.peek_next(Some(Tier::Interactive)) else { return };
+        let Some(cand) = self.peek_interactive() else { return };
         let need = self.start_need(cand) + self.cfg.watermark_blocks;
         // Blocks pinned by swap-outs come back on their own; count them as on the way.
         let have = self.blocks.free() + self.blocks.pinned();
@@ -979,64 +953,161 @@ impl<P: SwapPort> Scheduler<P> {
         }
     }
 
-    fn plan_new(&mut self, now_ns: u64, tier: Option<Tier>, budget: &mut u32, seqs_left: &mut u32) {
+    /// Policy `fifo`: start new sequences in arrival order while blocks and budget last.
+    fn plan_new(&mut self, now_ns: u64, budget: &mut u32, seqs_left: &mut u32) {
         // Bounded by the number of live sequences: each pass starts one or stops.
         for _ in 0..=self.seqs.len() {
             if *seqs_left == 0 || *budget == 0 {
                 return;
             }
-            let Some(id) = self.peek_next(tier) else { return };
-            let need = self.start_need(id);
-            if self.blocks.free() < need + self.cfg.watermark_blocks {
-                // Wait for blocks; nothing behind it may take them (no starvation by
-                // smaller requests, and the interactive tier keeps what preemption freed).
-                return;
+            let Some(id) = self.fifo.front().copied() else { return };
+            let Some(chunk) = self.start_chunk(id, *budget) else { return };
+            self.fifo.pop_front();
+            self.start(now_ns, id, chunk, budget, seqs_left);
+        }
+    }
+
+    /// The chunk `id` would start with (0: a swap-in), or `None` if it cannot start now
+    /// (no blocks, or a whole prompt that does not fit the budget left).
+    fn start_chunk(&self, id: SeqId, budget: u32) -> Option<u32> {
+        let s = self.seqs.get(&id)?;
+        if self.blocks.free() < self.start_need(id) + self.cfg.watermark_blocks {
+            return None;
+        }
+        if matches!(s.state, State::SwappedOut) {
+            return Some(0);
+        }
+        let chunk = self.chunk_for(s.target.saturating_sub(s.computed), budget);
+        (chunk > 0).then_some(chunk)
+    }
+
+    /// Start (or resume) `id`, already taken off its queue; `chunk` from
+    /// [`start_chunk`](Self::start_chunk).
+    fn start(&mut self, now_ns: u64, id: SeqId, chunk: u32, budget: &mut u32, seqs_left: &mut u32) {
+        self.order += 1;
+        let order = self.order;
+        let Some(s) = self.seqs.get_mut(&id) else { return };
+        s.start_order = order;
+        if matches!(s.state, State::SwappedOut) {
+            let tokens = s.computed;
+            let t = s.req.tenant;
+            // Cannot fail: free >= need checked by start_chunk.
+            let _ = self.blocks.grow(id, tokens);
+            let table = self.blocks.table(id).unwrap_or(&[]).to_vec();
+            match self.port.swap_in(now_ns, id, &table) {
+                Ok(()) => {
+                    s.state = State::SwappingIn;
+                    let bytes = table.len() as u64 * self.cfg.preempt.block_bytes();
+                    self.tenants[t].stats.swap_in_bytes += bytes;
+                }
+                Err(_) => {
+                    // The host copy is unusable: recompute instead.
+                    self.blocks.release(id);
+                    self.port.drop_seq(id);
+                    s.target = s.target.max(s.computed);
+                    s.computed = 0;
+                    s.state = State::Waiting;
+                    self.requeue_front(t, id);
+                }
             }
-            let Some(s) = self.seqs.get(&id) else { return };
-            let swapped = matches!(s.state, State::SwappedOut);
-            let remaining = s.target.saturating_sub(s.computed);
-            let chunk = if swapped { 0 } else { self.chunk_for(remaining, *budget) };
-            if !swapped && chunk == 0 {
-                return;
+            return;
+        }
+        let target = s.target;
+        // Cannot fail: free >= need checked by start_chunk.
+        let _ = self.blocks.grow(id, target);
+        s.state = State::Running;
+        self.running.push(id);
+        self.push_item(id, StepKind::Prefill { tokens: chunk });
+        *budget = budget.saturating_sub(chunk);
+        *seqs_left -= 1;
+    }
+
+    /// Policies `drr` and `drr+preempt`: the prefill work of one tier. Each tenant's work is
+    /// its running prefills (oldest first), then the requests of its ready queue; deficit
+    /// round robin across tenants, on chunk tokens, decides whose next chunk goes into the
+    /// step until the budget or the sequence limit runs out. So a tenant with a request
+    /// waiting gets its share of this very step, however many prefills another tenant has
+    /// under way. A start that cannot get blocks stops all starts of the tier for this step
+    /// (nothing smaller behind it takes the blocks it waits for); `starts_blocked` passes
+    /// that in from the interactive tier, and the return value passes it on.
+    fn plan_tier(
+        &mut self,
+        now_ns: u64,
+        tier: Tier,
+        mut starts_blocked: bool,
+        budget: &mut u32,
+        seqs_left: &mut u32,
+    ) -> bool {
+        let n = self.tenants.len();
+        let mut running: Vec<VecDeque<SeqId>> = vec![VecDeque::new(); n];
+        for id in self.running_in_order() {
+            let Some(s) = self.seqs.get(&id) else { continue };
+            if s.tier == tier && matches!(s.state, State::Running) && s.computed < s.target {
+                running[s.req.tenant].push_back(id);
             }
-            self.take_next(id);
-            self.order += 1;
-            let order = self.order;
-            let Some(s) = self.seqs.get_mut(&id) else { return };
-            s.start_order = order;
-            if swapped {
-                let tokens = s.computed;
-                let t = s.req.tenant;
-                // Cannot fail: free >= need checked above.
-                let _ = self.blocks.grow(id, tokens);
-                let table = self.blocks.table(id).unwrap_or(&[]).to_vec();
-                match self.port.swap_in(now_ns, id, &table) {
-                    Ok(()) => {
-                        s.state = State::SwappingIn;
-                        let bytes = table.len() as u64 * self.cfg.preempt.block_bytes();
-                        self.tenants[t].stats.swap_in_bytes += bytes;
+        }
+        // Each pass plans one item, drops one running prefill that cannot go this step, or
+        // blocks the starts; so the bound is never reached before the work runs out.
+        let mut heads: Vec<Option<(SeqId, u32, bool)>> = vec![None; n];
+        for _ in 0..(2 * self.seqs.len() + n + 2) {
+            if *seqs_left == 0 || *budget == 0 {
+                break;
+            }
+            for (t, head) in heads.iter_mut().enumerate() {
+                *head = None;
+                if self.tenants[t].cfg.tier != tier {
+                    continue;
+                }
+                // Running prefills whose chunk does not fit (whole-prompt mode) sit out.
+                while let Some(&id) = running[t].front() {
+                    let left = self.seqs.get(&id).map_or(0, |s| s.target - s.computed);
+                    let chunk = self.chunk_for(left, *budget);
+                    if chunk > 0 {
+                        *head = Some((id, chunk, false));
+                        break;
                     }
-                    Err(_) => {
-                        // The host copy is unusable: recompute instead.
-                        self.blocks.release(id);
-                        self.port.drop_seq(id);
-                        s.target = s.target.max(s.computed);
-                        s.computed = 0;
-                        s.state = State::Waiting;
-                        self.requeue_front(t, id);
+                    running[t].pop_front();
+                }
+                if head.is_none() && !starts_blocked {
+                    if let Some(&id) = self.tenants[t].ready.front() {
+                        let s = &self.seqs[&id];
+                        let chunk = if matches!(s.state, State::SwappedOut) {
+                            0
+                        } else {
+                            self.chunk_for(s.target.saturating_sub(s.computed), *budget)
+                        };
+                        let swapped = matches!(s.state, State::SwappedOut);
+                        if swapped || chunk > 0 {
+                            *head = Some((id, chunk, true));
+                        }
                     }
                 }
+            }
+            let drr = &mut self.drr[tier_index(tier)];
+            let Some(t) = drr.pick(|t| heads[t].map(|(_, chunk, _)| u64::from(chunk))) else {
+                break;
+            };
+            let Some((id, chunk, is_start)) = heads[t] else { break };
+            if !is_start {
+                running[t].pop_front();
+                drr.charge(t, u64::from(chunk));
+                self.push_item(id, StepKind::Prefill { tokens: chunk });
+                *budget = budget.saturating_sub(chunk);
+                *seqs_left -= 1;
                 continue;
             }
-            let target = s.target;
-            // Cannot fail: free >= need checked above.
-            let _ = self.blocks.grow(id, target);
-            s.state = State::Running;
-            self.running.push(id);
-            self.push_item(id, StepKind::Prefill { tokens: chunk });
-            *budget = budget.saturating_sub(chunk);
-            *seqs_left -= 1;
+            match self.start_chunk(id, *budget) {
+                Some(chunk) => {
+                    self.drr[tier_index(tier)].charge(t, u64::from(chunk));
+                    self.tenants[t].ready.pop_front();
+                    self.start(now_ns, id, chunk, budget, seqs_left);
+                }
+                // Wait for blocks; nothing behind it may take them (no starvation by
+                // smaller requests, and the interactive tier keeps what preemption freed).
+                None => starts_blocked = true,
+            }
         }
+        starts_blocked
     }
 
     /// The step planned by [`schedule`](Self::schedule) finished at `now_ns`: emit tokens,
@@ -1310,6 +1381,41 @@ mod tests {
         let st = s.stats(0).unwrap();
         assert_eq!((st.fenced, st.completed), (1, 1));
         assert_eq!(s.live(), 0);
+    }
+
+    #[test]
+    fn a_waiting_quiet_prefill_gets_its_share_of_the_next_step() {
+        // The flooder has eight long prefills under way: its chunks alone would fill every
+        // step's 2,048-token budget for many steps. The quiet tenant's request must get a
+        // chunk in the very next step (DRR over the step's prefill budget), not wait behind
+        // the flooder's admitted chunks.
+        let tenants = vec![
+            tenant("flood", Tier::Interactive, 1e9, 1e9, 1000, Overflow::Reject),
+            tenant("quiet", Tier::Interactive, 1e9, 1e9, 1000, Overflow::Reject),
+        ];
+        let mut s = Scheduler::new(cfg(Policy::Drr, 10_000), tenants, port()).unwrap();
+        for i in 0..8 {
+            s.submit(0, req(i, 0, 8000, 4, 0)).unwrap();
+        }
+        let mut now = 0;
+        for _ in 0..2 {
+            let _ = s.schedule(now).unwrap();
+            now += 10_000_000;
+            s.complete_step(now).unwrap();
+        }
+        s.submit(now, req(100, 1, 2000, 4, now)).unwrap();
+        let plan = s.schedule(now).unwrap();
+        let quiet: u32 = plan
+            .items
+            .iter()
+            .filter(|i| i.tenant == 1)
+            .map(|i| match i.kind {
+                StepKind::Prefill { tokens } => tokens,
+                StepKind::Decode => 0,
+            })
+            .sum();
+        assert_eq!(quiet, 512, "quiet chunk in the next step: {plan:?}");
+        assert_eq!(plan.prefill_tokens, 2048, "the flooder gets the rest (work conserving)");
     }
 
     #[test]
