@@ -1,0 +1,133 @@
+//! End-to-end test of `fastlane kv sim`: a short scenario with `--json`, the per-tenant
+//! fields, the `.hlog` (read back by `fastlane hist`) and the SVG.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn fastlane(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fastlane")).args(args).output().expect("run fastlane")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = fastlane(args);
+    assert!(
+        out.status.success(),
+        "fastlane {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn sim_json_hlog_and_svg() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let out = dir.path().join("out");
+    let text = ok(&[
+        "kv",
+        "sim",
+        "--scenario",
+        "a",
+        "--policy",
+        "drr",
+        "--seconds",
+        "10",
+        "--seed",
+        "3",
+        "--swap-ns-per-byte",
+        "0.04",
+        "--json",
+        "--out",
+        s(&out),
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&text).expect("--json prints JSON");
+    assert_eq!(v["simulation"], true);
+    assert_eq!(v["scenario"], "a");
+    assert_eq!(v["policy"], "drr");
+    assert_eq!(v["seed"], 3);
+    assert_eq!(v["chunk_tokens"], 512);
+    let tenants = v["tenants"].as_array().unwrap();
+    let names: Vec<&str> = tenants.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["quiet", "flooder"]);
+    for t in tenants {
+        for key in [
+            "tier",
+            "submitted",
+            "admitted",
+            "rejected",
+            "queued",
+            "completed",
+            "unserved",
+            "tokens_per_s",
+            "preempted_swap",
+            "preempted_recompute",
+            "swap_out_bytes",
+            "swap_in_bytes",
+        ] {
+            assert!(!t[key].is_null(), "{key} missing in {t}");
+        }
+        assert_eq!(t["tier"], "interactive");
+        let ttft = &t["ttft_ns"];
+        let p: Vec<u64> =
+            ["p50", "p95", "p99", "p99_9"].iter().map(|k| ttft[*k].as_u64().unwrap()).collect();
+        assert!(p[0] > 0 && p.windows(2).all(|w| w[0] <= w[1]), "{ttft}");
+        assert!(ttft["count"].as_u64().unwrap() > 0);
+        let submitted = t["submitted"].as_u64().unwrap();
+        let admitted = t["admitted"].as_u64().unwrap();
+        let rejected = t["rejected"].as_u64().unwrap();
+        assert_eq!(admitted + rejected, submitted, "{t}");
+    }
+    // The flooder is held to its bucket (B = 10, 60 rpm): 429s.
+    let flood = &tenants[1];
+    assert!(flood["rejected"].as_u64().unwrap() > flood["admitted"].as_u64().unwrap());
+    assert!(flood["admitted"].as_u64().unwrap() <= 10 + 10 + 1);
+
+    // The .hlog: every tenant's TTFT and token-gap tags, readable by `fastlane hist`.
+    let stem = "sim-a-drr-chunk512-seed3";
+    let hlog = out.join(format!("{stem}.hlog"));
+    assert!(hlog.is_file(), "{} missing", hlog.display());
+    let hist = ok(&["hist", "--json", s(&hlog)]);
+    let h: serde_json::Value = serde_json::from_str(&hist).unwrap();
+    let text = h.to_string();
+    for tag in ["quiet.ttft", "quiet.token", "flooder.ttft", "flooder.token"] {
+        assert!(text.contains(tag), "tag {tag} missing in {hist}");
+    }
+    let quiet = ok(&["hist", "--tag", "quiet.ttft", s(&hlog)]);
+    assert!(quiet.lines().count() >= 2, "{quiet}");
+
+    // The SVG: one well-formed document with a series per tenant.
+    let svg = std::fs::read_to_string(out.join(format!("{stem}-ttft.svg"))).unwrap();
+    let svg = svg.trim();
+    assert!(svg.starts_with("<svg") || svg.starts_with("<?xml"), "{}", &svg[..60.min(svg.len())]);
+    assert!(svg.ends_with("</svg>"));
+    assert_eq!(svg.matches("<svg").count(), 1);
+    assert!(svg.contains("quiet") && svg.contains("flooder"));
+    assert!(svg.contains("simulation"));
+    assert_well_formed(svg);
+}
+
+/// Every element opened is closed in order (a small check, not a full XML parser).
+fn assert_well_formed(doc: &str) {
+    let mut stack: Vec<String> = Vec::new();
+    let mut rest = doc;
+    while let Some(i) = rest.find('<') {
+        rest = &rest[i + 1..];
+        let end = rest.find('>').expect("unterminated tag");
+        let tag = &rest[..end];
+        rest = &rest[end + 1..];
+        if tag.starts_with('?') || tag.starts_with('!') {
+            continue;
+        }
+        if let Some(name) = tag.strip_prefix('/') {
+            let open = stack.pop().unwrap_or_else(|| panic!("</{name}> closes nothing"));
+            assert_eq!(open, name.trim(), "mismatched </{name}>");
+        } else if !tag.ends_with('/') {
+            let name = tag.split_whitespace().next().unwrap_or_default();
+            stack.push(name.to_string());
+        }
+    }
+    assert!(stack.is_empty(), "unclosed: {stack:?}");
+}
