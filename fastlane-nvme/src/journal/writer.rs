@@ -431,6 +431,15 @@ impl Writer {
             return Ok(false);
         }
         let Some(mut b) = self.pending.take() else { return Ok(false) };
+        // The torn-window bound (module docs): every unflushed byte lies within
+        // `max_batch_bytes` of the last flushed end, which recovery's scan reaches.
+        debug_assert!(
+            b.end <= self.flushed_end + u64::from(self.sb.max_batch_bytes),
+            "batch [{}, {}) outside the torn window of flushed end {}",
+            b.base,
+            b.end,
+            self.flushed_end
+        );
         let align = self.align();
         let used = (b.end - b.base) as usize;
         let wlen = ((used as u64).div_ceil(align) * align) as usize;
