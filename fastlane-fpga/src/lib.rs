@@ -3,18 +3,17 @@
 //!
 //! - [`abi`]: the register map, descriptor and completion layouts, op codes (the contract
 //!   with hardware; `docs/fpga-abi.md` is its prose form).
-//! - [`card`]: the [`Card`](card::Card) trait, [`HostQueue`](card::HostQueue) (the driver
-//!   side of the rings over any [`Bar`](card::Bar)), and [`SoftCard`](card::SoftCard), the
-//!   software model (an engine thread that honours doorbells, reads descriptors, runs the op
-//!   and writes completions).
+//! - [`mod@card`]: the [`card::Card`] trait, [`card::HostQueue`] (the driver side of the rings
+//!   over any [`card::Bar`]), and [`card::SoftCard`], the software model (an engine thread that
+//!   honours doorbells, reads descriptors, runs the op and writes completions).
 //! - [`itch`]: NASDAQ TotalView-ITCH 5.0 decoding of every message type, and encoding.
 //! - [`book`]: order-book reconstruction per stock locate with top-of-book changes.
 //! - [`event`]: the 64-byte normalized event the card writes.
 //! - [`filter`]: filtering by symbol set.
-//! - [`crc32c`] and [`clock`]: the checksum and the card clock, callable directly by the
+//! - [`mod@crc32c`] and [`clock`]: the checksum and the card clock, callable directly by the
 //!   journal without a ring round trip ([`crc32c::crc32c`], [`clock::CardClock::now_ns`]).
 //! - [`gen`]: a deterministic, realistic ITCH feed generator for tests and benchmarks.
-//! - [`reference`]: a naive `BTreeMap` order book, the oracle for tests and fuzzing.
+//! - [`mod@reference`]: a naive `BTreeMap` order book, the oracle for tests and fuzzing.
 //!
 //! It does not talk to real hardware yet: the VFIO-mapped BAR backend is a documented seam
 //! ([`card::MmioBar`] + [`card::HostQueue`]), not a driver.
