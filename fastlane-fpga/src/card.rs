@@ -96,13 +96,21 @@ impl<B: Bar + ?Sized> Bar for Arc<B> {
 #[derive(Debug)]
 pub struct SoftBar {
     regs: Box<[AtomicU32]>,
+    /// The clock behind `CLOCK_LO`/`CLOCK_HI`.
+    clock: CardClock,
 }
 
 impl SoftBar {
-    /// A register file reset to power-on values (ID, VERSION, CAPS set; the rest zero).
+    /// A register file reset to power-on values (ID, VERSION, CAPS set; the rest zero), with a
+    /// clock whose epoch is now.
     pub fn new() -> Self {
+        Self::with_clock(CardClock::new())
+    }
+
+    /// As [`new`](Self::new), with `CLOCK_LO`/`CLOCK_HI` reading `clock`.
+    pub fn with_clock(clock: CardClock) -> Self {
         let regs: Box<[AtomicU32]> = (0..abi::BAR_SIZE / 4).map(|_| AtomicU32::new(0)).collect();
-        let bar = Self { regs };
+        let bar = Self { regs, clock };
         bar.write32(reg::ID, abi::ABI_MAGIC);
         bar.write32(reg::VERSION, abi::ABI_VERSION);
         bar.write32(reg::CAPS, abi::CAPS_ALL);
@@ -123,6 +131,12 @@ impl Default for SoftBar {
 
 impl Bar for SoftBar {
     fn read32(&self, offset: usize) -> u32 {
+        if offset == reg::CLOCK_LO {
+            // Reading LO samples the clock and latches HI, so LO-then-HI reads one instant.
+            let now = self.clock.now_ns();
+            self.at(reg::CLOCK_HI).store((now >> 32) as u32, Ordering::Release);
+            return now as u32;
+        }
         self.at(offset).load(Ordering::Acquire)
     }
     fn write32(&self, offset: usize, value: u32) {
@@ -276,6 +290,13 @@ impl<B: Bar> HostQueue<B> {
     /// The register BAR.
     pub fn bar(&self) -> &B {
         &self.bar
+    }
+
+    /// The card clock from `CLOCK_LO` then `CLOCK_HI` (reading LO latches HI), ns.
+    pub fn card_clock_ns(&self) -> u64 {
+        let lo = self.bar.read32(reg::CLOCK_LO);
+        let hi = self.bar.read32(reg::CLOCK_HI);
+        u64::from(hi) << 32 | u64::from(lo)
     }
 
     /// Descriptor ring entries.
@@ -451,9 +472,9 @@ pub struct SoftCard {
 impl SoftCard {
     /// Start the engine thread and bring the queue up.
     pub fn new(config: SoftCardConfig) -> Result<Self, CardError> {
-        let bar = Arc::new(SoftBar::new());
-        let stop = Arc::new(AtomicBool::new(false));
         let clock = CardClock::new();
+        let bar = Arc::new(SoftBar::with_clock(clock));
+        let stop = Arc::new(AtomicBool::new(false));
         let entries = 1usize << config.desc_ring_log2.min(abi::RING_LOG2_MAX);
         let staging = DmaBuffer::new(entries * ITCH_STAGING_BYTES)?;
         let events = DmaBuffer::new(entries * ITCH_EVENTS_PER_SLOT * size_of::<Event>())?;
@@ -486,6 +507,11 @@ impl SoftCard {
     /// The card's clock (same epoch as the engine's).
     pub fn clock(&self) -> CardClock {
         self.clock
+    }
+
+    /// The card clock read through the registers (`CLOCK_LO`/`CLOCK_HI`).
+    pub fn register_clock_ns(&self) -> u64 {
+        self.queue.card_clock_ns()
     }
 
     /// The register file, for inspection.
