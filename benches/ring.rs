@@ -16,6 +16,8 @@
 //!   latency is half of it. `atomic` is two threads bouncing one `AtomicU64`: no ring can beat
 //!   it.
 //!
+//! fastlane's channels use `WaitStrategy::BusySpin`, like the peers, which cannot park.
+//!
 //! Every spin loop here is bounded by the number of items criterion asked for.
 
 use std::hint::black_box;
@@ -27,6 +29,10 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
 const CAPACITY: usize = 4096;
+/// Every peer here spins (none of them can put a waiter to sleep), so fastlane's channels are
+/// made with `BusySpin` too: no wake-up bookkeeping on push/pop. `fastlane bench ring` also
+/// measures the default (parking) strategy.
+const SPIN: fastlane::ring::WaitStrategy = fastlane::ring::WaitStrategy::BusySpin;
 const BATCH: usize = 64;
 
 /// A 64-byte record, as a trading process would append.
@@ -63,11 +69,14 @@ impl Item for Rec64 {
     }
 }
 
+/// Pins the calling thread to one of the process's first two CPUs. The CPU list is read once,
+/// before any pinning: `core_affinity::get_core_ids` reads the calling thread's mask, which a
+/// pinned thread (and every thread it spawns) has narrowed to one CPU.
 fn pin(core: usize) {
-    if let Some(ids) = core_affinity::get_core_ids() {
-        if ids.len() >= 2 {
-            core_affinity::set_for_current(ids[core % ids.len()]);
-        }
+    static CORES: std::sync::OnceLock<Vec<core_affinity::CoreId>> = std::sync::OnceLock::new();
+    let ids = CORES.get_or_init(|| core_affinity::get_core_ids().unwrap_or_default());
+    if ids.len() >= 2 {
+        core_affinity::set_for_current(ids[core % ids.len()]);
     }
 }
 
@@ -102,7 +111,7 @@ fn tput_single<T: Item>(c: &mut Criterion, name: &str) {
 
     g.bench_function(BenchmarkId::from_parameter("fastlane"), |b| {
         b.iter_custom(|n| {
-            let (mut tx, mut rx) = fastlane::ring::spsc::channel::<T>(CAPACITY);
+            let (mut tx, mut rx) = fastlane::ring::spsc::channel_with::<T>(CAPACITY, SPIN);
             run_pair(
                 move || {
                     for i in 0..n {
@@ -219,7 +228,7 @@ fn tput_batch<T: Item>(c: &mut Criterion, name: &str) {
     g.bench_function(BenchmarkId::from_parameter("fastlane"), |b| {
         b.iter_custom(|n| {
             let n = n.div_ceil(BATCH as u64) * BATCH as u64;
-            let (mut tx, mut rx) = fastlane::ring::spsc::channel::<T>(CAPACITY);
+            let (mut tx, mut rx) = fastlane::ring::spsc::channel_with::<T>(CAPACITY, SPIN);
             run_pair(
                 move || {
                     let mut i = 0;
@@ -323,8 +332,8 @@ fn pingpong(c: &mut Criterion) {
 
     g.bench_function(BenchmarkId::from_parameter("fastlane"), |b| {
         b.iter_custom(|n| {
-            let (mut ping_tx, mut ping_rx) = fastlane::ring::spsc::channel::<u64>(64);
-            let (mut pong_tx, mut pong_rx) = fastlane::ring::spsc::channel::<u64>(64);
+            let (mut ping_tx, mut ping_rx) = fastlane::ring::spsc::channel_with::<u64>(64, SPIN);
+            let (mut pong_tx, mut pong_rx) = fastlane::ring::spsc::channel_with::<u64>(64, SPIN);
             run_pair(
                 move || {
                     for _ in 0..n {

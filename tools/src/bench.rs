@@ -4,7 +4,9 @@
 //! `bench ring` moves items between two pinned threads through `fastlane_ring::spsc`:
 //! throughput one item at a time and in chunks, and one-way latency from a ping-pong, each
 //! round trip timed and recorded in an HdrHistogram, next to a bare atomic ping-pong between the
-//! same two threads (the floor no ring can beat). The criterion suite in `benches/ring.rs`
+//! same two threads (the floor no ring can beat). Channels are `WaitStrategy::BusySpin` (what a
+//! pinned latency-critical pair uses); the ping-pong is measured once more with the default,
+//! parking strategy, whose every publish pays a fence to check for a sleeper. The criterion suite in `benches/ring.rs`
 //! compares against the other rings (rtrb, crossbeam, std).
 
 use std::io::Write as _;
@@ -17,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use fastlane_hist::{format_ns, HlogWriter, LatencyRecorder, Summary};
-use fastlane_ring::spsc;
+use fastlane_ring::{spsc, WaitStrategy};
 use serde::Serialize;
 
 /// Arguments of `fastlane bench`.
@@ -52,8 +54,8 @@ pub struct RingArgs {
     /// Items per chunk in the batched throughput case.
     #[arg(long, default_value_t = 64)]
     batch: usize,
-    /// Write the latency histograms (one interval per second, tags `fastlane_ring` and
-    /// `atomic_floor`) to this HdrHistogram interval log; read it with `fastlane hist`.
+    /// Write the latency histograms (one interval per second, tags `fastlane_ring`,
+    /// `fastlane_ring_parking` and `atomic_floor`) to this HdrHistogram interval log; read it with `fastlane hist`.
     #[arg(long)]
     hlog: Option<PathBuf>,
     /// Print the results as JSON instead of tables.
@@ -113,7 +115,7 @@ fn ring(args: &RingArgs) -> Result<()> {
         "--capacity must be between --batch and 16777216"
     );
     let budget = Duration::from_secs_f64(args.seconds);
-    let cores = core_affinity::get_core_ids().map_or(1, |c| c.len());
+    let cores = process_cores().len().max(1);
     let progress = |msg: &str| {
         if !args.json {
             eprintln!("bench ring: {msg}");
@@ -124,8 +126,9 @@ fn ring(args: &RingArgs) -> Result<()> {
     let single = throughput(args.capacity, 1, budget);
     progress(&format!("throughput, chunks of {} ({:.1} s)", args.batch, args.seconds));
     let batched = throughput(args.capacity, args.batch, budget);
-    progress(&format!("ping-pong latency through two rings ({:.1} s)", args.seconds));
+    progress(&format!("ping-pong latency through two busy-spin rings ({:.1} s)", args.seconds));
     let mut ring_rec = LatencyRecorder::with_max(10_000_000)?;
+    let mut park_rec = LatencyRecorder::with_max(10_000_000)?;
     let mut floor_rec = LatencyRecorder::with_max(10_000_000)?;
     let mut log = match &args.hlog {
         Some(p) => {
@@ -133,7 +136,13 @@ fn ring(args: &RingArgs) -> Result<()> {
         }
         None => None,
     };
-    pingpong_ring(budget, &mut ring_rec, log.as_mut())?;
+    pingpong_ring(budget, WaitStrategy::BusySpin, "fastlane_ring", &mut ring_rec, log.as_mut())?;
+    progress(&format!(
+        "ping-pong latency through two rings, default (parking) strategy ({:.1} s)",
+        args.seconds
+    ));
+    let park = WaitStrategy::default();
+    pingpong_ring(budget, park, "fastlane_ring_parking", &mut park_rec, log.as_mut())?;
     progress(&format!("ping-pong latency, bare atomic floor ({:.1} s)", args.seconds));
     pingpong_atomic(budget, &mut floor_rec, log.as_mut())?;
     if let Some(mut l) = log {
@@ -142,6 +151,7 @@ fn ring(args: &RingArgs) -> Result<()> {
 
     let floor = Summary::from_histogram(floor_rec.total());
     let ring_s = Summary::from_histogram(ring_rec.total());
+    let park_s = Summary::from_histogram(park_rec.total());
     let ratio = |a: u64, b: u64| if b == 0 { f64::NAN } else { a as f64 / b as f64 };
     let report = RingReport {
         cores,
@@ -167,6 +177,12 @@ fn ring(args: &RingArgs) -> Result<()> {
                 one_way: ring_s,
                 p50_vs_floor: ratio(ring_s.p50_ns, floor.p50_ns),
                 p99_vs_floor: ratio(ring_s.p99_ns, floor.p99_ns),
+            },
+            LatencyResult {
+                case: "fastlane_ring_parking",
+                one_way: park_s,
+                p50_vs_floor: ratio(park_s.p50_ns, floor.p50_ns),
+                p99_vs_floor: ratio(park_s.p99_ns, floor.p99_ns),
             },
             LatencyResult {
                 case: "atomic_floor",
@@ -200,14 +216,14 @@ fn ring(args: &RingArgs) -> Result<()> {
     writeln!(out)?;
     writeln!(
         out,
-        "{:<14} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
+        "{:<22} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
         "one-way", "samples", "P50", "P90", "P99", "P99.9", "max", "P50/flr", "P99/flr"
     )?;
     for l in &report.latency {
         let s = &l.one_way;
         writeln!(
             out,
-            "{:<14} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8.2} {:>8.2}",
+            "{:<22} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8.2} {:>8.2}",
             l.case,
             s.count,
             format_ns(s.p50_ns as f64),
@@ -225,17 +241,23 @@ fn ring(args: &RingArgs) -> Result<()> {
     Ok(())
 }
 
+/// The CPUs this process may run on, read once: `core_affinity::get_core_ids` reads the
+/// *calling thread's* mask, which after the first `pin` is that one CPU, and a thread spawned
+/// by a pinned thread inherits its mask.
+fn process_cores() -> &'static [core_affinity::CoreId] {
+    static CORES: std::sync::OnceLock<Vec<core_affinity::CoreId>> = std::sync::OnceLock::new();
+    CORES.get_or_init(|| core_affinity::get_core_ids().unwrap_or_default())
+}
+
 fn pin(core: usize) -> bool {
-    match core_affinity::get_core_ids() {
-        Some(ids) if ids.len() >= 2 => core_affinity::set_for_current(ids[core % ids.len()]),
-        _ => false,
-    }
+    let ids = process_cores();
+    ids.len() >= 2 && core_affinity::set_for_current(ids[core % ids.len()])
 }
 
 /// Moves u64 sequence numbers from a pinned producer to a pinned consumer for `budget`;
 /// returns (items moved, elapsed). The consumer checks every item's sequence number.
 fn throughput(capacity: usize, batch: usize, budget: Duration) -> (u64, Duration) {
-    let (mut tx, mut rx) = spsc::channel::<u64>(capacity);
+    let (mut tx, mut rx) = spsc::channel_with::<u64>(capacity, WaitStrategy::BusySpin);
     let stop = Arc::new(AtomicU64::new(0));
     let barrier = Arc::new(Barrier::new(2));
     let (stop2, barrier2) = (stop.clone(), barrier.clone());
@@ -292,11 +314,13 @@ const INTERVAL: Duration = Duration::from_secs(1);
 /// and pushes it back; each round trip is timed here and half of it recorded.
 fn pingpong_ring(
     budget: Duration,
+    strategy: WaitStrategy,
+    tag: &str,
     rec: &mut LatencyRecorder,
     mut log: Option<&mut HlogWriter<std::io::BufWriter<std::fs::File>>>,
 ) -> Result<()> {
-    let (mut ping_tx, mut ping_rx) = spsc::channel::<u64>(64);
-    let (mut pong_tx, mut pong_rx) = spsc::channel::<u64>(64);
+    let (mut ping_tx, mut ping_rx) = spsc::channel_with::<u64>(64, strategy);
+    let (mut pong_tx, mut pong_rx) = spsc::channel_with::<u64>(64, strategy);
     let barrier = Arc::new(Barrier::new(2));
     let barrier2 = barrier.clone();
     let echo = thread::spawn(move || {
@@ -338,13 +362,13 @@ fn pingpong_ring(
             last_log = t0;
             let iv = rec.take_interval();
             if let Some(l) = log.as_deref_mut() {
-                l.write_interval(Some("fastlane_ring"), &iv)?;
+                l.write_interval(Some(tag), &iv)?;
             }
         }
     }
     let iv = rec.take_interval();
     if let Some(l) = log {
-        l.write_interval(Some("fastlane_ring"), &iv)?;
+        l.write_interval(Some(tag), &iv)?;
     }
     drop(ping_tx);
     echo.join().expect("echo thread panicked");
@@ -364,7 +388,9 @@ fn pingpong_atomic(
     let echo = thread::spawn(move || {
         pin(0);
         barrier2.wait();
-        let mut deadline_check = 0u32;
+        // No clock read per bounce (it would inflate the floor): after 2^16 idle spins note
+        // the time, and give up when the ball has not moved for 10 s.
+        let mut idle_spins = 0u32;
         let mut idle_since = Instant::now();
         loop {
             let v = ball2.load(Ordering::Acquire);
@@ -373,14 +399,17 @@ fn pingpong_atomic(
             }
             if v % 2 == 0 {
                 ball2.store(v + 1, Ordering::Release);
-                idle_since = Instant::now();
-            } else {
-                deadline_check = deadline_check.wrapping_add(1);
-                if deadline_check % 4096 == 0 && idle_since.elapsed() > Duration::from_secs(10) {
-                    return;
-                }
-                std::hint::spin_loop();
+                idle_spins = 0;
+                continue;
             }
+            idle_spins = idle_spins.wrapping_add(1);
+            if idle_spins == 1 << 16 {
+                idle_since = Instant::now();
+            } else if idle_spins % (1 << 16) == 0 && idle_since.elapsed() > Duration::from_secs(10)
+            {
+                return;
+            }
+            std::hint::spin_loop();
         }
     });
     pin(1);
