@@ -4,7 +4,8 @@
 //!   protocol of `kvswap::proto` (docs/kvswap.md), device memory shared by memfd, until
 //!   SIGINT/SIGTERM.
 //! - `fastlane kv bench`: host tier vs `memcpy` and NVMe tier vs sequential O_DIRECT
-//!   `pwrite`/`pread` of the same bytes in one run, and swap-in latency per tier as `.hlog`.
+//!   `pwrite`/`pread` of the same bytes in one run, the remote tier (a `fastlane rdma serve`
+//!   pool, `--pool`) without a peer, and swap-in latency per tier as `.hlog`.
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
@@ -114,9 +115,15 @@ struct BenchArgs {
     /// Bytes per sequence (1G = 8K tokens of Llama-3.1-8B).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     bytes: u64,
-    /// Tiers to measure: host, nvme (comma separated).
+    /// Tiers to measure: host, nvme, remote (comma separated).
     #[arg(long, default_value = "host,nvme")]
     tiers: String,
+    /// Remote tier: address of the `fastlane rdma serve` pool (needed for tier remote).
+    #[arg(long)]
+    pool: Option<std::net::SocketAddr>,
+    /// RDMA device for the remote tier.
+    #[arg(long, default_value = "rxe0")]
+    device: String,
     /// File for the NVMe tier and the O_DIRECT baseline (on a filesystem with O_DIRECT).
     #[arg(long, default_value = "kvswap-bench.dat")]
     file: PathBuf,
@@ -284,7 +291,8 @@ impl Drop for Buf {
 
 struct Row {
     what: String,
-    peer_s: f64,
+    /// The baseline's time; `None` where there is no peer (the remote tier).
+    peer_s: Option<f64>,
     ours_s: f64,
     bytes: u64,
 }
@@ -347,13 +355,13 @@ fn bench(a: &BenchArgs) -> Result<()> {
                 }
                 rows.push(Row {
                     what: "host swap-out vs memcpy".into(),
-                    peer_s: secs(copy_out),
+                    peer_s: Some(secs(copy_out)),
                     ours_s: secs(out_best),
                     bytes,
                 });
                 rows.push(Row {
                     what: "host swap-in vs memcpy".into(),
-                    peer_s: secs(copy_in),
+                    peer_s: Some(secs(copy_in)),
                     ours_s: secs(in_best),
                     bytes,
                 });
@@ -377,13 +385,13 @@ fn bench(a: &BenchArgs) -> Result<()> {
                 }
                 rows.push(Row {
                     what: "nvme swap-out vs O_DIRECT pwrite".into(),
-                    peer_s: secs(w),
+                    peer_s: Some(secs(w)),
                     ours_s: secs(out_best),
                     bytes,
                 });
                 rows.push(Row {
                     what: "nvme swap-in vs O_DIRECT pread".into(),
-                    peer_s: secs(r),
+                    peer_s: Some(secs(r)),
                     ours_s: secs(in_best),
                     bytes,
                 });
@@ -393,7 +401,40 @@ fn bench(a: &BenchArgs) -> Result<()> {
                     let _ = std::fs::remove_file(&a.file);
                 }
             }
-            t => bail!("unknown tier {t:?} (host, nvme)"),
+            "remote" => {
+                let Some(addr) = a.pool else {
+                    bail!("tier remote needs --pool ADDR (a `fastlane rdma serve` pool)");
+                };
+                let config = EngineConfig {
+                    host_bytes: 0,
+                    remote: Some(RemoteTierConfig { device: a.device.clone(), addr, bytes }),
+                    spill: SpillPolicy::RemoteOnly,
+                    checksum: mode,
+                    ..EngineConfig::default()
+                };
+                let mut e = SwapEngine::new(config, dev.clone())
+                    .with_context(|| format!("remote tier: pool {addr} on {}", a.device))?;
+                let blocks = e.alloc_blocks(seq, nblocks as u32)?;
+                let (mut out_best, mut in_best) = (Duration::MAX, Duration::MAX);
+                for _ in 0..a.rounds.max(1) {
+                    out_best = out_best.min(swap_round(&mut e, seq, &blocks, true)?);
+                    in_best = in_best.min(swap_round(&mut e, seq, &blocks, false)?);
+                }
+                rows.push(Row {
+                    what: "remote swap-out (no peer)".into(),
+                    peer_s: None,
+                    ours_s: secs(out_best),
+                    bytes,
+                });
+                rows.push(Row {
+                    what: "remote swap-in (no peer)".into(),
+                    peer_s: None,
+                    ours_s: secs(in_best),
+                    bytes,
+                });
+                latency(&mut e, seq, &blocks, a.samples, "remote", &mut hlog)?;
+            }
+            t => bail!("unknown tier {t:?} (host, nvme, remote)"),
         }
     }
     hlog.flush()?;
@@ -402,13 +443,17 @@ fn bench(a: &BenchArgs) -> Result<()> {
         "case (same bytes, one run)", "peer GiB/s", "ours GiB/s", "ratio"
     );
     for r in &rows {
-        println!(
-            "{:<36} {:>12.2} {:>12.2} {:>8.2}",
-            r.what,
-            r.bytes as f64 / r.peer_s / (1u64 << 30) as f64,
-            r.bytes as f64 / r.ours_s / (1u64 << 30) as f64,
-            r.peer_s / r.ours_s
-        );
+        let ours = r.bytes as f64 / r.ours_s / (1u64 << 30) as f64;
+        match r.peer_s {
+            Some(p) => println!(
+                "{:<36} {:>12.2} {:>12.2} {:>8.2}",
+                r.what,
+                r.bytes as f64 / p / (1u64 << 30) as f64,
+                ours,
+                p / r.ours_s
+            ),
+            None => println!("{:<36} {:>12} {:>12.2} {:>8}", r.what, "-", ours, "-"),
+        }
     }
     println!(
         "swap-in latency histograms (tags swapin-<tier>): {:?}, read with `fastlane hist`",
