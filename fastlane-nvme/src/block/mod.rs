@@ -18,6 +18,7 @@
 
 use std::time::Duration;
 
+mod fileio;
 mod inline;
 pub mod ram;
 pub mod spec;

@@ -45,11 +45,12 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::fileio::{advance_iovecs, raw_geometry, RawGeometry};
 use super::inline::InlineCompletions;
 use super::{
     BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, DeviceInfo, QueueFull,
@@ -66,9 +67,6 @@ const ZERO_BUF_BYTES: usize = 1 << 20;
 /// Bounded retries of `EINTR` per request.
 const EINTR_RETRIES_MAX: u32 = 64;
 
-/// `_IOR(0x12, 114, size_t)`: the device size in bytes (this encoding holds for x86_64 and
-/// aarch64).
-const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 /// `statfs.f_type` of tmpfs.
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 /// `statfs.f_type` of ramfs.
@@ -157,26 +155,6 @@ pub struct SyncFileDevice {
     blockdev: bool,
 }
 
-fn ioctl_u64(fd: RawFd, req: libc::c_ulong) -> std::io::Result<u64> {
-    let mut v: u64 = 0;
-    // SAFETY: BLKGETSIZE64 writes one u64 to the pointer, which points at `v`.
-    let rc = unsafe { libc::ioctl(fd, req as _, &mut v as *mut u64) };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(v)
-}
-
-fn ioctl_int(fd: RawFd, req: libc::c_ulong) -> std::io::Result<u32> {
-    let mut v: libc::c_int = 0;
-    // SAFETY: BLKSSZGET writes one int to the pointer, which points at `v`.
-    let rc = unsafe { libc::ioctl(fd, req as _, &mut v as *mut libc::c_int) };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    u32::try_from(v).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
-}
-
 impl SyncFileDevice {
     /// Open `path` (a regular file or a block device), buffered (no `O_DIRECT`).
     pub fn open(
@@ -195,17 +173,9 @@ impl SyncFileDevice {
             .open(path)
             .map_err(|source| SyncFileError::Open { path: pb(), source })?;
         let geometry = |source| SyncFileError::Geometry { path: pb(), source };
-        let meta = file.metadata().map_err(geometry)?;
-        let blockdev = meta.file_type().is_block_device();
-        let (size, block_size) = if blockdev {
-            let fd = file.as_raw_fd();
-            (
-                ioctl_u64(fd, BLKGETSIZE64).map_err(geometry)?,
-                ioctl_int(fd, libc::BLKSSZGET as libc::c_ulong).map_err(geometry)?,
-            )
-        } else if meta.file_type().is_file() {
-            (meta.len(), 512)
-        } else {
+        let Some(RawGeometry { size, logical_block: block_size, blockdev }) =
+            raw_geometry(&file).map_err(geometry)?
+        else {
             return Err(SyncFileError::NotADisk { path: pb() });
         };
         // `preadv` takes an `off_t`: the whole device must be addressable with one.
@@ -278,26 +248,6 @@ const IOVEC_EMPTY: libc::iovec = libc::iovec { iov_base: std::ptr::null_mut(), i
 
 fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
-}
-
-/// Drop the first `n` transferred bytes from `iovecs[first..]` (a short transfer): whole
-/// iovecs are skipped, a partly done one is trimmed in place. Returns the new `first`.
-fn advance_iovecs(iovecs: &mut [libc::iovec], mut first: usize, n: u64) -> usize {
-    let mut left = n;
-    while left > 0 && first < iovecs.len() {
-        let iov = &mut iovecs[first];
-        if left >= iov.iov_len as u64 {
-            left -= iov.iov_len as u64;
-            first += 1;
-        } else {
-            // Only the address is computed here (`wrapping_add`); the kernel dereferences it,
-            // within the caller's segment (`left < iov_len`).
-            iov.iov_base = iov.iov_base.cast::<u8>().wrapping_add(left as usize).cast();
-            iov.iov_len -= left as usize;
-            left = 0;
-        }
-    }
-    first
 }
 
 impl SyncFileQueue {

@@ -46,13 +46,15 @@ use std::fs::{File, OpenOptions};
 use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
+
+use super::fileio::{advance_iovecs, raw_geometry, RawGeometry};
 
 use super::{
     BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, DeviceInfo, QueueFull,
@@ -70,10 +72,6 @@ const ZERO_BUF_BYTES: usize = 1 << 20;
 const RETRIES_MAX: u8 = 8;
 /// How long dropping a queue waits for requests still in the kernel.
 const DROP_WAIT: Duration = Duration::from_secs(30);
-
-/// `_IOR(0x12, 114, size_t)`: the device size in bytes (not in the libc crate for every
-/// target; this encoding holds for x86_64 and aarch64).
-const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 
 /// How to open a [`UringDevice`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,26 +205,6 @@ pub struct UringDevice {
     mem_align: u32,
 }
 
-fn ioctl_u64(fd: RawFd, req: libc::c_ulong) -> std::io::Result<u64> {
-    let mut v: u64 = 0;
-    // SAFETY: BLKGETSIZE64 writes one u64 to the pointer, which points at `v`.
-    let rc = unsafe { libc::ioctl(fd, req as _, &mut v as *mut u64) };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(v)
-}
-
-fn ioctl_int(fd: RawFd, req: libc::c_ulong) -> std::io::Result<u32> {
-    let mut v: libc::c_int = 0;
-    // SAFETY: BLKSSZGET writes one int to the pointer, which points at `v`.
-    let rc = unsafe { libc::ioctl(fd, req as _, &mut v as *mut libc::c_int) };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    u32::try_from(v).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
-}
-
 /// The `statx` DIO alignment `(offset, memory)`, where the kernel reports one.
 fn dio_align(path: &Path) -> Option<(u32, u32)> {
     let mut cpath = Vec::with_capacity(path.as_os_str().len() + 1);
@@ -263,17 +241,9 @@ impl UringDevice {
             .open(path)
             .map_err(|source| UringError::Open { path: pb(), source })?;
         let geometry = |source| UringError::Geometry { path: pb(), source };
-        let meta = file.metadata().map_err(geometry)?;
-        let blockdev = meta.file_type().is_block_device();
-        let (size, logical) = if blockdev {
-            let fd = file.as_raw_fd();
-            (
-                ioctl_u64(fd, BLKGETSIZE64).map_err(geometry)?,
-                ioctl_int(fd, libc::BLKSSZGET as libc::c_ulong).map_err(geometry)?,
-            )
-        } else if meta.file_type().is_file() {
-            (meta.len(), 512)
-        } else {
+        let Some(RawGeometry { size, logical_block: logical, blockdev }) =
+            raw_geometry(&file).map_err(geometry)?
+        else {
             return Err(UringError::NotADisk { path: pb() });
         };
         let (block_size, mem_align) = if opts.direct {
@@ -709,26 +679,6 @@ impl UringQueue {
             Err(e) => Err(e),
         }
     }
-}
-
-/// Drop the first `n` transferred bytes from `iovecs[first..]` (a short transfer): whole
-/// iovecs are skipped, a partly done one is trimmed in place. Returns the new `first`.
-fn advance_iovecs(iovecs: &mut [libc::iovec], mut first: usize, n: u64) -> usize {
-    let mut left = n;
-    while left > 0 && first < iovecs.len() {
-        let iov = &mut iovecs[first];
-        if left >= iov.iov_len as u64 {
-            left -= iov.iov_len as u64;
-            first += 1;
-        } else {
-            // Only the address is computed here (`wrapping_add`); the kernel dereferences it,
-            // within the caller's segment (`left < iov_len`).
-            iov.iov_base = iov.iov_base.cast::<u8>().wrapping_add(left as usize).cast();
-            iov.iov_len -= left as usize;
-            left = 0;
-        }
-    }
-    first
 }
 
 fn io_result(res: i32) -> Result<u32, BlockError> {
