@@ -4,7 +4,7 @@
 //! Swap cost is fixed here (25 GB/s, PCIe 4.0 x16) so the outcome does not depend on this
 //! machine's memory bandwidth; the swaps still run through the real kvswap engine.
 
-use kvswap::sched::{new_histogram, Policy};
+use kvswap::sched::{new_histogram, Policy, ProtectConfig};
 use kvswap::sim::{run, ScenarioId, SimConfig, SimReport, SwapTiming};
 
 const PCIE_NS_PER_BYTE: f64 = 1.0 / 25.0;
@@ -36,10 +36,12 @@ fn sim_seed(scenario: ScenarioId, policy: Policy, seconds: f64, seed: u64) -> Si
 }
 
 /// (a) FIFO starves the quiet tenant (P99 TTFT ≥ 20× solo) and bucket + DRR brings it back
-/// close to solo. The issue asked for ≤ 1.15×; that does not hold at full length (seed 1,
-/// 300 s: 1.34×, and no work-conserving fair share can do better there: see "Which claims
-/// hold" in docs/scheduler.md), so the test asserts what the mechanism guarantees with a
-/// margin: ≤ 1.5× on every seed (measured 1.07–1.23× at 60 s), and ≥ 100× better than FIFO.
+/// close to solo. The issue asked for ≤ 1.15×; plain DRR does not reach it at full length
+/// (seed 1, 300 s: 1.34×, and no work-conserving fair share can do better there: see "Which
+/// claims hold" in docs/scheduler.md), so for `drr` the test asserts what the mechanism
+/// guarantees with a margin: ≤ 1.5× on every seed (measured 1.07–1.23× at 60 s), and ≥ 100×
+/// better than FIFO. The ≤ 1.15× claim is asserted with latency protection (`--protect`):
+/// see `a_protection_brings_the_quiet_tenant_within_1_15x_of_solo`.
 #[test]
 fn a_fifo_starves_the_quiet_tenant_and_drr_brings_it_back() {
     let secs = 60.0;
@@ -75,6 +77,57 @@ fn a_fifo_starves_the_quiet_tenant_and_drr_brings_it_back() {
             (flood.stats.rejected, flood.stats.admitted)
         );
         assert!(flood.stats.admitted as f64 <= 10.0 + secs + 1.0, "{}", flood.stats.admitted);
+    }
+}
+
+/// (a) with latency protection (`drr` + `--protect`, defaults: cap 0, half-full bucket, 1 s
+/// hold): the quiet tenant's P99 TTFT is within 1.15× of solo on every seed, and the price
+/// is paid by the flooder alone: its admissions are unchanged (the bucket bounds them) and
+/// so are its output tokens; only its prefill waits.
+#[test]
+fn a_protection_brings_the_quiet_tenant_within_1_15x_of_solo() {
+    let secs = 60.0;
+    let p99 = |r: &SimReport| r.tenant("quiet").unwrap().ttft_ns(0.99);
+    for seed in SEEDS {
+        let mut solo = SimConfig::new(ScenarioId::A, Policy::Fifo);
+        solo.seconds = Some(secs);
+        solo.seed = seed;
+        solo.solo = Some("quiet".into());
+        solo.swap = SwapTiming::Fixed { ns_per_byte: PCIE_NS_PER_BYTE };
+        let solo = run(&solo).expect("simulation runs");
+        let drr = sim_seed(ScenarioId::A, Policy::Drr, secs, seed);
+        let prot = sim(ScenarioId::A, Policy::Drr, secs, |c| {
+            c.seed = seed;
+            c.protect = Some(ProtectConfig::default());
+        });
+        let (s, d, p) = (p99(&solo), p99(&drr), p99(&prot));
+        let (fd, fp) = (drr.tenant("flooder").unwrap(), prot.tenant("flooder").unwrap());
+        eprintln!(
+            "seed {seed}: quiet P99 TTFT solo {:.1} ms, drr {:.1} ms ({:.3}x), drr+protect \
+            {:.1} ms ({:.3}x); flooder P99 TTFT {:.1} -> {:.1} ms, {:.1} -> {:.1} tok/s; \
+            {} capped steps, {} released",
+            ms(s),
+            ms(d),
+            d as f64 / s as f64,
+            ms(p),
+            p as f64 / s as f64,
+            ms(fd.ttft_ns(0.99)),
+            ms(fp.ttft_ns(0.99)),
+            fd.tokens_per_s,
+            fp.tokens_per_s,
+            prot.protect_stats.capped_steps,
+            prot.protect_stats.released_steps
+        );
+        assert!(p as f64 <= 1.15 * s as f64, "seed {seed}: drr+protect {p} vs solo {s}");
+        assert!(p <= d, "seed {seed}: protection made it worse: {p} vs drr {d}");
+        assert!(prot.protect_stats.capped_steps > 0, "seed {seed}: the cap never applied");
+        // The flooder: same admissions, every admitted request served, and its output
+        // within 2 % of plain DRR's (the run stops once every first token is out, so
+        // streams still decoding then differ a little).
+        assert_eq!(fp.stats.admitted, fd.stats.admitted, "seed {seed}");
+        assert_eq!(fp.unserved, 0, "seed {seed}");
+        let (od, op) = (fd.stats.output_tokens, fp.stats.output_tokens);
+        assert!(op as f64 >= 0.98 * od as f64, "seed {seed}: flooder output {op} vs drr {od}");
     }
 }
 
@@ -152,6 +205,21 @@ fn c_twenty_tenants_runs_and_drr_protects_the_light_tenants() {
     let d = drr.tenant(&light).unwrap().ttft_ns(0.99);
     eprintln!("{light} P99 TTFT: fifo {:.1} ms, drr {:.1} ms", ms(f), ms(d));
     assert!(d < f, "{light}: drr {d} fifo {f}");
+    // Latency protection does not collapse an overloaded engine: the GPU stays busy (the
+    // steps are shorter, not empty), so the output tokens of all 20 tenants stay within a
+    // few per cent of plain DRR's.
+    let prot =
+        sim(ScenarioId::C, Policy::Drr, 30.0, |c| c.protect = Some(ProtectConfig::default()));
+    let total = |r: &SimReport| r.tenants.iter().map(|t| t.stats.output_tokens).sum::<u64>();
+    let (td, tp) = (total(&drr), total(&prot));
+    eprintln!(
+        "c: output tokens drr {td}, drr+protect {tp} ({:+.1} %); {} capped steps, {} released",
+        100.0 * (tp as f64 / td as f64 - 1.0),
+        prot.protect_stats.capped_steps,
+        prot.protect_stats.released_steps
+    );
+    assert!(tp as f64 >= 0.95 * td as f64, "drr {td} drr+protect {tp}");
+    assert!(prot.tenants.iter().all(|t| t.stats.completed > 0 || t.stats.submitted == 0));
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use anyhow::Context;
 use clap::Args;
 use fastlane_hist::{format_ns, percentile_plot_svg, HlogWriter, PlotSeries};
-use kvswap::sched::{Policy, Tier};
+use kvswap::sched::{Policy, ProtectConfig, Tier};
 use kvswap::sim::{
     run as run_sim, ScenarioId, SimConfig, SimReport, SwapTiming, PCIE_FACTOR_DEFAULT,
 };
@@ -25,6 +25,24 @@ pub struct SimArgs {
     /// Policy: fifo, drr (token bucket + DRR), drr+preempt.
     #[arg(long, default_value = "drr+preempt")]
     pub policy: String,
+    /// Latency protection (with drr or drr+preempt): while an interactive tenant whose token
+    /// bucket is at least --protect-bucket full (it sends under its rpm) has a prefill in the
+    /// step, the other tenants add at most --protect-cap prefill tokens to that step (their
+    /// decodes still run). Not work-conserving: the protected chunk's step stays near its solo
+    /// length and the others' prefill waits. After --protect-hold-ms of holding others back,
+    /// one step is planned work-conserving (starvation bound).
+    #[arg(long)]
+    pub protect: bool,
+    /// With --protect: prefill tokens the unprotected tenants may add to a protected step.
+    #[arg(long, default_value_t = 0, requires = "protect")]
+    pub protect_cap: u32,
+    /// With --protect: bucket fill (fraction of its capacity B, 0-1) from which an
+    /// interactive tenant is protected.
+    #[arg(long, default_value_t = 0.5, requires = "protect")]
+    pub protect_bucket: f64,
+    /// With --protect: longest hold of the others' prefill, ms, before one work-conserving step.
+    #[arg(long, default_value_t = 1000.0, requires = "protect")]
+    pub protect_hold_ms: f64,
     /// Simulated seconds of arrivals (default: the scenario's, 300 s; d: 3 s).
     #[arg(long)]
     pub seconds: Option<f64>,
@@ -60,6 +78,16 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
     cfg.seed = args.seed;
     cfg.chunk_tokens = (args.chunk > 0).then_some(args.chunk);
     cfg.solo = args.solo.clone();
+    if args.protect {
+        if !(args.protect_hold_ms > 0.0 && args.protect_hold_ms.is_finite()) {
+            anyhow::bail!("--protect-hold-ms must be a positive number of milliseconds");
+        }
+        cfg.protect = Some(ProtectConfig {
+            bucket_frac_min: args.protect_bucket,
+            others_prefill_tokens_max: args.protect_cap,
+            hold_ns_max: (args.protect_hold_ms * 1e6) as u64,
+        });
+    }
     cfg.swap = match args.swap_ns_per_byte {
         Some(ns_per_byte) => SwapTiming::Fixed { ns_per_byte },
         None => SwapTiming::Calibrated { pcie_factor: args.pcie_factor },
@@ -78,9 +106,10 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
         .map(|t| PlotSeries { label: &t.name, histogram: &t.stats.ttft })
         .collect();
     let title = format!(
-        "TTFT per tenant (simulation) - scenario {} {} chunk {}",
+        "TTFT per tenant (simulation) - scenario {} {}{} chunk {}",
         report.scenario,
         report.policy,
+        protect_label(&report),
         chunk_label(report.chunk_tokens)
     );
     std::fs::write(&svg, percentile_plot_svg(&title, &series))
@@ -98,8 +127,17 @@ fn chunk_label(chunk: Option<u32>) -> String {
     chunk.map_or_else(|| "whole".to_string(), |c| c.to_string())
 }
 
+/// " +protect(cap C)" when latency protection is on, "" otherwise.
+fn protect_label(r: &SimReport) -> String {
+    r.protect
+        .map_or_else(String::new, |p| format!(" +protect(cap {})", p.others_prefill_tokens_max))
+}
+
 fn file_stem(args: &SimArgs, r: &SimReport) -> String {
-    let policy = r.policy.to_string().replace('+', "-");
+    let mut policy = r.policy.to_string().replace('+', "-");
+    if let Some(p) = r.protect {
+        policy.push_str(&format!("-protect{}", p.others_prefill_tokens_max));
+    }
     let mut stem =
         format!("sim-{}-{policy}-chunk{}-seed{}", r.scenario, chunk_label(r.chunk_tokens), r.seed);
     if let Some(solo) = &args.solo {
@@ -117,9 +155,10 @@ fn write_hlog(r: &SimReport, path: &std::path::Path) -> anyhow::Result<()> {
         UNIX_EPOCH,
     )?;
     w.write_comment(&format!(
-        "fastlane kv sim: SIMULATION of Llama-3.1-8B on one A100-40GB, scenario {} policy {} chunk {} seed {} seconds {}",
+        "fastlane kv sim: SIMULATION of Llama-3.1-8B on one A100-40GB, scenario {} policy {}{} chunk {} seed {} seconds {}",
         r.scenario,
         r.policy,
+        protect_label(r),
         chunk_label(r.chunk_tokens),
         r.seed,
         r.seconds
@@ -164,10 +203,11 @@ pub fn table(r: &SimReport) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "SIMULATION: Llama-3.1-8B bf16 on one A100-40GB (cost model), {} KV blocks; scenario {} policy {} chunk {} seed {} seconds {}",
+        "SIMULATION: Llama-3.1-8B bf16 on one A100-40GB (cost model), {} KV blocks; scenario {} policy {}{} chunk {} seed {} seconds {}",
         r.kv_blocks,
         r.scenario,
         r.policy,
+        protect_label(r),
         chunk_label(r.chunk_tokens),
         r.seed,
         r.seconds
@@ -187,6 +227,18 @@ pub fn table(r: &SimReport) -> String {
         mib(sw.port.sim_bytes),
         sw.port.mismatches
     );
+    if let Some(p) = &r.protect {
+        let _ = writeln!(
+            s,
+            "protect: interactive tenants with bucket >= {} of B protected; others' prefill <= {} tokens in a protected step; hold <= {}; {} capped steps, {} released (work-conserving) steps of {}",
+            p.bucket_frac_min,
+            p.others_prefill_tokens_max,
+            format_ns(p.hold_ns_max as f64),
+            r.protect_stats.capped_steps,
+            r.protect_stats.released_steps,
+            r.steps
+        );
+    }
     let _ = writeln!(
         s,
         "{:<10} {:<5} {:>6} {:>6} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>10}",
@@ -284,6 +336,13 @@ fn to_json(r: &SimReport) -> serde_json::Value {
         "host_tier_ns_per_byte": r.swap.host_ns_per_byte,
         "pcie_factor": r.swap.pcie_factor,
         "engine_transfers": r.swap.port.transfers,
+        "protect": r.protect.map(|p| serde_json::json!({
+            "bucket_frac_min": p.bucket_frac_min,
+            "others_prefill_tokens_max": p.others_prefill_tokens_max,
+            "hold_ns_max": p.hold_ns_max,
+            "capped_steps": r.protect_stats.capped_steps,
+            "released_steps": r.protect_stats.released_steps,
+        })),
         "window_token_gap_ns": r.window_token_gap.as_ref().map(|h| serde_json::json!({
             "p50": q(h, 0.5), "p99": q(h, 0.99), "max": h.max(), "count": h.len(),
         })),

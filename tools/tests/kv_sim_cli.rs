@@ -109,6 +109,71 @@ fn sim_json_hlog_and_svg() {
     assert_well_formed(svg);
 }
 
+/// `--protect` and its knobs parse, reach the scheduler and show in the JSON, the table,
+/// the file names and `--help`; misuse is refused.
+#[test]
+fn sim_protect_option_parses_and_is_reported() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let out = dir.path().join("out");
+    let common = ["kv", "sim", "--scenario", "a", "--seconds", "10", "--swap-ns-per-byte", "0.04"];
+    let with = |extra: &[&str]| -> Vec<String> {
+        common.iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    let args = with(&[
+        "--policy",
+        "drr",
+        "--protect",
+        "--protect-cap",
+        "128",
+        "--protect-bucket",
+        "0.25",
+        "--protect-hold-ms",
+        "500",
+        "--json",
+        "--out",
+        s(&out),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let v: serde_json::Value = serde_json::from_str(&ok(&args)).expect("--json prints JSON");
+    assert_eq!(v["policy"], "drr");
+    let p = &v["protect"];
+    assert_eq!(p["others_prefill_tokens_max"], 128, "{v}");
+    assert_eq!(p["bucket_frac_min"], 0.25);
+    assert_eq!(p["hold_ns_max"], 500_000_000u64);
+    assert!(p["capped_steps"].as_u64().is_some() && p["released_steps"].as_u64().is_some());
+    assert!(out.join("sim-a-drr-protect128-chunk512-seed1.hlog").is_file());
+
+    // Without --protect the field is null; the table names the option when it is on.
+    let args = with(&["--policy", "drr", "--json", "--out", s(&out)]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let v: serde_json::Value = serde_json::from_str(&ok(&args)).unwrap();
+    assert!(v["protect"].is_null(), "{}", v["protect"]);
+    let args = with(&["--policy", "drr+preempt", "--protect", "--out", s(&out)]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let table = ok(&args);
+    assert!(table.contains("policy drr+preempt +protect(cap 0)"), "{table}");
+    assert!(table.lines().any(|l| l.starts_with("protect: ") && l.contains("capped steps")));
+
+    // Misuse: a knob without --protect, protection under fifo, a bad fraction.
+    for extra in [
+        &["--policy", "drr", "--protect-cap", "10"][..],
+        &["--policy", "fifo", "--protect"][..],
+        &["--policy", "drr", "--protect", "--protect-bucket", "2"][..],
+        &["--policy", "drr", "--protect", "--protect-hold-ms", "0"][..],
+    ] {
+        let mut args = with(extra);
+        args.extend(["--out".to_string(), s(&out).to_string()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert!(!fastlane(&args).status.success(), "{extra:?} was accepted");
+    }
+
+    let help = ok(&["kv", "sim", "--help"]);
+    for word in ["--protect", "--protect-cap", "--protect-bucket", "--protect-hold-ms"] {
+        assert!(help.contains(word), "{word} missing in --help");
+    }
+    assert!(help.contains("Not work-conserving"), "{help}");
+}
+
 /// Every element opened is closed in order (a small check, not a full XML parser).
 fn assert_well_formed(doc: &str) {
     let mut stack: Vec<String> = Vec::new();

@@ -38,6 +38,11 @@ impl TokenBucket {
         self.tokens -= 1.0;
     }
 
+    /// Capacity B.
+    pub fn capacity(&self) -> f64 {
+        self.capacity
+    }
+
     /// Tokens now (after refill).
     pub fn tokens(&mut self, now_ns: u64) -> f64 {
         self.refill(now_ns);

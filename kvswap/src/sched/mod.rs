@@ -21,6 +21,12 @@
 //!   of the very next step however many prefills another tenant has under way, and which
 //!   tenant's request starts next is DRR's choice too. Policy `fifo` is the baseline: one
 //!   global arrival-order queue, running prefills oldest first, no bucket, no tiers.
+//! - Optionally ([`SchedConfig::protect`], `--protect`), gives up work conservation for
+//!   latency: while an interactive tenant that sends under its rate (bucket at least half
+//!   full) has a prefill in the step, the other tenants add at most a configured number of
+//!   prefill tokens to that step (default 0; their decodes still run), so the protected
+//!   chunk's step lasts about what it lasts solo. A hold bound plans one work-conserving
+//!   step after the others' prefill has waited that long ([`ProtectConfig`]).
 //! - Under `drr+preempt`, when an interactive request is waiting and the free pool cannot
 //!   take it, preempts batch sequences at the step boundary, cheapest first, by swap (through
 //!   a [`SwapPort`]) or by recompute, whichever the [`PreemptCosts`] model says costs less;
@@ -182,6 +188,42 @@ pub struct SchedConfig {
     pub stream_ns_max: Option<u64>,
     /// The swap-or-recompute cost model.
     pub preempt: PreemptCosts,
+    /// Latency protection of under-rate interactive tenants (`None`: off, every step's
+    /// prefill budget is shared work-conserving). Policies `drr` and `drr+preempt` only.
+    pub protect: Option<ProtectConfig>,
+}
+
+/// Latency protection (`--protect`): an operator's choice to give up work conservation
+/// while the prefill of a tenant that stays under its rate is in the step.
+///
+/// A tenant is *protected* while it is in the interactive tier and its token bucket holds at
+/// least `bucket_frac_min` of its capacity B, i.e. it has been sending below its rpm (a
+/// flooder's bucket is empty). Which tenant that is follows from the buckets, not from names.
+/// While a protected tenant has prefill work for the step, the other tenants (both tiers)
+/// may add at most `others_prefill_tokens_max` prefill tokens to it; their decodes still run.
+/// So the protected chunk's step lasts about what it lasts solo, and the unprotected
+/// tenants pay: their prefill waits (the GPU stays busy, the step is just shorter).
+///
+/// Starvation bound: when the cap has held unprotected prefill work back for `hold_ns_max`
+/// without a break, the next step is planned work-conserving (plain DRR), and the clock
+/// starts again. Protected tenants cannot hold the cap for long on their own either: a
+/// tenant that keeps the GPU busy spends its bucket below the threshold and loses the
+/// protection.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProtectConfig {
+    /// Bucket fill (fraction of B, 0–1) at or above which an interactive tenant is protected.
+    pub bucket_frac_min: f64,
+    /// Prefill tokens the unprotected tenants may add to a step with a protected prefill.
+    pub others_prefill_tokens_max: u32,
+    /// Longest the cap holds unprotected prefill work back before one work-conserving step.
+    pub hold_ns_max: u64,
+}
+
+impl Default for ProtectConfig {
+    /// Half the bucket, cap 0 (the protected chunk has the step's prefill to itself), 1 s.
+    fn default() -> Self {
+        Self { bucket_frac_min: 0.5, others_prefill_tokens_max: 0, hold_ns_max: 1_000_000_000 }
+    }
 }
 
 /// A request as it reaches the router.
@@ -397,6 +439,23 @@ pub struct Scheduler<P: SwapPort> {
     done: Vec<SwapDone>,
     order: u64,
     steps: u64,
+    /// Latency protection, this step: which tenants are protected (empty: none).
+    protected: Vec<bool>,
+    /// Latency protection, this step: prefill tokens the unprotected tenants may still add
+    /// (`None`: no cap this step).
+    others_left: Option<u32>,
+    /// Since when the cap has held unprotected prefill work back without a break.
+    held_since_ns: Option<u64>,
+    protect_stats: ProtectStats,
+}
+
+/// What latency protection did over a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProtectStats {
+    /// Steps planned with the cap while unprotected tenants had prefill work.
+    pub capped_steps: u64,
+    /// Steps planned work-conserving because the cap had held others back for `hold_ns_max`.
+    pub released_steps: u64,
 }
 
 impl<P: SwapPort> fmt::Debug for Scheduler<P> {
@@ -430,6 +489,17 @@ impl<P: SwapPort> Scheduler<P> {
         }
         if cfg.batch_tokens_max == 0 || cfg.batch_seqs_max == 0 || cfg.chunk_tokens == Some(0) {
             return bad("zero step budget or chunk".into());
+        }
+        if let Some(p) = &cfg.protect {
+            if cfg.policy == Policy::Fifo {
+                return bad("protection needs a drr policy (fifo has no buckets)".into());
+            }
+            if !(0.0..=1.0).contains(&p.bucket_frac_min) || p.hold_ns_max == 0 {
+                return bad(format!(
+                    "protect: bucket fraction {} (0-1), hold {} ns (> 0)",
+                    p.bucket_frac_min, p.hold_ns_max
+                ));
+            }
         }
         for t in &tenants {
             if t.concurrency_max == 0
@@ -469,6 +539,10 @@ impl<P: SwapPort> Scheduler<P> {
             done: Vec::new(),
             order: 0,
             steps: 0,
+            protected: Vec::with_capacity(n),
+            others_left: None,
+            held_since_ns: None,
+            protect_stats: ProtectStats::default(),
         })
     }
 
@@ -516,6 +590,11 @@ impl<P: SwapPort> Scheduler<P> {
     /// Steps scheduled so far.
     pub fn steps(&self) -> u64 {
         self.steps
+    }
+
+    /// What latency protection did so far (zeros when it is off).
+    pub fn protect_stats(&self) -> ProtectStats {
+        self.protect_stats
     }
 
     /// Events of the last [`complete_step`](Self::complete_step) and of preemptions since.
@@ -643,6 +722,7 @@ impl<P: SwapPort> Scheduler<P> {
         // running ones, then new ones — and only then the batch tier's, so batch prefill
         // chunks never take the token budget an interactive request is waiting for.
         self.plan_decodes(now_ns, &mut budget, &mut seqs_left);
+        self.plan_protection(now_ns, budget);
         if self.cfg.policy == Policy::Fifo {
             self.plan_prefills(Tier::Batch, &mut budget, &mut seqs_left);
             self.plan_new(now_ns, &mut budget, &mut seqs_left);
@@ -887,6 +967,87 @@ impl<P: SwapPort> Scheduler<P> {
         }
     }
 
+    /// [`chunk_for`](Self::chunk_for), except that a `capped` tenant's chunk never exceeds
+    /// `budget` (a whole prompt does not get the "first prefill may exceed" exception).
+    fn chunk_capped(&self, remaining: u32, budget: u32, capped: bool) -> u32 {
+        if !capped {
+            return self.chunk_for(remaining, budget);
+        }
+        match self.cfg.chunk_tokens {
+            Some(chunk) => remaining.min(chunk).min(budget),
+            None if remaining <= budget => remaining,
+            None => 0,
+        }
+    }
+
+    /// Latency protection: decide which tenants are protected this step and whether the
+    /// cap on the others' prefill tokens applies (see [`ProtectConfig`]). `budget` is what
+    /// the decodes left.
+    fn plan_protection(&mut self, now_ns: u64, budget: u32) {
+        self.protected.clear();
+        self.others_left = None;
+        let Some(p) = self.cfg.protect else { return };
+        if self.cfg.policy == Policy::Fifo {
+            return;
+        }
+        for ts in &mut self.tenants {
+            let fill = ts.bucket.tokens(now_ns) / ts.bucket.capacity();
+            self.protected.push(ts.cfg.tier == Tier::Interactive && fill >= p.bucket_frac_min);
+        }
+        // Prefill work of a tenant for this step: a running prefill, or a request ready to
+        // start (one that would start now, for the protected: the cap must not hold the
+        // others back for a request that cannot get blocks).
+        let mut protected_work = false;
+        let mut others_work = false;
+        for s in self.seqs.values() {
+            let t = s.req.tenant;
+            if matches!(s.state, State::Running) && s.computed < s.target {
+                if self.protected[t] {
+                    protected_work = true;
+                } else {
+                    others_work = true;
+                }
+            }
+        }
+        for (t, ts) in self.tenants.iter().enumerate() {
+            let Some(&id) = ts.ready.front() else { continue };
+            if !self.protected[t] {
+                others_work = true;
+            } else if !protected_work {
+                let swap_in =
+                    self.seqs.get(&id).is_some_and(|s| matches!(s.state, State::SwappedOut));
+                protected_work = !swap_in && self.start_chunk(id, budget, false).is_some();
+            }
+        }
+        if !protected_work || !others_work {
+            self.held_since_ns = None;
+            return;
+        }
+        let since = *self.held_since_ns.get_or_insert(now_ns);
+        if now_ns.saturating_sub(since) >= p.hold_ns_max {
+            // Starvation bound: this step is work-conserving, then the cap starts again.
+            self.held_since_ns = None;
+            self.protect_stats.released_steps += 1;
+            return;
+        }
+        self.protect_stats.capped_steps += 1;
+        self.others_left = Some(p.others_prefill_tokens_max);
+    }
+
+    /// Whether tenant `t`'s prefill is under the protection cap this step.
+    fn capped(&self, t: TenantIndex) -> bool {
+        self.others_left.is_some() && !self.protected.get(t).copied().unwrap_or(false)
+    }
+
+    /// Count `tokens` of tenant `t`'s prefill against the protection cap, if it is capped.
+    fn charge_cap(&mut self, t: TenantIndex, tokens: u32) {
+        if self.capped(t) {
+            if let Some(left) = &mut self.others_left {
+                *left = left.saturating_sub(tokens);
+            }
+        }
+    }
+
     fn plan_decodes(&mut self, now_ns: u64, budget: &mut u32, seqs_left: &mut u32) {
         let order = self.running_in_order();
         let mut i = 0;
@@ -961,7 +1122,7 @@ impl<P: SwapPort> Scheduler<P> {
                 return;
             }
             let Some(id) = self.fifo.front().copied() else { return };
-            let Some(chunk) = self.start_chunk(id, *budget) else { return };
+            let Some(chunk) = self.start_chunk(id, *budget, false) else { return };
             self.fifo.pop_front();
             self.start(now_ns, id, chunk, budget, seqs_left);
         }
@@ -969,7 +1130,7 @@ impl<P: SwapPort> Scheduler<P> {
 
     /// The chunk `id` would start with (0: a swap-in), or `None` if it cannot start now
     /// (no blocks, or a whole prompt that does not fit the budget left).
-    fn start_chunk(&self, id: SeqId, budget: u32) -> Option<u32> {
+    fn start_chunk(&self, id: SeqId, budget: u32, capped: bool) -> Option<u32> {
         let s = self.seqs.get(&id)?;
         if self.blocks.free() < self.start_need(id) + self.cfg.watermark_blocks {
             return None;
@@ -977,7 +1138,7 @@ impl<P: SwapPort> Scheduler<P> {
         if matches!(s.state, State::SwappedOut) {
             return Some(0);
         }
-        let chunk = self.chunk_for(s.target.saturating_sub(s.computed), budget);
+        let chunk = self.chunk_capped(s.target.saturating_sub(s.computed), budget, capped);
         (chunk > 0).then_some(chunk)
     }
 
@@ -1058,10 +1219,17 @@ impl<P: SwapPort> Scheduler<P> {
                 if self.tenants[t].cfg.tier != tier {
                     continue;
                 }
-                // Running prefills whose chunk does not fit (whole-prompt mode) sit out.
+                // Under the protection cap a tenant's chunks fit what the cap leaves.
+                let capped = self.capped(t);
+                let budget = match self.others_left {
+                    Some(left) if capped => left.min(*budget),
+                    _ => *budget,
+                };
+                // Running prefills whose chunk does not fit (whole-prompt mode, or the
+                // protection cap) sit out.
                 while let Some(&id) = running[t].front() {
                     let left = self.seqs.get(&id).map_or(0, |s| s.target - s.computed);
-                    let chunk = self.chunk_for(left, *budget);
+                    let chunk = self.chunk_capped(left, budget, capped);
                     if chunk > 0 {
                         *head = Some((id, chunk, false));
                         break;
@@ -1074,7 +1242,7 @@ impl<P: SwapPort> Scheduler<P> {
                         let chunk = if matches!(s.state, State::SwappedOut) {
                             0
                         } else {
-                            self.chunk_for(s.target.saturating_sub(s.computed), *budget)
+                            self.chunk_capped(s.target.saturating_sub(s.computed), budget, capped)
                         };
                         let swapped = matches!(s.state, State::SwappedOut);
                         if swapped || chunk > 0 {
@@ -1091,14 +1259,19 @@ impl<P: SwapPort> Scheduler<P> {
             if !is_start {
                 running[t].pop_front();
                 drr.charge(t, u64::from(chunk));
+                self.charge_cap(t, chunk);
                 self.push_item(id, StepKind::Prefill { tokens: chunk });
                 *budget = budget.saturating_sub(chunk);
                 *seqs_left -= 1;
                 continue;
             }
-            match self.start_chunk(id, *budget) {
+            // The head's chunk already fits what the protection cap leaves.
+            let capped = self.capped(t);
+            let start_budget = if capped { (*budget).min(chunk) } else { *budget };
+            match self.start_chunk(id, start_budget, capped) {
                 Some(chunk) => {
                     self.drr[tier_index(tier)].charge(t, u64::from(chunk));
+                    self.charge_cap(t, chunk);
                     self.tenants[t].ready.pop_front();
                     self.start(now_ns, id, chunk, budget, seqs_left);
                 }
@@ -1213,6 +1386,7 @@ mod tests {
             drr_quantum_tokens: 512,
             stream_ns_max: None,
             preempt: costs(),
+            protect: None,
         }
     }
 
@@ -1443,5 +1617,151 @@ mod tests {
             }
         }
         assert!(quiet_first.unwrap() < 10, "quiet tenant served at step {quiet_first:?}");
+    }
+    /// Prefill tokens of `tenant` in `plan`, and its decodes.
+    fn tenant_tokens(plan: &StepPlan, tenant: TenantIndex) -> (u32, u32) {
+        plan.items.iter().filter(|i| i.tenant == tenant).fold((0, 0), |(p, d), i| match i.kind {
+            StepKind::Prefill { tokens } => (p + tokens, d),
+            StepKind::Decode => (p, d + 1),
+        })
+    }
+
+    /// A flooder that spent its whole bucket (8 admissions, no refill: unprotected) with two
+    /// streams decoding and six long prefills under way, and a quiet tenant with a full
+    /// bucket. Returns the scheduler and the time after the flooder's first steps.
+    fn flooder_and_quiet(protect: Option<ProtectConfig>) -> (Scheduler<InstantPort>, u64) {
+        let tenants = vec![
+            tenant("flood", Tier::Interactive, 8.0, 0.0, 1000, Overflow::Reject),
+            tenant("quiet", Tier::Interactive, 10.0, 60.0, 1000, Overflow::Reject),
+        ];
+        let mut c = cfg(Policy::Drr, 10_000);
+        c.protect = protect;
+        let mut s = Scheduler::new(c, tenants, port()).unwrap();
+        for i in 0..2 {
+            s.submit(0, req(i, 0, 16, 1000, 0)).unwrap();
+        }
+        for i in 2..8 {
+            s.submit(0, req(i, 0, 8000, 4, 0)).unwrap();
+        }
+        let mut now = 0;
+        for _ in 0..2 {
+            let _ = s.schedule(now).unwrap();
+            now += 10_000_000;
+            s.complete_step(now).unwrap();
+        }
+        (s, now)
+    }
+
+    #[test]
+    fn protection_gives_an_under_rate_tenants_chunk_the_step_and_decodes_keep_running() {
+        let (mut s, mut now) = flooder_and_quiet(Some(ProtectConfig::default()));
+        // Nothing protected to prefill yet: the flooder gets the whole budget.
+        let plan = s.schedule(now).unwrap();
+        assert_eq!(tenant_tokens(plan, 0), (2046, 2), "work conserving before: {plan:?}");
+        now += 10_000_000;
+        s.complete_step(now).unwrap();
+        s.submit(now, req(100, 1, 2000, 4, now)).unwrap();
+        // The quiet request's four chunks (512, 512, 512, 464) each have the step's prefill
+        // to themselves; the flooder's decodes still run in every one of them.
+        let mut quiet_chunks = Vec::new();
+        for _ in 0..4 {
+            let plan = s.schedule(now).unwrap();
+            let (quiet, _) = tenant_tokens(plan, 1);
+            assert_eq!(tenant_tokens(plan, 0), (0, 2), "flooder capped to 0: {plan:?}");
+            quiet_chunks.push(quiet);
+            now += 10_000_000;
+            s.complete_step(now).unwrap();
+        }
+        assert_eq!(quiet_chunks, [512, 512, 512, 464]);
+        assert_eq!(s.stats(1).unwrap().ttft.len(), 1, "first token after the last chunk");
+        // The quiet prefill is done: the flooder has the budget again.
+        let plan = s.schedule(now).unwrap();
+        assert_eq!(tenant_tokens(plan, 0).0, 2048 - plan.decode_tokens);
+        assert_eq!(s.protect_stats(), ProtectStats { capped_steps: 4, released_steps: 0 });
+    }
+
+    #[test]
+    fn protection_cap_lets_the_others_add_that_many_prefill_tokens() {
+        let p = ProtectConfig { others_prefill_tokens_max: 300, ..ProtectConfig::default() };
+        let (mut s, now) = flooder_and_quiet(Some(p));
+        s.submit(now, req(100, 1, 2000, 4, now)).unwrap();
+        let plan = s.schedule(now).unwrap();
+        assert_eq!(tenant_tokens(plan, 1).0, 512);
+        assert_eq!(tenant_tokens(plan, 0), (300, 2), "{plan:?}");
+    }
+
+    #[test]
+    fn without_protection_the_flooder_fills_the_quiet_step() {
+        let (mut s, now) = flooder_and_quiet(None);
+        s.submit(now, req(100, 1, 2000, 4, now)).unwrap();
+        let plan = s.schedule(now).unwrap();
+        assert_eq!(tenant_tokens(plan, 1).0, 512);
+        assert_eq!(tenant_tokens(plan, 0), (2048 - 512 - 2, 2));
+        assert_eq!(s.protect_stats(), ProtectStats::default());
+    }
+
+    #[test]
+    fn a_tenant_over_its_rate_is_not_protected() {
+        // Both tenants spent their buckets: nobody is protected, the step stays work
+        // conserving.
+        let tenants = vec![
+            tenant("flood", Tier::Interactive, 8.0, 0.0, 1000, Overflow::Reject),
+            tenant("busy", Tier::Interactive, 2.0, 0.0, 1000, Overflow::Reject),
+        ];
+        let mut c = cfg(Policy::Drr, 10_000);
+        c.protect = Some(ProtectConfig::default());
+        let mut s = Scheduler::new(c, tenants, port()).unwrap();
+        for i in 0..8 {
+            s.submit(0, req(i, 0, 8000, 4, 0)).unwrap();
+        }
+        s.submit(0, req(100, 1, 2000, 4, 0)).unwrap();
+        s.submit(0, req(101, 1, 2000, 4, 0)).unwrap();
+        let plan = s.schedule(0).unwrap();
+        assert_eq!(plan.prefill_tokens, 2048);
+        assert!(tenant_tokens(plan, 0).0 >= 1024, "{plan:?}");
+        assert_eq!(s.protect_stats().capped_steps, 0);
+    }
+
+    #[test]
+    fn protection_releases_one_work_conserving_step_after_the_hold_bound() {
+        // The quiet tenant's 40,000-token prompt keeps a protected prefill in every step for
+        // 79 steps; with a 100 ms hold bound (10 ms steps) the flooder still gets a full
+        // step's prefill share at least every 11 steps.
+        let p = ProtectConfig { hold_ns_max: 100_000_000, ..ProtectConfig::default() };
+        let (mut s, mut now) = flooder_and_quiet(Some(p));
+        s.submit(now, req(100, 1, 40_000, 4, now)).unwrap();
+        let mut since_flood = 0;
+        let mut released = 0;
+        for _ in 0..60 {
+            let plan = s.schedule(now).unwrap();
+            assert!(tenant_tokens(plan, 1).0 > 0, "quiet prefill in every step");
+            let flood = tenant_tokens(plan, 0).0;
+            if flood > 0 {
+                assert_eq!(flood + 512 + plan.decode_tokens, 2048, "work conserving: {plan:?}");
+                released += 1;
+                since_flood = 0;
+            } else {
+                since_flood += 1;
+                assert!(since_flood <= 10, "flooder held more than the bound");
+            }
+            now += 10_000_000;
+            s.complete_step(now).unwrap();
+        }
+        assert!(released >= 5, "{released}");
+        assert_eq!(s.protect_stats().released_steps, released);
+    }
+
+    #[test]
+    fn protection_needs_a_drr_policy_and_sane_settings() {
+        let t = || vec![tenant("a", Tier::Interactive, 1.0, 60.0, 1, Overflow::Reject)];
+        let mut c = cfg(Policy::Fifo, 100);
+        c.protect = Some(ProtectConfig::default());
+        assert!(matches!(Scheduler::new(c, t(), port()), Err(SchedError::Config { .. })));
+        let mut c = cfg(Policy::Drr, 100);
+        c.protect = Some(ProtectConfig { bucket_frac_min: 1.5, ..ProtectConfig::default() });
+        assert!(matches!(Scheduler::new(c, t(), port()), Err(SchedError::Config { .. })));
+        let mut c = cfg(Policy::Drr, 100);
+        c.protect = Some(ProtectConfig { hold_ns_max: 0, ..ProtectConfig::default() });
+        assert!(matches!(Scheduler::new(c, t(), port()), Err(SchedError::Config { .. })));
     }
 }

@@ -41,8 +41,8 @@ pub use port::{
 pub use scenario::{Load, Scenario, ScenarioId, TenantSpec};
 
 use crate::sched::{
-    new_histogram, record, Policy, Request, SchedConfig, SchedError, SchedEvent, Scheduler, SeqId,
-    TenantStats, Tier,
+    new_histogram, record, Policy, ProtectConfig, ProtectStats, Request, SchedConfig, SchedError,
+    SchedEvent, Scheduler, SeqId, TenantStats, Tier,
 };
 use crate::KvSwapError;
 use fastlane_hist::Histogram;
@@ -105,6 +105,8 @@ pub struct SimConfig {
     pub drain_s_max: f64,
     /// Bound on simulated steps.
     pub steps_max: u64,
+    /// Latency protection of under-rate interactive tenants (`None`: off).
+    pub protect: Option<ProtectConfig>,
 }
 
 impl SimConfig {
@@ -122,6 +124,7 @@ impl SimConfig {
             stream_s_max: Some(1800.0),
             drain_s_max: 600.0,
             steps_max: 5_000_000,
+            protect: None,
         }
     }
 }
@@ -191,6 +194,10 @@ pub struct SimReport {
     pub kv_blocks: u32,
     /// Swap provenance.
     pub swap: SwapReport,
+    /// Latency protection settings (`None`: off).
+    pub protect: Option<ProtectConfig>,
+    /// What latency protection did.
+    pub protect_stats: ProtectStats,
 }
 
 impl SimReport {
@@ -280,6 +287,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, SimError> {
         drr_quantum_tokens: 512,
         stream_ns_max: cfg.stream_s_max.map(|s| (s * 1e9) as u64),
         preempt: model.preempt_costs(ns_per_byte, SWAP_FIXED_NS),
+        protect: cfg.protect,
     };
     let tenants = specs.iter().map(|(_, s)| s.config.clone()).collect();
     let mut sched = Scheduler::new(sched_cfg, tenants, port)?;
@@ -386,5 +394,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, SimError> {
         end_ns: now,
         kv_blocks,
         swap: SwapReport { host_ns_per_byte, pcie_factor, ns_per_byte, port: sched.port().stats() },
+        protect: cfg.protect,
+        protect_stats: sched.protect_stats(),
     })
 }
