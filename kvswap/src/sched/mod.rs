@@ -994,9 +994,9 @@ impl<P: SwapPort> Scheduler<P> {
             let fill = ts.bucket.tokens(now_ns) / ts.bucket.capacity();
             self.protected.push(ts.cfg.tier == Tier::Interactive && fill >= p.bucket_frac_min);
         }
-        // Prefill work of a tenant for this step: a running prefill, or a request ready to
-        // start (one that would start now, for the protected: the cap must not hold the
-        // others back for a request that cannot get blocks).
+        // Prefill work for this step: a running prefill, or a request at the head of a
+        // ready queue. A protected tenant's request counts only if it can start now (blocks
+        // free, not a swap-in): the cap must not hold the others back for nothing.
         let mut protected_work = false;
         let mut others_work = false;
         for s in self.seqs.values() {
