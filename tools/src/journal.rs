@@ -20,8 +20,8 @@ use fastlane_nvme::journal::format::{chain_next, encode_frame, frame_len};
 use fastlane_nvme::journal::rdma::{RdmaReplica, RdmaReplicaServer};
 use fastlane_nvme::journal::verify::hex;
 use fastlane_nvme::journal::{
-    scan, verify, Anchor, Durability, FileReplica, Journal, JournalConfig, JournalError,
-    Preprocess, Replica, SoftPreprocess,
+    scan, verify, Anchor, CardPreprocess, Durability, FileReplica, FrameSlot, Journal,
+    JournalConfig, JournalError, Preprocess, Replica, SoftPreprocess,
 };
 use fastlane_rdma::Device;
 use fastlane_ring::WaitStrategy;
@@ -100,6 +100,34 @@ struct Common {
     /// Open the file with O_DIRECT.
     #[arg(long)]
     direct: bool,
+    /// Who timestamps and checksums the frames: direct (fastlane-fpga's functions on the
+    /// writer's core) or card (the software card's descriptor rings).
+    #[arg(long, default_value = "direct", value_parser = parse_preprocess)]
+    preprocess: PreprocessKind,
+}
+
+/// `--preprocess direct|card`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PreprocessKind {
+    Direct,
+    Card,
+}
+
+fn parse_preprocess(s: &str) -> Result<PreprocessKind, String> {
+    match s {
+        "direct" => Ok(PreprocessKind::Direct),
+        "card" => Ok(PreprocessKind::Card),
+        other => Err(format!("{other}: want direct or card")),
+    }
+}
+
+fn make_preprocess(kind: PreprocessKind) -> Result<Box<dyn Preprocess>> {
+    Ok(match kind {
+        PreprocessKind::Direct => Box::new(SoftPreprocess::default()),
+        PreprocessKind::Card => {
+            Box::new(CardPreprocess::soft().context("start the software card")?)
+        }
+    })
 }
 
 #[derive(Debug, Args)]
@@ -179,6 +207,9 @@ struct BenchArgs {
     /// Write the histograms here (tags: append, ack, pwrite_fdatasync).
     #[arg(long, default_value = "journal-bench.hlog")]
     hlog: PathBuf,
+    /// Who timestamps and checksums the frames of the journal runs: direct or card.
+    #[arg(long, default_value = "direct", value_parser = parse_preprocess)]
+    preprocess: PreprocessKind,
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -210,6 +241,7 @@ fn open_config(c: &Common) -> Result<JournalConfig> {
     let size = std::fs::metadata(&c.file)?.len();
     let mut config = JournalConfig::new(Arc::new(dev), c.durability);
     config.replica = open_replica(&c.replica, size, false)?;
+    config.preprocess = Some(make_preprocess(c.preprocess)?);
     Ok(config)
 }
 
@@ -473,6 +505,7 @@ fn fresh_journal(a: &BenchArgs, wait: WaitStrategy) -> Result<Journal> {
         }
         c.replica = open_replica(&opts, a.size, true)?;
     }
+    c.preprocess = Some(make_preprocess(a.preprocess)?);
     Ok(Journal::create(c)?)
 }
 
@@ -513,7 +546,7 @@ fn framing_cost(record_bytes: usize) -> FramingCost {
     let mut buf = vec![0xA5u8; fl * N];
     let key = [7u8; 32];
     let mut prev = [0u8; 16];
-    let mut pre = SoftPreprocess::default();
+    let pre = SoftPreprocess::default();
     let per = |t: Instant| t.elapsed().as_nanos() as f64 / (N * ROUNDS) as f64;
     let t = Instant::now();
     for r in 0..ROUNDS {
@@ -559,12 +592,36 @@ fn framing_cost(record_bytes: usize) -> FramingCost {
     FramingCost { frame, chain, crc: crc_ns, timestamp, batch_hash }
 }
 
+/// ns/record of framing 1024-record batches through `pre`'s stage/finish seam (what the
+/// writer calls), measured alone on this thread.
+fn framing_via(pre: &mut dyn Preprocess, record_bytes: usize) -> Result<f64> {
+    const N: usize = 1024;
+    const ROUNDS: usize = 100;
+    let fl = frame_len(record_bytes);
+    let mut buf = vec![0xA5u8; fl * N];
+    let key = [7u8; 32];
+    let mut head = [0u8; 16];
+    let t = Instant::now();
+    for r in 0..ROUNDS {
+        for i in 0..N {
+            let seq = (r * N + i) as u64 + 1;
+            let slot = FrameSlot { pos: i * fl, seq, len: record_bytes as u32 };
+            pre.stage(&mut buf, slot, &key, &mut head);
+        }
+        pre.finish(&mut buf, &key, &mut head)?;
+    }
+    std::hint::black_box(head);
+    Ok(t.elapsed().as_nanos() as f64 / (N * ROUNDS) as f64)
+}
+
 fn bench(a: &BenchArgs) -> Result<()> {
     if a.record_bytes == 0 || a.record_bytes > 4096 {
         bail!("--record-bytes must be 1..=4096");
     }
     let npt = ns_per_tick();
     let fc = framing_cost(a.record_bytes);
+    let via_direct = framing_via(&mut SoftPreprocess::default(), a.record_bytes)?;
+    let via_card = framing_via(&mut CardPreprocess::soft()?, a.record_bytes)?;
     let payload = vec![0xA5u8; a.record_bytes];
     let mut hlog = HlogWriter::create(&a.hlog)?;
     hlog.write_comment(&format!(
@@ -744,6 +801,14 @@ fn bench(a: &BenchArgs) -> Result<()> {
         fc.timestamp,
         fc.batch_hash,
         1e3 / fc.frame.max(1e-3)
+    );
+    println!(
+        "framing by batch (stage/finish, 1024 records): direct {:.0} ns/record, card {:.0} \
+         ns/record ({:.2}x; journal runs used --preprocess {})",
+        via_direct,
+        via_card,
+        via_card / via_direct.max(1e-3),
+        if a.preprocess == PreprocessKind::Card { "card" } else { "direct" }
     );
     println!("histograms: {}", a.hlog.display());
     Ok(())

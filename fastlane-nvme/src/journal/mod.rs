@@ -62,7 +62,7 @@ use fastlane_ring::WaitStrategy;
 use crate::block::{BlockDevice, BlockError, BlockOp, BlockRequest};
 pub use format::{Durability, Superblock};
 pub use io::ReadAt;
-pub use preprocess::{Preprocess, SoftPreprocess};
+pub use preprocess::{CardPreprocess, FrameSlot, Preprocess, PreprocessError, SoftPreprocess};
 pub use producer::{control_path, JournalProducer};
 pub use replica::{FileReplica, MemReplica, Replica, ReplicaError};
 pub use scan::{scan, Scan, Stop};
@@ -181,6 +181,9 @@ pub enum JournalError {
     /// The replica failed.
     #[error("replica: {0}")]
     Replica(#[from] ReplicaError),
+    /// The preprocessing stage (the card) failed; the writer stopped.
+    #[error("preprocess: {0}")]
+    Preprocess(#[from] PreprocessError),
 }
 
 /// How to create or open a journal.

@@ -77,9 +77,9 @@ use fastlane_ring::shm::{Consumer, ShmError};
 use super::control::{
     Control, STATE_CLOSED, STATE_DEVICE_FULL, STATE_FAILED, STATE_PRODUCER_FAULT,
 };
-use super::format::{encode_frame, frame_len, Chain, Durability, Superblock, FRAME_HEADER_LEN};
+use super::format::{frame_len, Chain, Durability, Superblock, FRAME_HEADER_LEN};
 use super::io::{AlignedBuf, Dev, IO_TIMEOUT};
-use super::preprocess::Preprocess;
+use super::preprocess::{FrameSlot, Preprocess};
 use super::replica::Replica;
 use super::{JournalError, RECORD_TYPE, SEQ_PREFIX_LEN};
 use crate::block::Completion;
@@ -575,12 +575,8 @@ impl Writer {
                 });
                 break;
             }
-            let ts = self.pre.timestamp_ns();
-            let pre = &mut self.pre;
-            self.head =
-                encode_frame(&mut buf[pos..], &key, &self.head, seq, ts, plen, &mut |c, d| {
-                    pre.crc32c_append(c, d)
-                });
+            let slot = FrameSlot { pos, seq, len: plen as u32 };
+            self.pre.stage(buf, slot, &key, &mut self.head);
             self.last_seq = seq;
             pos += fl;
             framed += 1;
@@ -589,6 +585,9 @@ impl Writer {
             }
         }
         batch.release();
+        // The staged frames get their timestamp, chain value and CRC (all of them at once
+        // when a card does it); a failure stops the writer before any of them is written.
+        self.pre.finish(buf, &key, &mut self.head)?;
         b.end = b.base + pos as u64;
         b.records += framed;
         b.last_seq = self.last_seq;
