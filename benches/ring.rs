@@ -2,8 +2,9 @@
 //! `std::sync::mpsc::sync_channel`, and a bare atomic ping-pong as the physical floor.
 //!
 //! ```text
-//! cargo bench --bench ring                  # all groups (about 3 minutes)
-//! python3 scripts/bench-report.py ring      # the ratio table for BENCHMARKS.md
+//! cargo bench --bench ring                           # criterion, all groups (about 3 minutes)
+//! python3 scripts/bench-report.py ring               # its ratio table for BENCHMARKS.md
+//! RING_BENCH_INTERLEAVED=30 cargo bench --bench ring # 30 rounds, every peer once per round
 //! ```
 //!
 //! Groups (criterion ids `group/peer`):
@@ -16,9 +17,21 @@
 //!   latency is half of it. `atomic` is two threads bouncing one `AtomicU64`: no ring can beat
 //!   it.
 //!
+//! Every consumer reads every item it receives (it sums their sequence numbers and checks the
+//! sum at the end), as a real consumer would: a benchmark whose consumer never touches the data
+//! measures how fast a producer can write its own cache, not a hand-over.
+//!
+//! Interleaved mode: criterion measures one peer for seconds, then the next, and on this shared
+//! 2-core VM the machine changes between them (the same case moves 2-5x from one minute to the
+//! next). `RING_BENCH_INTERLEAVED=R` instead runs R rounds of every group, each round running
+//! every peer once on the same number of items, and prints per peer the best and the median
+//! time per item and the median of the per-round ratios to the reference peer (rtrb for
+//! throughput, the atomic floor for the ping-pong): ratios of neighbours in time, which is what
+//! a drifting machine still allows. `RING_BENCH_JSON=FILE` also writes them as JSON.
+//!
 //! fastlane's channels use `WaitStrategy::BusySpin`, like the peers, which cannot park.
 //!
-//! Every spin loop here is bounded by the number of items criterion asked for.
+//! Every spin loop here is bounded by the number of items it was asked to move.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +39,7 @@ use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput};
 
 const CAPACITY: usize = 4096;
 /// Every peer here spins (none of them can put a waiter to sleep), so fastlane's channels are
@@ -34,17 +47,12 @@ const CAPACITY: usize = 4096;
 /// measures the default (parking) strategy.
 const SPIN: fastlane::ring::WaitStrategy = fastlane::ring::WaitStrategy::BusySpin;
 const BATCH: usize = 64;
+const PINGPONG_CAPACITY: usize = 64;
 
 /// A 64-byte record, as a trading process would append.
 #[derive(Clone, Copy, Default)]
 #[repr(C, align(8))]
 struct Rec64([u64; 8]);
-
-impl Rec64 {
-    fn new(i: u64) -> Self {
-        Rec64([i; 8])
-    }
-}
 
 trait Item: Copy + Send + 'static {
     fn make(i: u64) -> Self;
@@ -62,10 +70,123 @@ impl Item for u64 {
 
 impl Item for Rec64 {
     fn make(i: u64) -> Self {
-        Rec64::new(i)
+        Rec64([i; 8])
     }
+    /// The last word, so a consumer that checks it has read the record's last byte.
     fn seq(&self) -> u64 {
         self.0[7]
+    }
+}
+
+/// `0 + 1 + … + (n-1)`: what a consumer's sum of sequence numbers must come to.
+fn expected_sum(n: u64) -> u64 {
+    if n == 0 {
+        0
+    } else {
+        (n as u128 * (n as u128 - 1) / 2) as u64
+    }
+}
+
+/// One ring under test: both ends, and the non-blocking operations a spinning thread uses.
+trait Ring<T: Send + 'static> {
+    type Tx: Send + 'static;
+    type Rx: Send + 'static;
+    fn pair(capacity: usize) -> (Self::Tx, Self::Rx);
+    fn try_push(tx: &mut Self::Tx, v: T) -> Result<(), T>;
+    fn try_pop(rx: &mut Self::Rx) -> Option<T>;
+    /// Pushes `v`, spinning while the ring is full (std's channel blocks instead).
+    #[inline(always)]
+    fn push(tx: &mut Self::Tx, mut v: T) {
+        while let Err(back) = Self::try_push(tx, v) {
+            v = back;
+            std::hint::spin_loop();
+        }
+    }
+    /// Pops one item, spinning while the ring is empty (std's channel blocks instead).
+    #[inline(always)]
+    fn pop(rx: &mut Self::Rx) -> T {
+        loop {
+            if let Some(v) = Self::try_pop(rx) {
+                return v;
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+struct Fastlane;
+impl<T: Send + 'static> Ring<T> for Fastlane {
+    type Tx = fastlane::ring::spsc::Producer<T>;
+    type Rx = fastlane::ring::spsc::Consumer<T>;
+    fn pair(capacity: usize) -> (Self::Tx, Self::Rx) {
+        fastlane::ring::spsc::channel_with(capacity, SPIN)
+    }
+    #[inline(always)]
+    fn try_push(tx: &mut Self::Tx, v: T) -> Result<(), T> {
+        tx.push(v).map_err(|e| e.into_inner())
+    }
+    #[inline(always)]
+    fn try_pop(rx: &mut Self::Rx) -> Option<T> {
+        rx.pop().ok()
+    }
+}
+
+struct Rtrb;
+impl<T: Send + 'static> Ring<T> for Rtrb {
+    type Tx = rtrb::Producer<T>;
+    type Rx = rtrb::Consumer<T>;
+    fn pair(capacity: usize) -> (Self::Tx, Self::Rx) {
+        rtrb::RingBuffer::new(capacity)
+    }
+    #[inline(always)]
+    fn try_push(tx: &mut Self::Tx, v: T) -> Result<(), T> {
+        tx.push(v).map_err(|rtrb::PushError::Full(back)| back)
+    }
+    #[inline(always)]
+    fn try_pop(rx: &mut Self::Rx) -> Option<T> {
+        rx.pop().ok()
+    }
+}
+
+struct Crossbeam;
+impl<T: Send + 'static> Ring<T> for Crossbeam {
+    type Tx = Arc<crossbeam_queue::ArrayQueue<T>>;
+    type Rx = Arc<crossbeam_queue::ArrayQueue<T>>;
+    fn pair(capacity: usize) -> (Self::Tx, Self::Rx) {
+        let q = Arc::new(crossbeam_queue::ArrayQueue::new(capacity));
+        (q.clone(), q)
+    }
+    #[inline(always)]
+    fn try_push(tx: &mut Self::Tx, v: T) -> Result<(), T> {
+        tx.push(v)
+    }
+    #[inline(always)]
+    fn try_pop(rx: &mut Self::Rx) -> Option<T> {
+        rx.pop()
+    }
+}
+
+/// std's bounded channel, used the way it is meant to be: `send`/`recv` block.
+struct StdSync;
+impl<T: Send + 'static> Ring<T> for StdSync {
+    type Tx = mpsc::SyncSender<T>;
+    type Rx = mpsc::Receiver<T>;
+    fn pair(capacity: usize) -> (Self::Tx, Self::Rx) {
+        mpsc::sync_channel(capacity)
+    }
+    fn try_push(tx: &mut Self::Tx, v: T) -> Result<(), T> {
+        tx.try_send(v).map_err(|e| match e {
+            mpsc::TrySendError::Full(v) | mpsc::TrySendError::Disconnected(v) => v,
+        })
+    }
+    fn try_pop(rx: &mut Self::Rx) -> Option<T> {
+        rx.try_recv().ok()
+    }
+    fn push(tx: &mut Self::Tx, v: T) {
+        tx.send(v).expect("receiver alive");
+    }
+    fn pop(rx: &mut Self::Rx) -> T {
+        rx.recv().expect("sender alive")
     }
 }
 
@@ -103,373 +224,304 @@ where
     elapsed
 }
 
-fn tput_single<T: Item>(c: &mut Criterion, name: &str) {
-    let mut g = c.benchmark_group(name);
-    g.throughput(Throughput::Elements(1));
-    g.measurement_time(Duration::from_secs(3));
-    g.warm_up_time(Duration::from_millis(500));
-
-    g.bench_function(BenchmarkId::from_parameter("fastlane"), |b| {
-        b.iter_custom(|n| {
-            let (mut tx, mut rx) = fastlane::ring::spsc::channel_with::<T>(CAPACITY, SPIN);
-            run_pair(
-                move || {
-                    for i in 0..n {
-                        let mut v = T::make(i);
-                        while let Err(e) = tx.push(v) {
-                            v = e.into_inner();
-                            std::hint::spin_loop();
-                        }
-                    }
-                },
-                || {
-                    for i in 0..n {
-                        loop {
-                            if let Ok(v) = rx.pop() {
-                                debug_assert_eq!(v.seq(), i);
-                                black_box(v);
-                                break;
-                            }
-                            std::hint::spin_loop();
-                        }
-                    }
-                },
-            )
-        })
-    });
-
-    g.bench_function(BenchmarkId::from_parameter("rtrb"), |b| {
-        b.iter_custom(|n| {
-            let (mut tx, mut rx) = rtrb::RingBuffer::<T>::new(CAPACITY);
-            run_pair(
-                move || {
-                    for i in 0..n {
-                        let mut v = T::make(i);
-                        while let Err(rtrb::PushError::Full(back)) = tx.push(v) {
-                            v = back;
-                            std::hint::spin_loop();
-                        }
-                    }
-                },
-                || {
-                    for i in 0..n {
-                        loop {
-                            if let Ok(v) = rx.pop() {
-                                debug_assert_eq!(v.seq(), i);
-                                black_box(v);
-                                break;
-                            }
-                            std::hint::spin_loop();
-                        }
-                    }
-                },
-            )
-        })
-    });
-
-    g.bench_function(BenchmarkId::from_parameter("crossbeam"), |b| {
-        b.iter_custom(|n| {
-            let q = Arc::new(crossbeam_queue::ArrayQueue::<T>::new(CAPACITY));
-            let q2 = q.clone();
-            run_pair(
-                move || {
-                    for i in 0..n {
-                        let mut v = T::make(i);
-                        while let Err(back) = q2.push(v) {
-                            v = back;
-                            std::hint::spin_loop();
-                        }
-                    }
-                },
-                || {
-                    for i in 0..n {
-                        loop {
-                            if let Some(v) = q.pop() {
-                                debug_assert_eq!(v.seq(), i);
-                                black_box(v);
-                                break;
-                            }
-                            std::hint::spin_loop();
-                        }
-                    }
-                },
-            )
-        })
-    });
-
-    g.bench_function(BenchmarkId::from_parameter("std_sync_channel"), |b| {
-        b.iter_custom(|n| {
-            let (tx, rx) = mpsc::sync_channel::<T>(CAPACITY);
-            run_pair(
-                move || {
-                    for i in 0..n {
-                        tx.send(T::make(i)).expect("receiver alive");
-                    }
-                },
-                || {
-                    for i in 0..n {
-                        let v = rx.recv().expect("sender alive");
-                        debug_assert_eq!(v.seq(), i);
-                        black_box(v);
-                    }
-                },
-            )
-        })
-    });
-    g.finish();
+/// `n` items one at a time through ring `R`; the time the consumer took.
+fn single<T: Item, R: Ring<T>>(n: u64) -> Duration {
+    let (mut tx, mut rx) = R::pair(CAPACITY);
+    let mut sum = 0u64;
+    let d = run_pair(
+        move || {
+            for i in 0..n {
+                R::push(&mut tx, T::make(i));
+            }
+        },
+        || {
+            for _ in 0..n {
+                sum = sum.wrapping_add(black_box(R::pop(&mut rx)).seq());
+            }
+        },
+    );
+    assert_eq!(sum, expected_sum(n), "items lost, duplicated or reordered");
+    d
 }
 
-fn tput_batch<T: Item>(c: &mut Criterion, name: &str) {
-    let mut g = c.benchmark_group(name);
-    g.throughput(Throughput::Elements(1));
-    g.measurement_time(Duration::from_secs(3));
-    g.warm_up_time(Duration::from_millis(500));
-
-    g.bench_function(BenchmarkId::from_parameter("fastlane"), |b| {
-        b.iter_custom(|n| {
-            let n = n.div_ceil(BATCH as u64) * BATCH as u64;
-            let (mut tx, mut rx) = fastlane::ring::spsc::channel_with::<T>(CAPACITY, SPIN);
-            run_pair(
-                move || {
-                    let mut i = 0;
-                    while i < n {
-                        match tx.write_chunk_uninit(BATCH) {
-                            Ok(chunk) => {
-                                chunk.fill_from_iter((i..i + BATCH as u64).map(T::make));
-                                i += BATCH as u64;
-                            }
-                            Err(_) => std::hint::spin_loop(),
-                        }
+/// `n` items (rounded up to chunks of 64) through fastlane's zero-copy chunks.
+fn batch_fastlane<T: Item>(n: u64) -> Duration {
+    let n = n.div_ceil(BATCH as u64) * BATCH as u64;
+    let (mut tx, mut rx) = fastlane::ring::spsc::channel_with::<T>(CAPACITY, SPIN);
+    let mut sum = 0u64;
+    let d = run_pair(
+        move || {
+            let mut i = 0;
+            while i < n {
+                match tx.write_chunk_uninit(BATCH) {
+                    Ok(chunk) => {
+                        chunk.fill_from_iter((i..i + BATCH as u64).map(T::make));
+                        i += BATCH as u64;
                     }
-                },
-                || {
-                    let mut i = 0;
-                    while i < n {
-                        match rx.read_chunk(BATCH) {
-                            Ok(chunk) => {
-                                let (a, b) = chunk.as_slices();
-                                debug_assert_eq!(a[0].seq(), i);
-                                black_box((a, b));
-                                chunk.commit_all();
-                                i += BATCH as u64;
-                            }
-                            Err(_) => std::hint::spin_loop(),
-                        }
+                    Err(_) => std::hint::spin_loop(),
+                }
+            }
+        },
+        || {
+            let mut i = 0;
+            while i < n {
+                match rx.read_chunk(BATCH) {
+                    Ok(chunk) => {
+                        let (a, b) = chunk.as_slices();
+                        sum = a.iter().chain(b).fold(sum, |s, v| s.wrapping_add(v.seq()));
+                        chunk.commit_all();
+                        i += BATCH as u64;
                     }
-                },
-            )
-        })
-    });
-
-    g.bench_function(BenchmarkId::from_parameter("rtrb"), |b| {
-        b.iter_custom(|n| {
-            let n = n.div_ceil(BATCH as u64) * BATCH as u64;
-            let (mut tx, mut rx) = rtrb::RingBuffer::<T>::new(CAPACITY);
-            run_pair(
-                move || {
-                    let mut i = 0;
-                    while i < n {
-                        match tx.write_chunk_uninit(BATCH) {
-                            Ok(chunk) => {
-                                chunk.fill_from_iter((i..i + BATCH as u64).map(T::make));
-                                i += BATCH as u64;
-                            }
-                            Err(_) => std::hint::spin_loop(),
-                        }
-                    }
-                },
-                || {
-                    let mut i = 0;
-                    while i < n {
-                        match rx.read_chunk(BATCH) {
-                            Ok(chunk) => {
-                                let (a, b) = chunk.as_slices();
-                                debug_assert_eq!(a[0].seq(), i);
-                                black_box((a, b));
-                                chunk.commit_all();
-                                i += BATCH as u64;
-                            }
-                            Err(_) => std::hint::spin_loop(),
-                        }
-                    }
-                },
-            )
-        })
-    });
-    g.finish();
+                    Err(_) => std::hint::spin_loop(),
+                }
+            }
+        },
+    );
+    assert_eq!(sum, expected_sum(n), "items lost, duplicated or reordered");
+    d
 }
 
-fn pingpong(c: &mut Criterion) {
-    let mut g = c.benchmark_group("pingpong_u64");
-    g.measurement_time(Duration::from_secs(3));
-    g.warm_up_time(Duration::from_millis(500));
-
-    g.bench_function(BenchmarkId::from_parameter("atomic"), |b| {
-        b.iter_custom(|n| {
-            // Even values: the ball is with the echo thread; odd: with us.
-            let ball = Arc::new(AtomicU64::new(1));
-            let b2 = ball.clone();
-            run_pair(
-                move || {
-                    for i in 0..n {
-                        while b2.load(Ordering::Acquire) != 2 * i + 2 {
-                            std::hint::spin_loop();
-                        }
-                        b2.store(2 * i + 3, Ordering::Release);
+/// The same through rtrb's zero-copy chunks.
+fn batch_rtrb<T: Item>(n: u64) -> Duration {
+    let n = n.div_ceil(BATCH as u64) * BATCH as u64;
+    let (mut tx, mut rx) = rtrb::RingBuffer::<T>::new(CAPACITY);
+    let mut sum = 0u64;
+    let d = run_pair(
+        move || {
+            let mut i = 0;
+            while i < n {
+                match tx.write_chunk_uninit(BATCH) {
+                    Ok(chunk) => {
+                        chunk.fill_from_iter((i..i + BATCH as u64).map(T::make));
+                        i += BATCH as u64;
                     }
-                },
-                || {
-                    for i in 0..n {
-                        ball.store(2 * i + 2, Ordering::Release);
-                        while ball.load(Ordering::Acquire) != 2 * i + 3 {
-                            std::hint::spin_loop();
-                        }
+                    Err(_) => std::hint::spin_loop(),
+                }
+            }
+        },
+        || {
+            let mut i = 0;
+            while i < n {
+                match rx.read_chunk(BATCH) {
+                    Ok(chunk) => {
+                        let (a, b) = chunk.as_slices();
+                        sum = a.iter().chain(b).fold(sum, |s, v| s.wrapping_add(v.seq()));
+                        chunk.commit_all();
+                        i += BATCH as u64;
                     }
-                },
-            )
-        })
-    });
-
-    g.bench_function(BenchmarkId::from_parameter("fastlane"), |b| {
-        b.iter_custom(|n| {
-            let (mut ping_tx, mut ping_rx) = fastlane::ring::spsc::channel_with::<u64>(64, SPIN);
-            let (mut pong_tx, mut pong_rx) = fastlane::ring::spsc::channel_with::<u64>(64, SPIN);
-            run_pair(
-                move || {
-                    for _ in 0..n {
-                        let v = loop {
-                            if let Ok(v) = ping_rx.pop() {
-                                break v;
-                            }
-                            std::hint::spin_loop();
-                        };
-                        while pong_tx.push(v).is_err() {
-                            std::hint::spin_loop();
-                        }
-                    }
-                },
-                || {
-                    for i in 0..n {
-                        while ping_tx.push(i).is_err() {
-                            std::hint::spin_loop();
-                        }
-                        loop {
-                            if let Ok(v) = pong_rx.pop() {
-                                debug_assert_eq!(v, i);
-                                break;
-                            }
-                            std::hint::spin_loop();
-                        }
-                    }
-                },
-            )
-        })
-    });
-
-    g.bench_function(BenchmarkId::from_parameter("rtrb"), |b| {
-        b.iter_custom(|n| {
-            let (mut ping_tx, mut ping_rx) = rtrb::RingBuffer::<u64>::new(64);
-            let (mut pong_tx, mut pong_rx) = rtrb::RingBuffer::<u64>::new(64);
-            run_pair(
-                move || {
-                    for _ in 0..n {
-                        let v = loop {
-                            if let Ok(v) = ping_rx.pop() {
-                                break v;
-                            }
-                            std::hint::spin_loop();
-                        };
-                        while pong_tx.push(v).is_err() {
-                            std::hint::spin_loop();
-                        }
-                    }
-                },
-                || {
-                    for i in 0..n {
-                        while ping_tx.push(i).is_err() {
-                            std::hint::spin_loop();
-                        }
-                        loop {
-                            if let Ok(v) = pong_rx.pop() {
-                                debug_assert_eq!(v, i);
-                                break;
-                            }
-                            std::hint::spin_loop();
-                        }
-                    }
-                },
-            )
-        })
-    });
-
-    g.bench_function(BenchmarkId::from_parameter("crossbeam"), |b| {
-        b.iter_custom(|n| {
-            let ping = Arc::new(crossbeam_queue::ArrayQueue::<u64>::new(64));
-            let pong = Arc::new(crossbeam_queue::ArrayQueue::<u64>::new(64));
-            let (ping2, pong2) = (ping.clone(), pong.clone());
-            run_pair(
-                move || {
-                    for _ in 0..n {
-                        let v = loop {
-                            if let Some(v) = ping2.pop() {
-                                break v;
-                            }
-                            std::hint::spin_loop();
-                        };
-                        while pong2.push(v).is_err() {
-                            std::hint::spin_loop();
-                        }
-                    }
-                },
-                || {
-                    for i in 0..n {
-                        while ping.push(i).is_err() {
-                            std::hint::spin_loop();
-                        }
-                        loop {
-                            if let Some(v) = pong.pop() {
-                                debug_assert_eq!(v, i);
-                                break;
-                            }
-                            std::hint::spin_loop();
-                        }
-                    }
-                },
-            )
-        })
-    });
-
-    g.bench_function(BenchmarkId::from_parameter("std_sync_channel"), |b| {
-        b.iter_custom(|n| {
-            let (ping_tx, ping_rx) = mpsc::sync_channel::<u64>(64);
-            let (pong_tx, pong_rx) = mpsc::sync_channel::<u64>(64);
-            run_pair(
-                move || {
-                    for _ in 0..n {
-                        let v = ping_rx.recv().expect("pinger alive");
-                        pong_tx.send(v).expect("pinger alive");
-                    }
-                },
-                || {
-                    for i in 0..n {
-                        ping_tx.send(i).expect("echo alive");
-                        let v = pong_rx.recv().expect("echo alive");
-                        debug_assert_eq!(v, i);
-                    }
-                },
-            )
-        })
-    });
-    g.finish();
+                    Err(_) => std::hint::spin_loop(),
+                }
+            }
+        },
+    );
+    assert_eq!(sum, expected_sum(n), "items lost, duplicated or reordered");
+    d
 }
 
-fn benches(c: &mut Criterion) {
-    tput_single::<u64>(c, "tput_u64_single");
-    tput_single::<Rec64>(c, "tput_rec64_single");
-    tput_batch::<u64>(c, "tput_u64_batch");
-    tput_batch::<Rec64>(c, "tput_rec64_batch");
-    pingpong(c);
+/// `n` round trips: we push on `ping`, the other thread echoes onto `pong`.
+fn pingpong<R: Ring<u64>>(n: u64) -> Duration {
+    let (mut ping_tx, mut ping_rx) = R::pair(PINGPONG_CAPACITY);
+    let (mut pong_tx, mut pong_rx) = R::pair(PINGPONG_CAPACITY);
+    run_pair(
+        move || {
+            for _ in 0..n {
+                let v = R::pop(&mut ping_rx);
+                R::push(&mut pong_tx, v);
+            }
+        },
+        || {
+            for i in 0..n {
+                R::push(&mut ping_tx, i);
+                let v = R::pop(&mut pong_rx);
+                assert_eq!(v, i, "echo out of order");
+            }
+        },
+    )
 }
 
-criterion_group!(ring, benches);
-criterion_main!(ring);
+/// Two threads bouncing one atomic: the floor under any ring's round trip.
+fn pingpong_atomic(n: u64) -> Duration {
+    // Even values: the ball is with the echo thread; odd: with us.
+    let ball = Arc::new(AtomicU64::new(1));
+    let b2 = ball.clone();
+    run_pair(
+        move || {
+            for i in 0..n {
+                while b2.load(Ordering::Acquire) != 2 * i + 2 {
+                    std::hint::spin_loop();
+                }
+                b2.store(2 * i + 3, Ordering::Release);
+            }
+        },
+        || {
+            for i in 0..n {
+                ball.store(2 * i + 2, Ordering::Release);
+                while ball.load(Ordering::Acquire) != 2 * i + 3 {
+                    std::hint::spin_loop();
+                }
+            }
+        },
+    )
+}
+
+type Case = (&'static str, fn(u64) -> Duration);
+
+/// A group: its criterion name, the reference peer, items per interleaved round, the peers.
+struct Group {
+    name: &'static str,
+    reference: &'static str,
+    throughput: bool,
+    items: u64,
+    cases: Vec<Case>,
+}
+
+fn groups() -> Vec<Group> {
+    fn singles<T: Item>() -> Vec<Case> {
+        vec![
+            ("fastlane", single::<T, Fastlane>),
+            ("rtrb", single::<T, Rtrb>),
+            ("crossbeam", single::<T, Crossbeam>),
+            ("std_sync_channel", single::<T, StdSync>),
+        ]
+    }
+    fn batches<T: Item>() -> Vec<Case> {
+        vec![("fastlane", batch_fastlane::<T>), ("rtrb", batch_rtrb::<T>)]
+    }
+    let group = |name, reference, throughput, items, cases| Group {
+        name,
+        reference,
+        throughput,
+        items,
+        cases,
+    };
+    vec![
+        group("tput_u64_single", "rtrb", true, 4_000_000, singles::<u64>()),
+        group("tput_rec64_single", "rtrb", true, 2_000_000, singles::<Rec64>()),
+        group("tput_u64_batch", "rtrb", true, 32_000_000, batches::<u64>()),
+        group("tput_rec64_batch", "rtrb", true, 4_000_000, batches::<Rec64>()),
+        group(
+            "pingpong_u64",
+            "atomic",
+            false,
+            200_000,
+            vec![
+                ("atomic", pingpong_atomic),
+                ("fastlane", pingpong::<Fastlane>),
+                ("rtrb", pingpong::<Rtrb>),
+                ("crossbeam", pingpong::<Crossbeam>),
+                ("std_sync_channel", pingpong::<StdSync>),
+            ],
+        ),
+    ]
+}
+
+fn criterion_groups(c: &mut Criterion) {
+    for grp in groups() {
+        let mut g = c.benchmark_group(grp.name);
+        if grp.throughput {
+            g.throughput(Throughput::Elements(1));
+        }
+        g.measurement_time(Duration::from_secs(3));
+        g.warm_up_time(Duration::from_millis(500));
+        for (peer, f) in grp.cases {
+            g.bench_function(BenchmarkId::from_parameter(peer), |b| b.iter_custom(f));
+        }
+        g.finish();
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+/// `RING_BENCH_INTERLEAVED=R`: every peer once per round, R rounds, ratios per round.
+fn interleaved(rounds: usize, filter: Option<&str>) {
+    let mut json = Vec::new();
+    for grp in groups() {
+        if filter.is_some_and(|f| !grp.name.contains(f)) {
+            continue;
+        }
+        let unit = if grp.throughput { "ns/item" } else { "ns/round trip" };
+        let mut times: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); grp.cases.len()];
+        let reference = grp
+            .cases
+            .iter()
+            .position(|(p, _)| *p == grp.reference)
+            .expect("the reference peer is in its group");
+        for (_, f) in &grp.cases {
+            black_box(f(grp.items / 10)); // warm-up: page faults, frequency, code
+        }
+        for r in 0..rounds {
+            eprint!("\r{}: round {}/{rounds}", grp.name, r + 1);
+            // Alternate the order so that no peer always runs right after the same one.
+            let order: Vec<usize> = if r % 2 == 0 {
+                (0..grp.cases.len()).collect()
+            } else {
+                (0..grp.cases.len()).rev().collect()
+            };
+            for i in order {
+                let d = (grp.cases[i].1)(grp.items);
+                times[i].push(d.as_nanos() as f64 / grp.items as f64);
+            }
+        }
+        eprintln!();
+        println!(
+            "\n{} ({} rounds of {} items; per-round ratio to {})",
+            grp.name, rounds, grp.items, grp.reference
+        );
+        println!(
+            "{:<18} {:>14} {:>14} {:>22}",
+            "peer",
+            format!("best {unit}"),
+            format!("median {unit}"),
+            if grp.throughput { "median ratio (thr.)" } else { "median ratio (time)" }
+        );
+        for (i, (peer, _)) in grp.cases.iter().enumerate() {
+            let mut ratios: Vec<f64> = times[i]
+                .iter()
+                .zip(&times[reference])
+                .map(|(t, r)| if grp.throughput { r / t } else { t / r })
+                .collect();
+            let ratio = median(&mut ratios);
+            let best = times[i].iter().copied().fold(f64::INFINITY, f64::min);
+            let med = median(&mut times[i].clone());
+            println!("{peer:<18} {best:>14.3} {med:>14.3} {ratio:>21.3}x");
+            json.push(format!(
+                "{{\"group\":\"{}\",\"peer\":\"{peer}\",\"reference\":\"{}\",\"rounds\":{rounds},\
+                 \"items\":{},\"best_ns\":{best:.4},\"median_ns\":{med:.4},\
+                 \"median_ratio\":{ratio:.4},\"ratio_is\":\"{}\"}}",
+                grp.name,
+                grp.reference,
+                grp.items,
+                if grp.throughput { "throughput" } else { "time" }
+            ));
+        }
+    }
+    if let Ok(path) = std::env::var("RING_BENCH_JSON") {
+        std::fs::write(&path, format!("[\n{}\n]\n", json.join(",\n")))
+            .unwrap_or_else(|e| panic!("writing {path}: {e}"));
+        eprintln!("wrote {path}");
+    }
+}
+
+fn main() {
+    let bench_mode = std::env::args().any(|a| a == "--bench");
+    if let Some(rounds) = std::env::var("RING_BENCH_INTERLEAVED").ok().and_then(|v| v.parse().ok())
+    {
+        // Only under `cargo bench`; `cargo test` runs criterion's quick test mode below.
+        if bench_mode {
+            let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+            interleaved(rounds, filter.as_deref());
+            return;
+        }
+    }
+    let mut c = Criterion::default().configure_from_args();
+    criterion_groups(&mut c);
+    c.final_summary();
+}
