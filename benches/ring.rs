@@ -13,6 +13,8 @@
 //!   Throughput in items per second.
 //! - `tput_u64_batch`, `tput_rec64_batch`: chunks of 64 through the zero-copy batch API (only
 //!   the rings that have one).
+//! - `bare` in the throughput groups: the same algorithm with no API around it (module
+//!   [`bare`]), the floor of this design on this machine, as `atomic` is for the ping-pong.
 //! - `pingpong_u64`: a round trip through two rings; criterion reports the round trip, one-way
 //!   latency is half of it. `atomic` is two threads bouncing one `AtomicU64`: no ring can beat
 //!   it.
@@ -364,6 +366,149 @@ fn pingpong_atomic(n: u64) -> Duration {
     )
 }
 
+/// The floor for the throughput groups: the same algorithm as the rings under test (a
+/// power-of-two array, free-running indices published with one Release store, each side caching
+/// the other's index, the two indices 128 bytes apart) with no API around it: no handles, no
+/// chunk objects, no drop bookkeeping. Whatever a ring costs above this is its own overhead;
+/// what this costs is the two cores handing cache lines to each other.
+mod bare {
+    use std::cell::UnsafeCell;
+    use std::mem::MaybeUninit;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    #[repr(align(128))]
+    struct Line(AtomicUsize);
+
+    pub struct Shared<T> {
+        head: Line,
+        tail: Line,
+        slots: Box<[UnsafeCell<MaybeUninit<T>>]>,
+    }
+
+    // SAFETY:
+    // - Slot `i` is written only by the producer while `i` is between head and head + capacity
+    //   and read only by the consumer below the published tail; the Release/Acquire pairs on
+    //   `head` and `tail` order those accesses (the same argument as fastlane's spsc).
+    unsafe impl<T: Send> Sync for Shared<T> {}
+
+    pub struct End<T> {
+        ring: Arc<Shared<T>>,
+        mine: usize,
+        theirs: usize,
+        mask: usize,
+    }
+
+    pub fn pair<T: Copy>(capacity: usize) -> (End<T>, End<T>) {
+        let capacity = capacity.next_power_of_two();
+        let ring = Arc::new(Shared {
+            head: Line(AtomicUsize::new(0)),
+            tail: Line(AtomicUsize::new(0)),
+            slots: (0..capacity).map(|_| UnsafeCell::new(MaybeUninit::uninit())).collect(),
+        });
+        let end = |ring| End { ring, mine: 0, theirs: 0, mask: capacity - 1 };
+        (end(ring.clone()), end(ring))
+    }
+
+    impl<T: Copy> End<T> {
+        /// Producer: room for `n` more items, refreshing the consumer's index if needed.
+        #[inline(always)]
+        pub fn room(&mut self, n: usize) -> bool {
+            let cap = self.mask + 1;
+            if self.mine.wrapping_sub(self.theirs) + n <= cap {
+                return true;
+            }
+            self.theirs = self.ring.head.0.load(Ordering::Acquire);
+            self.mine.wrapping_sub(self.theirs) + n <= cap
+        }
+
+        /// Producer: writes `v` at position `mine + i` (not yet published).
+        #[inline(always)]
+        pub fn write(&mut self, i: usize, v: T) {
+            let slot = &self.ring.slots[(self.mine + i) & self.mask];
+            // SAFETY:
+            // - `room` saw the slot free: the consumer published a head past its last read.
+            unsafe { (*slot.get()).write(v) };
+        }
+
+        /// Producer: publishes `n` written items.
+        #[inline(always)]
+        pub fn publish(&mut self, n: usize) {
+            self.mine = self.mine.wrapping_add(n);
+            self.ring.tail.0.store(self.mine, Ordering::Release);
+        }
+
+        /// Consumer: at least `n` items readable, refreshing the producer's index if needed.
+        #[inline(always)]
+        pub fn ready(&mut self, n: usize) -> bool {
+            if self.theirs.wrapping_sub(self.mine) >= n {
+                return true;
+            }
+            self.theirs = self.ring.tail.0.load(Ordering::Acquire);
+            self.theirs.wrapping_sub(self.mine) >= n
+        }
+
+        /// Consumer: the item at position `mine + i`.
+        #[inline(always)]
+        pub fn read(&self, i: usize) -> T {
+            let slot = &self.ring.slots[(self.mine + i) & self.mask];
+            // SAFETY:
+            // - `ready` saw the producer's Release of a tail past this slot, so nobody writes it
+            //   now and it is initialised.
+            let v = unsafe { slot.get().read() };
+            // SAFETY:
+            // - Initialised, as above.
+            unsafe { v.assume_init() }
+        }
+
+        /// Consumer: hands `n` read slots back.
+        #[inline(always)]
+        pub fn release(&mut self, n: usize) {
+            self.mine = self.mine.wrapping_add(n);
+            self.ring.head.0.store(self.mine, Ordering::Release);
+        }
+    }
+}
+
+/// `n` items through the bare ring, `chunk` at a time (1: the single-item floor).
+fn bare_floor<T: Item, const CHUNK: usize>(n: u64) -> Duration {
+    let n = n.div_ceil(CHUNK as u64) * CHUNK as u64;
+    let (mut tx, mut rx) = bare::pair::<T>(CAPACITY);
+    let mut sum = 0u64;
+    let d = run_pair(
+        move || {
+            let mut i = 0;
+            while i < n {
+                if !tx.room(CHUNK) {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                for k in 0..CHUNK {
+                    tx.write(k, T::make(i + k as u64));
+                }
+                tx.publish(CHUNK);
+                i += CHUNK as u64;
+            }
+        },
+        || {
+            let mut i = 0;
+            while i < n {
+                if !rx.ready(CHUNK) {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                for k in 0..CHUNK {
+                    sum = sum.wrapping_add(black_box(rx.read(k)).seq());
+                }
+                rx.release(CHUNK);
+                i += CHUNK as u64;
+            }
+        },
+    );
+    assert_eq!(sum, expected_sum(n), "items lost, duplicated or reordered");
+    d
+}
+
 type Case = (&'static str, fn(u64) -> Duration);
 
 /// A group: its criterion name, the reference peer, items per interleaved round, the peers.
@@ -382,10 +527,15 @@ fn groups() -> Vec<Group> {
             ("rtrb", single::<T, Rtrb>),
             ("crossbeam", single::<T, Crossbeam>),
             ("std_sync_channel", single::<T, StdSync>),
+            ("bare", bare_floor::<T, 1>),
         ]
     }
     fn batches<T: Item>() -> Vec<Case> {
-        vec![("fastlane", batch_fastlane::<T>), ("rtrb", batch_rtrb::<T>)]
+        vec![
+            ("fastlane", batch_fastlane::<T>),
+            ("rtrb", batch_rtrb::<T>),
+            ("bare", bare_floor::<T, BATCH>),
+        ]
     }
     let group = |name, reference, throughput, items, cases| Group {
         name,
