@@ -246,79 +246,60 @@ fn single<T: Item, R: Ring<T>>(n: u64) -> Duration {
     d
 }
 
-/// `n` items (rounded up to chunks of 64) through fastlane's zero-copy chunks.
-fn batch_fastlane<T: Item>(n: u64) -> Duration {
-    let n = n.div_ceil(BATCH as u64) * BATCH as u64;
-    let (mut tx, mut rx) = fastlane::ring::spsc::channel_with::<T>(CAPACITY, SPIN);
-    let mut sum = 0u64;
-    let d = run_pair(
-        move || {
-            let mut i = 0;
-            while i < n {
-                match tx.write_chunk_uninit(BATCH) {
-                    Ok(chunk) => {
-                        chunk.fill_from_iter((i..i + BATCH as u64).map(T::make));
-                        i += BATCH as u64;
+/// `fn $name<T: Item>(n)`: `n` items (rounded up to chunks of 64) through a ring's zero-copy
+/// chunk API. fastlane and rtrb spell that API the same way, but with their own types: a macro
+/// rather than a trait over chunk objects that would need generic associated types.
+macro_rules! batch_case {
+    ($(#[$doc:meta])* $name:ident, $pair:expr) => {
+        $(#[$doc])*
+        fn $name<T: Item>(n: u64) -> Duration {
+            let n = n.div_ceil(BATCH as u64) * BATCH as u64;
+            let (mut tx, mut rx) = $pair;
+            let mut sum = 0u64;
+            let d = run_pair(
+                move || {
+                    let mut i = 0;
+                    while i < n {
+                        match tx.write_chunk_uninit(BATCH) {
+                            Ok(chunk) => {
+                                chunk.fill_from_iter((i..i + BATCH as u64).map(T::make));
+                                i += BATCH as u64;
+                            }
+                            Err(_) => std::hint::spin_loop(),
+                        }
                     }
-                    Err(_) => std::hint::spin_loop(),
-                }
-            }
-        },
-        || {
-            let mut i = 0;
-            while i < n {
-                match rx.read_chunk(BATCH) {
-                    Ok(chunk) => {
-                        let (a, b) = chunk.as_slices();
-                        sum = a.iter().chain(b).fold(sum, |s, v| s.wrapping_add(v.seq()));
-                        chunk.commit_all();
-                        i += BATCH as u64;
+                },
+                || {
+                    let mut i = 0;
+                    while i < n {
+                        match rx.read_chunk(BATCH) {
+                            Ok(chunk) => {
+                                let (a, b) = chunk.as_slices();
+                                sum = a.iter().chain(b).fold(sum, |s, v| s.wrapping_add(v.seq()));
+                                chunk.commit_all();
+                                i += BATCH as u64;
+                            }
+                            Err(_) => std::hint::spin_loop(),
+                        }
                     }
-                    Err(_) => std::hint::spin_loop(),
-                }
-            }
-        },
-    );
-    assert_eq!(sum, expected_sum(n), "items lost, duplicated or reordered");
-    d
+                },
+            );
+            assert_eq!(sum, expected_sum(n), "items lost, duplicated or reordered");
+            d
+        }
+    };
 }
 
-/// The same through rtrb's zero-copy chunks.
-fn batch_rtrb<T: Item>(n: u64) -> Duration {
-    let n = n.div_ceil(BATCH as u64) * BATCH as u64;
-    let (mut tx, mut rx) = rtrb::RingBuffer::<T>::new(CAPACITY);
-    let mut sum = 0u64;
-    let d = run_pair(
-        move || {
-            let mut i = 0;
-            while i < n {
-                match tx.write_chunk_uninit(BATCH) {
-                    Ok(chunk) => {
-                        chunk.fill_from_iter((i..i + BATCH as u64).map(T::make));
-                        i += BATCH as u64;
-                    }
-                    Err(_) => std::hint::spin_loop(),
-                }
-            }
-        },
-        || {
-            let mut i = 0;
-            while i < n {
-                match rx.read_chunk(BATCH) {
-                    Ok(chunk) => {
-                        let (a, b) = chunk.as_slices();
-                        sum = a.iter().chain(b).fold(sum, |s, v| s.wrapping_add(v.seq()));
-                        chunk.commit_all();
-                        i += BATCH as u64;
-                    }
-                    Err(_) => std::hint::spin_loop(),
-                }
-            }
-        },
-    );
-    assert_eq!(sum, expected_sum(n), "items lost, duplicated or reordered");
-    d
-}
+batch_case!(
+    /// Chunks through fastlane.
+    batch_fastlane,
+    fastlane::ring::spsc::channel_with::<T>(CAPACITY, SPIN)
+);
+batch_case!(
+    /// Chunks through rtrb.
+    batch_rtrb,
+    rtrb::RingBuffer::<T>::new(CAPACITY)
+);
 
 /// `n` round trips: we push on `ping`, the other thread echoes onto `pong`.
 fn pingpong<R: Ring<u64>>(n: u64) -> Duration {
