@@ -6,6 +6,10 @@
 #   replicated  `fastlane journal replica` stores what the mirror writes; a `replicated`
 #               journal appends N records, printing ACK lines as seqs become durable; the
 #               replica's file must verify, end at seq N and carry the primary's chain head.
+#   resync      the primary appends 500 records without its replica, then reopens with it:
+#               the replica reports where it stands, gets only what it lacks, and both
+#               files verify with the same head; a replica holding another journal is
+#               refused untouched, and rewritten with --rebuild-replica.
 #   kill        the replica is killed with -9 while the primary appends: the primary must
 #               exit with the writer's replica error within the RDMA timeout (no hang), and
 #               every seq it acknowledged must be in both files, which still verify.
@@ -69,6 +73,66 @@ else
     fail replica-has-every-acked-seq "last_ack=$last primary_head=$ph replica_head=$rh"
 fi
 echo "RESULT time replicated $(($(date +%s) - t0))s"
+
+# --- resync: a replica that fell behind catches up; a diverged one is refused ----------------
+t0=$(date +%s)
+# serve PORT FILE LOG: a one-session replica in the background (pid in $rpid)
+serve() {
+    timeout 60 $F journal replica --listen 127.0.0.1:$1 --device rxe0 --file $2 --size $SIZE \
+        --sessions 1 >$3 2>&1 &
+    rpid=$!
+    wait_for $3 READY 20 || { cat $3; fail replica-start "$3"; }
+}
+$F journal append $T/p1.journal --size $SIZE --generate 500 >$T/p3.out 2>$T/p3.err \
+    || fail resync-offline-append "$(cat $T/p3.err)"
+serve 7492 $T/r1.journal $T/r3.log
+if timeout 60 $F journal append $T/p1.journal --size $SIZE --durability replicated \
+    --replica rdma://127.0.0.1:7492 --device rxe0 --generate 200 --ack-every 50 \
+    >$T/p4.out 2>$T/p4.err && grep -q "CaughtUp { from_seq: $N }" $T/p4.err; then
+    ok resync-caught-up "$(cat $T/p4.err)"
+else
+    fail resync-caught-up "$(cat $T/p4.err)"
+fi
+wait $rpid || fail replica-exit "$(cat $T/r3.log)"
+cat $T/r3.log
+want=$((N + 700))
+$F journal verify $T/p1.journal >$T/v3p 2>&1 || true
+$F journal verify $T/r1.journal --expect-last-seq $want >$T/v3r 2>&1 || true
+cat $T/v3p $T/v3r
+ph=$(field head $T/v3p)
+rh=$(field head $T/v3r)
+if grep -q '^OK' $T/v3p && grep -q '^OK' $T/v3r && [ -n "$ph" ] && [ "$ph" = "$rh" ]; then
+    ok resync-same-head "last=$want head=$rh"
+else
+    fail resync-same-head "primary_head=$ph replica_head=$rh"
+fi
+# Another journal's primary: refused, the replica's file untouched.
+cp $T/r1.journal $T/r1.before
+serve 7493 $T/r1.journal $T/r5.log
+if timeout 60 $F journal append $T/p5.journal --size $SIZE --durability replicated \
+    --replica rdma://127.0.0.1:7493 --device rxe0 --generate 10 >$T/p5.out 2>$T/p5.err; then
+    fail diverged-refused "accepted: $(cat $T/p5.err)"
+elif grep -qi 'diverged' $T/p5.err && cmp -s $T/r1.journal $T/r1.before; then
+    ok diverged-refused "$(tail -1 $T/p5.err)"
+else
+    fail diverged-refused "$(cat $T/p5.err)"
+fi
+wait $rpid 2>/dev/null || true
+serve 7494 $T/r1.journal $T/r6.log
+timeout 60 $F journal append $T/p5.journal --size $SIZE --durability replicated \
+    --replica rdma://127.0.0.1:7494 --device rxe0 --rebuild-replica --generate 10 \
+    >$T/p6.out 2>$T/p6.err || true
+wait $rpid 2>/dev/null || true
+$F journal verify $T/p5.journal >$T/v6p 2>&1 || true
+$F journal verify $T/r1.journal --expect-last-seq 10 >$T/v6r 2>&1 || true
+ph=$(field head $T/v6p)
+rh=$(field head $T/v6r)
+if grep -q Rebuilt $T/p6.err && grep -q '^OK' $T/v6r && [ -n "$ph" ] && [ "$ph" = "$rh" ]; then
+    ok rebuild-verifies "head=$rh"
+else
+    fail rebuild-verifies "$(cat $T/p6.err $T/v6p $T/v6r)"
+fi
+echo "RESULT time resync $(($(date +%s) - t0))s"
 
 # --- kill: a dead replica is a typed error at the primary, acks stay acks -------------------
 t0=$(date +%s)

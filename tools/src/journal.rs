@@ -64,6 +64,10 @@ struct ReplicaOpts {
     /// Bound on every RDMA wait, milliseconds (a dead replica is reported within it).
     #[arg(long, default_value_t = 5000)]
     replica_timeout_ms: u64,
+    /// Rewrite the replica from this journal even if it holds another journal or a chain
+    /// that diverged (otherwise refused).
+    #[arg(long)]
+    rebuild_replica: bool,
 }
 
 #[derive(Debug, Args)]
@@ -241,6 +245,7 @@ fn open_config(c: &Common) -> Result<JournalConfig> {
     let size = std::fs::metadata(&c.file)?.len();
     let mut config = JournalConfig::new(Arc::new(dev), c.durability);
     config.replica = open_replica(&c.replica, size, false)?;
+    config.replica_rebuild = c.replica.rebuild_replica;
     config.preprocess = Some(make_preprocess(c.preprocess)?);
     Ok(config)
 }
@@ -293,7 +298,10 @@ fn replica_cmd(a: &ReplicaArgs) -> Result<()> {
         match server.serve_one(Duration::from_secs(1), &stop)? {
             Some(r) => {
                 served += 1;
-                println!("SESSION {served} syncs {} bytes {}", r.syncs, r.bytes_stored);
+                println!(
+                    "SESSION {served} syncs {} positions {} bytes {}",
+                    r.syncs, r.positions, r.bytes_stored
+                );
                 std::io::stdout().flush()?;
             }
             None => continue,
@@ -304,6 +312,9 @@ fn replica_cmd(a: &ReplicaArgs) -> Result<()> {
 
 fn append(a: &AppendArgs) -> Result<()> {
     let j = Journal::open_or_create(open_config(&a.common)?)?;
+    if let Some(r) = j.recovery().replica {
+        eprintln!("replica resync: {:?}, {} bytes sent", r.action, r.bytes_sent);
+    }
     if let Some(n) = a.generate {
         return append_generated(j, n, a.record_bytes, a.ack_every);
     }

@@ -19,6 +19,10 @@ const RXE_MODULES: &str =
 const EXPECTED: &[&str] = &[
     "replicated-append",
     "replica-has-every-acked-seq",
+    "resync-caught-up",
+    "resync-same-head",
+    "diverged-refused",
+    "rebuild-verifies",
     "dead-replica-typed-error",
     "dead-replica-no-hang",
     "acked-survive-replica-kill",

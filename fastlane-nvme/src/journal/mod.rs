@@ -30,8 +30,9 @@
 //! reordered record. The on-disk format is described in `docs/journal.md` and [`format`].
 //!
 //! What this module does not do: more than one producer per journal at a time (one ring, one
-//! producer role), reuse of space (a journal fills its device and then reports
-//! [`JournalError::DeviceFull`]), or resynchronising a replica that fell behind.
+//! producer role), or reuse of space (a journal fills its device and then reports
+//! [`JournalError::DeviceFull`]). A replica that fell behind is brought up to date on open,
+//! after its claimed position was checked against the hash chain (see `resync`).
 
 mod control;
 pub mod format;
@@ -41,6 +42,7 @@ mod producer;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod replica;
+mod resync;
 pub mod scan;
 pub mod verify;
 mod writer;
@@ -64,7 +66,11 @@ pub use format::{Durability, Superblock};
 pub use io::ReadAt;
 pub use preprocess::{CardPreprocess, FrameSlot, Preprocess, PreprocessError, SoftPreprocess};
 pub use producer::{control_path, JournalProducer};
-pub use replica::{FileReplica, MemReplica, Replica, ReplicaError};
+pub use replica::{
+    image_position, FileReplica, MemReplica, Replica, ReplicaError, ReplicaJournal,
+    ReplicaPosition,
+};
+pub use resync::{ResyncAction, ResyncReport};
 pub use scan::{scan, Scan, Stop};
 pub use verify::{verify, Anchor, Problem, VerifyReport};
 
@@ -209,8 +215,12 @@ pub struct JournalConfig {
     /// sleep (a producer then pays one `FUTEX_WAKE`); [`WaitStrategy::BusySpin`] or
     /// `SpinYield` for a writer on its own core.
     pub writer_wait: WaitStrategy,
-    /// The replica (required for [`Durability::Replicated`]).
+    /// The replica (required for [`Durability::Replicated`]). On open and create it is
+    /// brought up to date from its reported position; one that diverged is refused.
     pub replica: Option<Box<dyn Replica>>,
+    /// Rewrite the replica from this journal whatever it holds (instead of refusing a
+    /// diverged one). Default false.
+    pub replica_rebuild: bool,
     /// The preprocessing stage (CRC32C and timestamps). Default [`SoftPreprocess`].
     pub preprocess: Option<Box<dyn Preprocess>>,
 }
@@ -243,6 +253,7 @@ impl JournalConfig {
             writer_core: None,
             writer_wait: WaitStrategy::default(),
             replica: None,
+            replica_rebuild: false,
             preprocess: None,
         }
     }
@@ -261,6 +272,8 @@ pub struct Recovery {
     pub stop: Stop,
     /// Whether a torn tail was zeroed.
     pub truncated: bool,
+    /// What bringing the replica up to date did (`None` without a replica).
+    pub replica: Option<ResyncReport>,
 }
 
 /// Writer counters.
@@ -321,10 +334,22 @@ impl Journal {
         sb.encode(buf.as_mut_slice());
         dev.write(&mut buf, 0, DATA_OFFSET as usize, 0)?;
         dev.flush()?;
-        if let Some(r) = config.replica.as_mut() {
-            r.write(0, &buf.as_slice()[..DATA_OFFSET as usize])?;
-            r.sync()?;
-        }
+        let replica = match config.replica.as_mut() {
+            Some(r) => {
+                let first = r.position(None)?;
+                let local = resync::Local {
+                    sb,
+                    end: DATA_OFFSET,
+                    last_seq: sb.first_seq - 1,
+                    head: sb.genesis(),
+                    size: dev.size_bytes,
+                };
+                let mut reader = BlockReader::new(&mut dev);
+                let rebuild = config.replica_rebuild;
+                Some(resync::resync(&mut **r, &mut reader, &local, first, None, rebuild)?)
+            }
+            None => None,
+        };
         buf.as_mut_slice().fill(0);
         let recovery = Recovery {
             records: 0,
@@ -332,6 +357,7 @@ impl Journal {
             end: DATA_OFFSET,
             stop: Stop::Clean,
             truncated: false,
+            replica,
         };
         Self::start(config, dev, buf, sb, sb.genesis(), recovery)
     }
@@ -341,9 +367,27 @@ impl Journal {
     /// config's.
     pub fn open(mut config: JournalConfig) -> Result<Journal, JournalError> {
         let mut dev = open_dev(&config)?;
+        // Ask the replica first, so that the scan below can note this journal's chain value
+        // where the replica says it ends.
+        let replica_at = match config.replica.as_mut() {
+            Some(r) => Some(r.position(None)?),
+            None => None,
+        };
+        let replica_end = match replica_at {
+            Some(ReplicaPosition::Journal(j)) => Some(j.end),
+            _ => None,
+        };
+        let mut local_at = None;
         let (s, data_at) = {
             let mut reader = BlockReader::new(&mut dev);
-            let s = match scan::scan(&mut reader, &mut |_| true) {
+            let mut note = |v: scan::Visit<'_>| {
+                if Some(v.offset + format::frame_len(v.header.len as usize) as u64) == replica_end
+                {
+                    local_at = Some((v.header.seq, v.header.chain));
+                }
+                true
+            };
+            let s = match scan::scan(&mut reader, &mut note) {
                 Ok(s) => s,
                 Err(scan::ScanError::Super(e)) => return Err(JournalError::Superblock(e)),
                 Err(scan::ScanError::Io(source)) => {
@@ -395,16 +439,10 @@ impl Journal {
                     buf.as_mut_slice()[..n].fill(0);
                 }
                 dev.write(&mut buf, 0, n, off)?;
-                if let Some(r) = config.replica.as_mut() {
-                    r.write(off, &buf.as_slice()[..n])?;
-                }
                 first = false;
                 off += n as u64;
             }
             dev.flush()?;
-            if let Some(r) = config.replica.as_mut() {
-                r.sync()?;
-            }
             // Restore the kept block prefix at the front of the buffer.
             buf.as_mut_slice().fill(0);
             let mut reader = BlockReader::new(&mut dev);
@@ -412,19 +450,29 @@ impl Journal {
                 .read_at(base, &mut buf.as_mut_slice()[..keep])
                 .map_err(|source| JournalError::Io { op: "recovery read", source })?;
         }
-        if let Some(r) = config.replica.as_mut() {
-            // The replica gets the superblock again (it may be new).
-            let mut sbuf = AlignedBuf::new(DATA_OFFSET as usize);
-            sb.encode(sbuf.as_mut_slice());
-            r.write(0, &sbuf.as_slice()[..DATA_OFFSET as usize])?;
-            r.sync()?;
-        }
+        // The replica catches up (or is refused) before the writer acknowledges anything.
+        let replica = match (config.replica.as_mut(), replica_at) {
+            (Some(r), Some(first)) => {
+                let local = resync::Local {
+                    sb,
+                    end: s.end,
+                    last_seq: s.last_seq,
+                    head: s.head,
+                    size: dev.size_bytes,
+                };
+                let mut reader = BlockReader::new(&mut dev);
+                let rebuild = config.replica_rebuild;
+                Some(resync::resync(&mut **r, &mut reader, &local, first, local_at, rebuild)?)
+            }
+            _ => None,
+        };
         let recovery = Recovery {
             records: s.records,
             last_seq: s.last_seq,
             end: s.end,
             stop: s.stop,
             truncated: window_dirty,
+            replica,
         };
         config.max_record_bytes = sb.max_record_bytes;
         config.max_batch_bytes = sb.max_batch_bytes;

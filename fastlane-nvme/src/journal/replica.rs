@@ -6,11 +6,24 @@
 //! [`Replica::write`] and [`Replica::sync`] one to one. Until that lands, [`MemReplica`] (an
 //! in-process image, for tests) and [`FileReplica`] (a second file, e.g. on another disk)
 //! implement it.
+//!
+//! # Where a replica stands
+//!
+//! On open (and create) the journal asks the replica for its [`ReplicaPosition`]: blank, not a
+//! journal, or a journal with its id, last valid seq, end offset and chain head (what a scan of
+//! the replica's own image finds). The journal treats the answer as a claim: it re-sends only
+//! what the replica lacks after checking the claim against its own hash chain (see
+//! `journal::resync`), and refuses a replica whose content diverges.
 
 use std::fs::File;
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use super::format::{frame_len, Chain, DATA_OFFSET};
+use super::io::ReadAt;
+use super::scan::{self, ScanError};
 
 /// Why a replica failed. The writer stops (a `replicated` journal cannot acknowledge anything
 /// without its replica).
@@ -38,6 +51,44 @@ pub enum ReplicaError {
     /// The remote side is gone or answered nonsense.
     #[error("replica link failed: {0}")]
     Link(String),
+    /// The replica holds something other than a prefix of this journal. Nothing was written
+    /// to it; rebuild it from the primary (`JournalConfig::replica_rebuild`,
+    /// `--rebuild-replica`) if the primary is the copy to keep.
+    #[error("replica diverged from the journal: {0}")]
+    Diverged(String),
+}
+
+/// Where a replica's image stands, as the replica reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaPosition {
+    /// The superblock area reads as zeroes: a new replica (assumed zero throughout, like a
+    /// device `create` formatted).
+    Blank,
+    /// Bytes that are not a valid journal superblock.
+    Foreign,
+    /// A journal.
+    Journal(ReplicaJournal),
+}
+
+/// What a replica holding a journal reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaJournal {
+    /// Its superblock's journal id.
+    pub journal_id: [u8; 16],
+    /// Valid records.
+    pub records: u64,
+    /// Seq of the last valid record (`first_seq - 1` if none).
+    pub last_seq: u64,
+    /// Offset after it.
+    pub end: u64,
+    /// Its chain value (the genesis value if none).
+    pub head: Chain,
+    /// Whether the image reads as zero past the torn-tail window after `end` (the same check
+    /// `open` makes of the primary): if not, there is data the scan could not reach.
+    pub clean: bool,
+    /// For a probed offset: the seq and chain value of the replica's valid frame that ends
+    /// exactly there (`first_seq - 1` and the genesis value for the data offset), if any.
+    pub probe: Option<(u64, Chain)>,
 }
 
 /// A remote (or second local) copy of the journal device.
@@ -48,6 +99,10 @@ pub trait Replica: Send {
 
     /// Returns once every write started so far is durable at the replica.
     fn sync(&mut self) -> Result<(), ReplicaError>;
+
+    /// Where the replica's image stands (what a scan of it finds), with the frame that ends
+    /// at `probe_end` if asked. Called before anything is written to it.
+    fn position(&mut self, probe_end: Option<u64>) -> Result<ReplicaPosition, ReplicaError>;
 
     /// A short name for logs and the CLI.
     fn name(&self) -> &str;
@@ -97,6 +152,12 @@ impl Replica for MemReplica {
         Ok(())
     }
 
+    fn position(&mut self, probe_end: Option<u64>) -> Result<ReplicaPosition, ReplicaError> {
+        let img = self.image.lock().unwrap_or_else(|p| p.into_inner());
+        image_position(&mut &img[..], probe_end)
+            .map_err(|source| ReplicaError::Io { offset: 0, source })
+    }
+
     fn name(&self) -> &str {
         "mem"
     }
@@ -124,7 +185,63 @@ impl Replica for FileReplica {
         self.file.sync_data().map_err(|source| ReplicaError::Io { offset: 0, source })
     }
 
+    fn position(&mut self, probe_end: Option<u64>) -> Result<ReplicaPosition, ReplicaError> {
+        image_position(&mut FileImage(&self.file), probe_end)
+            .map_err(|source| ReplicaError::Io { offset: 0, source })
+    }
+
     fn name(&self) -> &str {
         "file"
     }
+}
+
+/// [`ReadAt`] over a shared file reference.
+#[derive(Debug)]
+pub(crate) struct FileImage<'a>(pub(crate) &'a File);
+
+impl ReadAt for FileImage<'_> {
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.0.read_exact_at(buf, offset)
+    }
+    fn len_bytes(&self) -> u64 {
+        self.0.metadata().map(|m| m.len()).unwrap_or(0)
+    }
+}
+
+/// Where the journal image read through `r` stands: what a replica reports about itself.
+/// Damage is not an error here (the scan stops at the first bad frame and says whether data
+/// follows); only a failed read is.
+pub fn image_position(r: &mut dyn ReadAt, probe_end: Option<u64>) -> io::Result<ReplicaPosition> {
+    if r.len_bytes() < DATA_OFFSET {
+        return Ok(ReplicaPosition::Foreign);
+    }
+    if scan::is_zero(r, 0, DATA_OFFSET)? {
+        return Ok(ReplicaPosition::Blank);
+    }
+    let mut probe = None;
+    let s = scan::scan(r, &mut |v| {
+        if Some(v.offset + frame_len(v.header.len as usize) as u64) == probe_end {
+            probe = Some((v.header.seq, v.header.chain));
+        }
+        true
+    });
+    let s = match s {
+        Ok(s) => s,
+        Err(ScanError::Super(_)) => return Ok(ReplicaPosition::Foreign),
+        Err(ScanError::Io(e)) => return Err(e),
+    };
+    if probe_end == Some(DATA_OFFSET) {
+        probe = Some((s.superblock.first_seq - 1, s.superblock.genesis()));
+    }
+    let past_window = s.end.saturating_add(s.superblock.torn_window());
+    let clean = scan::is_zero(r, past_window, 4096)?;
+    Ok(ReplicaPosition::Journal(ReplicaJournal {
+        journal_id: s.superblock.journal_id,
+        records: s.records,
+        last_seq: s.last_seq,
+        end: s.end,
+        head: s.head,
+        clean,
+        probe,
+    }))
 }
