@@ -1,0 +1,99 @@
+//! Shared by the soft-RoCE guest tests of several crates (each includes this file with
+//! `#[path = "…/tests/vm/rxe_guest.rs"] mod rxe_guest;`): boot a QEMU TCG guest with
+//! tests/vm/run-guest.sh, bring up `rxe0` on `dummy0`, run a guest script that prints
+//! `CHECK <name> ok|FAIL …` lines, and assert that every expected check passed.
+//!
+//! A test skips, with a message, only when QEMU is not installed; the RDMA userspace pieces are
+//! required (`.ci/install-deps.sh` installs both).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+/// The rxe provider library and its driver file, copied into the guest.
+pub const RXE_PROVIDER: &str = "/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so";
+pub const RXE_DRIVER: &str = "/etc/libibverbs.d/rxe.driver";
+/// Kernel modules soft-RoCE needs in the guest, in load order.
+pub const RXE_MODULES: &str =
+    "crc32_generic ib_core ib_uverbs udp_tunnel ip6_udp_tunnel rdma_rxe dummy";
+
+/// The workspace root, from the including crate's manifest directory (canonical, so a symlinked
+/// checkout still finds tests/vm).
+pub fn workspace_root(manifest_dir: &str) -> PathBuf {
+    let dir = Path::new(manifest_dir);
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    dir.parent().expect("workspace root").to_path_buf()
+}
+
+fn have(cmd: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd} >/dev/null 2>&1")])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// One guest run.
+pub struct RxeGuest<'a> {
+    /// The workspace root ([`workspace_root`]).
+    pub root: PathBuf,
+    /// The script to run in the guest.
+    pub script: PathBuf,
+    /// Host binaries to copy in (besides `/usr/bin/rdma`, always copied).
+    pub bins: &'a [&'a str],
+    /// More arguments for run-guest.sh (`--mem`, `--append`, …).
+    pub extra: &'a [&'a str],
+    /// run-guest.sh's `--timeout`, seconds.
+    pub timeout_s: u32,
+    /// The checks that must each print `CHECK <name> ok`.
+    pub expected: &'a [&'a str],
+}
+
+impl RxeGuest<'_> {
+    /// Boots the guest, runs the script and asserts: the guest exited 0, no check failed, no
+    /// `ERROR` line, and every expected check passed. Returns without running (and says so) when
+    /// QEMU is not installed.
+    pub fn run_and_check(&self) {
+        if !have("qemu-system-x86_64") {
+            eprintln!("SKIPPED: qemu-system-x86_64 is not installed (run .ci/install-deps.sh)");
+            return;
+        }
+        for f in [RXE_PROVIDER, RXE_DRIVER, "/usr/bin/rdma"] {
+            assert!(
+                Path::new(f).exists(),
+                "{f} missing: run .ci/install-deps.sh (ibverbs-providers, iproute2)"
+            );
+        }
+        let t = Instant::now();
+        let mut cmd = Command::new(self.root.join("tests/vm/run-guest.sh"));
+        cmd.arg("--script").arg(&self.script);
+        for b in self.bins {
+            cmd.args(["--bin", b]);
+        }
+        cmd.args(["--bin", "/usr/bin/rdma", "--lib", RXE_PROVIDER]);
+        cmd.args(["--file", &format!("{RXE_DRIVER}:{RXE_DRIVER}")]);
+        cmd.args(["--modules", RXE_MODULES, "--smp", "2"]);
+        cmd.args(["--timeout", &self.timeout_s.to_string()]);
+        cmd.args(self.extra);
+        let out = cmd.output().expect("run tests/vm/run-guest.sh");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stdout
+            .lines()
+            .filter(|l| l.starts_with("CHECK") || l.starts_with("RESULT") || l.starts_with("ERROR"))
+            .collect();
+        eprintln!("guest run took {:?}\n{}", t.elapsed(), lines.join("\n"));
+        let failed: Vec<&&str> =
+            lines.iter().filter(|l| l.contains(" FAIL") || l.starts_with("ERROR")).collect();
+        let missing: Vec<&&str> = self
+            .expected
+            .iter()
+            .filter(|name| !lines.iter().any(|l| l.starts_with(&format!("CHECK {name} ok"))))
+            .collect();
+        assert!(
+            out.status.success() && failed.is_empty() && missing.is_empty(),
+            "guest status {:?}; failed: {failed:?}; missing: {missing:?}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}",
+            out.status.code()
+        );
+    }
+}
