@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use fastlane_nvme::block::ram::RamDisk;
 use fastlane_nvme::block::sync::{SyncFileDevice, SyncFileOptions};
 use fastlane_nvme::block::uring::{UringDevice, UringError, UringOptions};
+use fastlane_nvme::block::FileOpenError;
 use fastlane_nvme::block::{
     BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, Segment,
 };
@@ -433,7 +434,9 @@ fn direct_device(file: &tempfile::NamedTempFile) -> Option<UringDevice> {
     let opts = UringOptions { direct: true, ..UringOptions::default() };
     match UringDevice::open(file.path(), opts) {
         Ok(dev) => Some(dev),
-        Err(UringError::Open { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
+        Err(UringError::File(FileOpenError::Open { source, .. }))
+            if source.raw_os_error() == Some(libc::EINVAL) =>
+        {
             eprintln!(
                 "skipped: {} does not support O_DIRECT",
                 file.path().parent().unwrap().display()
@@ -535,7 +538,7 @@ fn uring_refuses_bad_options() {
         let opts = UringOptions { max_segments, ..UringOptions::default() };
         assert!(matches!(
             UringDevice::open(file.path(), opts),
-            Err(UringError::MaxSegments { .. })
+            Err(UringError::File(FileOpenError::MaxSegments { .. }))
         ));
     }
     let dev = UringDevice::open(file.path(), UringOptions::default()).unwrap();
@@ -544,12 +547,12 @@ fn uring_refuses_bad_options() {
     let empty = tempfile::NamedTempFile::new().unwrap();
     assert!(matches!(
         UringDevice::open(empty.path(), UringOptions::default()),
-        Err(UringError::BadGeometry { .. })
+        Err(UringError::File(FileOpenError::BadGeometry { .. }))
     ));
     let ro = UringOptions { read_only: true, ..UringOptions::default() };
     assert!(matches!(
         UringDevice::open(std::env::temp_dir(), ro),
-        Err(UringError::NotADisk { .. })
+        Err(UringError::File(FileOpenError::NotADisk { .. }))
     ));
 }
 

@@ -1,9 +1,85 @@
-//! What the file-backed backends (`uring`, `sync`) share: learning a file's or block device's
-//! size and logical block size, and trimming an iovec array after a short transfer.
+//! What the file-backed backends (`uring`, `sync`) share: opening a file or block device and
+//! learning its size and logical block size (and the errors of doing so), and trimming an iovec
+//! array after a short transfer.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// Why a file backend ([`SyncFileDevice`](super::sync::SyncFileDevice),
+/// [`UringDevice`](super::uring::UringDevice)) could not open its file or device.
+#[derive(Debug, thiserror::Error)]
+pub enum FileOpenError {
+    /// `open(2)` failed (`EINVAL` with `O_DIRECT`: the filesystem has no direct I/O).
+    #[error("cannot open {path:?}")]
+    Open {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Reading the size or block size failed.
+    #[error("cannot query the geometry of {path:?}")]
+    Geometry {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Neither a regular file nor a block device.
+    #[error("{path:?} is not a regular file or block device")]
+    NotADisk {
+        /// The path.
+        path: PathBuf,
+    },
+    /// Smaller than one block, or an unusable block size.
+    #[error("{path:?}: unusable geometry, {size_bytes} bytes in {block_size}-byte blocks")]
+    BadGeometry {
+        /// The path.
+        path: PathBuf,
+        /// Its size.
+        size_bytes: u64,
+        /// Its block size.
+        block_size: u32,
+    },
+    /// `max_segments` is 0 or above the backend's limit.
+    #[error("max_segments {max_segments} not in 1..={limit}")]
+    MaxSegments {
+        /// The value asked for.
+        max_segments: u32,
+        /// The backend's limit.
+        limit: u32,
+    },
+}
+
+/// Checks `max_segments` against `limit`, opens `path` read-only or read-write with
+/// `O_CLOEXEC | extra_flags`, and reads its geometry.
+pub(crate) fn open_disk(
+    path: &Path,
+    read_only: bool,
+    extra_flags: libc::c_int,
+    max_segments: u32,
+    limit: u32,
+) -> Result<(File, RawGeometry), FileOpenError> {
+    let pb = || path.to_path_buf();
+    if max_segments == 0 || max_segments > limit {
+        return Err(FileOpenError::MaxSegments { max_segments, limit });
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(!read_only)
+        .custom_flags(libc::O_CLOEXEC | extra_flags)
+        .open(path)
+        .map_err(|source| FileOpenError::Open { path: pb(), source })?;
+    match raw_geometry(&file) {
+        Ok(Some(g)) => Ok((file, g)),
+        Ok(None) => Err(FileOpenError::NotADisk { path: pb() }),
+        Err(source) => Err(FileOpenError::Geometry { path: pb(), source }),
+    }
+}
 
 /// `_IOR(0x12, 114, size_t)`: the device size in bytes (not in the libc crate for every
 /// target; this encoding holds for x86_64 and aarch64).

@@ -25,6 +25,8 @@ pub mod spec;
 pub mod sync;
 pub mod uring;
 
+pub use fileio::FileOpenError;
+
 /// What a request asks the device to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockOp {

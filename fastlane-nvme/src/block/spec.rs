@@ -323,6 +323,7 @@ pub fn open_backend(spec: &str, opts: &SpecOptions) -> Result<Arc<dyn BlockDevic
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::block::FileOpenError;
 
     #[test]
     fn sizes() {
@@ -417,7 +418,7 @@ mod tests {
                 assert_eq!(choice.unwrap().engine, IoEngine::Uring);
                 assert!(dev.open_queue(4).unwrap().completion_fd().is_some());
             }
-            Err(SpecError::Uring(UringError::Open { source, .. }))
+            Err(SpecError::Uring(UringError::File(FileOpenError::Open { source, .. })))
                 if source.raw_os_error() == Some(libc::EINVAL) => {}
             Err(e) => panic!("O_DIRECT open: {e}"),
         }

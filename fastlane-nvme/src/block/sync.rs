@@ -43,14 +43,13 @@
 //! that makes no progress (a read at end of file, when the file shrank under us) fails with
 //! `Io(EIO)`; other errors complete the request with `Io(errno)`.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::fileio::{advance_iovecs, raw_geometry, RawGeometry};
+use super::fileio::{advance_iovecs, open_disk, FileOpenError, RawGeometry};
 use super::inline::InlineCompletions;
 use super::{
     BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, DeviceInfo, QueueFull,
@@ -95,49 +94,7 @@ impl Default for SyncFileOptions {
 }
 
 /// Why a [`SyncFileDevice`] could not be opened.
-#[derive(Debug, thiserror::Error)]
-pub enum SyncFileError {
-    /// `open(2)` failed.
-    #[error("cannot open {path:?}")]
-    Open {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Reading the size or block size failed.
-    #[error("cannot query the geometry of {path:?}")]
-    Geometry {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Neither a regular file nor a block device.
-    #[error("{path:?} is not a regular file or block device")]
-    NotADisk {
-        /// The path.
-        path: PathBuf,
-    },
-    /// Smaller than one block, or an unusable block size.
-    #[error("{path:?}: unusable geometry, {size_bytes} bytes in {block_size}-byte blocks")]
-    BadGeometry {
-        /// The path.
-        path: PathBuf,
-        /// Its size.
-        size_bytes: u64,
-        /// Its block size.
-        block_size: u32,
-    },
-    /// `max_segments` is 0 or above 1024.
-    #[error("max_segments {max_segments} not in 1..=1024")]
-    MaxSegments {
-        /// The value asked for.
-        max_segments: u32,
-    },
-}
+pub type SyncFileError = FileOpenError;
 
 /// What the device and its queues share.
 #[derive(Debug)]
@@ -162,29 +119,19 @@ impl SyncFileDevice {
         opts: SyncFileOptions,
     ) -> Result<SyncFileDevice, SyncFileError> {
         let path = path.as_ref();
-        let pb = || path.to_path_buf();
-        if opts.max_segments == 0 || opts.max_segments > SYNC_MAX_SEGMENTS_LIMIT {
-            return Err(SyncFileError::MaxSegments { max_segments: opts.max_segments });
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(!opts.read_only)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(path)
-            .map_err(|source| SyncFileError::Open { path: pb(), source })?;
-        let geometry = |source| SyncFileError::Geometry { path: pb(), source };
-        let Some(RawGeometry { size, logical_block: block_size, blockdev }) =
-            raw_geometry(&file).map_err(geometry)?
-        else {
-            return Err(SyncFileError::NotADisk { path: pb() });
-        };
+        let (file, RawGeometry { size, logical_block: block_size, blockdev }) =
+            open_disk(path, opts.read_only, 0, opts.max_segments, SYNC_MAX_SEGMENTS_LIMIT)?;
         // `preadv` takes an `off_t`: the whole device must be addressable with one.
         if !block_size.is_power_of_two()
             || !(512..=65_536).contains(&block_size)
             || size < u64::from(block_size)
             || size > i64::MAX as u64
         {
-            return Err(SyncFileError::BadGeometry { path: pb(), size_bytes: size, block_size });
+            return Err(FileOpenError::BadGeometry {
+                path: path.to_path_buf(),
+                size_bytes: size,
+                block_size,
+            });
         }
         Ok(SyncFileDevice {
             shared: Arc::new(Shared { file, zero: vec![0u8; ZERO_BUF_BYTES].into_boxed_slice() }),

@@ -42,19 +42,18 @@
 //! and with `O_DIRECT`. A read or write larger than `u32::MAX` bytes completes with
 //! `OutOfRange` (the seam reports transferred bytes in a `u32`).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
-use super::fileio::{advance_iovecs, raw_geometry, RawGeometry};
+use super::fileio::{advance_iovecs, open_disk, FileOpenError, RawGeometry};
 
 use super::{
     BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, DeviceInfo, QueueFull,
@@ -94,46 +93,9 @@ impl Default for UringOptions {
 /// Why a [`UringDevice`] could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum UringError {
-    /// `open(2)` failed (`EINVAL` with `direct`: the filesystem has no `O_DIRECT`).
-    #[error("cannot open {path:?}")]
-    Open {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Reading the size or block size failed.
-    #[error("cannot query the geometry of {path:?}")]
-    Geometry {
-        /// The path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Neither a regular file nor a block device.
-    #[error("{path:?} is not a regular file or block device")]
-    NotADisk {
-        /// The path.
-        path: PathBuf,
-    },
-    /// Smaller than one block, or an unusable block size.
-    #[error("{path:?}: unusable geometry, {size_bytes} bytes in {block_size}-byte blocks")]
-    BadGeometry {
-        /// The path.
-        path: PathBuf,
-        /// Its size.
-        size_bytes: u64,
-        /// Its block size.
-        block_size: u32,
-    },
-    /// `max_segments` is 0 or above 1024.
-    #[error("max_segments {max_segments} not in 1..=1024")]
-    MaxSegments {
-        /// The value asked for.
-        max_segments: u32,
-    },
+    /// Opening the file or device, or its geometry.
+    #[error(transparent)]
+    File(#[from] FileOpenError),
     /// The zero buffer could not be mapped.
     #[error("cannot allocate the zero buffer")]
     ZeroBuffer(#[source] std::io::Error),
@@ -226,26 +188,9 @@ impl UringDevice {
     /// Open `path` (a regular file or a block device).
     pub fn open(path: impl AsRef<Path>, opts: UringOptions) -> Result<UringDevice, UringError> {
         let path = path.as_ref();
-        let pb = || path.to_path_buf();
-        if opts.max_segments == 0 || opts.max_segments > URING_MAX_SEGMENTS_LIMIT {
-            return Err(UringError::MaxSegments { max_segments: opts.max_segments });
-        }
-        let mut flags = libc::O_CLOEXEC;
-        if opts.direct {
-            flags |= libc::O_DIRECT;
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(!opts.read_only)
-            .custom_flags(flags)
-            .open(path)
-            .map_err(|source| UringError::Open { path: pb(), source })?;
-        let geometry = |source| UringError::Geometry { path: pb(), source };
-        let Some(RawGeometry { size, logical_block: logical, blockdev }) =
-            raw_geometry(&file).map_err(geometry)?
-        else {
-            return Err(UringError::NotADisk { path: pb() });
-        };
+        let flags = if opts.direct { libc::O_DIRECT } else { 0 };
+        let (file, RawGeometry { size, logical_block: logical, blockdev }) =
+            open_disk(path, opts.read_only, flags, opts.max_segments, URING_MAX_SEGMENTS_LIMIT)?;
         let (block_size, mem_align) = if opts.direct {
             match dio_align(path) {
                 Some((off, mem)) => (off.max(logical), mem),
@@ -260,7 +205,12 @@ impl UringDevice {
             || !mem_align.is_power_of_two()
             || size < u64::from(block_size)
         {
-            return Err(UringError::BadGeometry { path: pb(), size_bytes: size, block_size });
+            return Err(FileOpenError::BadGeometry {
+                path: path.to_path_buf(),
+                size_bytes: size,
+                block_size,
+            }
+            .into());
         }
         let zero = ZeroBuf::new(ZERO_BUF_BYTES).map_err(UringError::ZeroBuffer)?;
         Ok(UringDevice {
