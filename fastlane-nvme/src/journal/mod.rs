@@ -67,8 +67,7 @@ pub use io::ReadAt;
 pub use preprocess::{CardPreprocess, FrameSlot, Preprocess, PreprocessError, SoftPreprocess};
 pub use producer::{control_path, JournalProducer};
 pub use replica::{
-    image_position, FileReplica, MemReplica, Replica, ReplicaError, ReplicaJournal,
-    ReplicaPosition,
+    image_position, FileReplica, MemReplica, Replica, ReplicaError, ReplicaJournal, ReplicaPosition,
 };
 pub use resync::{ResyncAction, ResyncReport};
 pub use scan::{scan, Scan, Stop};
@@ -381,8 +380,7 @@ impl Journal {
         let (s, data_at) = {
             let mut reader = BlockReader::new(&mut dev);
             let mut note = |v: scan::Visit<'_>| {
-                if Some(v.offset + format::frame_len(v.header.len as usize) as u64) == replica_end
-                {
+                if Some(v.offset + format::frame_len(v.header.len as usize) as u64) == replica_end {
                     local_at = Some((v.header.seq, v.header.chain));
                 }
                 true
