@@ -14,14 +14,16 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use fastlane_hist::{HlogWriter, LatencyRecorder};
-use fastlane_nvme::block::spec::parse_size;
+use fastlane_nvme::block::spec::{parse_size, IoEngine};
+use fastlane_nvme::block::sync::{SyncFileDevice, SyncFileOptions};
 use fastlane_nvme::block::uring::{UringDevice, UringOptions};
+use fastlane_nvme::block::BlockDevice;
 use fastlane_nvme::journal::format::{chain_next, encode_frame, frame_len};
 use fastlane_nvme::journal::rdma::{RdmaReplica, RdmaReplicaServer};
 use fastlane_nvme::journal::verify::hex;
 use fastlane_nvme::journal::{
     scan, verify, Anchor, CardPreprocess, Durability, FileReplica, FrameSlot, Journal,
-    JournalConfig, JournalError, Preprocess, Replica, SoftPreprocess,
+    JournalConfig, JournalError, Preprocess, Replica, SoftPreprocess, WriterIo,
 };
 use fastlane_rdma::Device;
 use fastlane_ring::WaitStrategy;
@@ -104,6 +106,8 @@ struct Common {
     /// Open the file with O_DIRECT.
     #[arg(long)]
     direct: bool,
+    #[command(flatten)]
+    io: IoOpts,
     /// Who timestamps and checksums the frames: direct (fastlane-fpga's functions on the
     /// writer's core) or card (the software card's descriptor rings).
     #[arg(long, default_value = "direct", value_parser = parse_preprocess)]
@@ -203,6 +207,10 @@ struct BenchArgs {
     /// Pin the producer thread to this core.
     #[arg(long)]
     producer_core: Option<usize>,
+    /// Pin the ack run's waiter thread to this core (default: any core, even when the
+    /// producer is pinned; a waiter sharing the producer's core waits for its yields).
+    #[arg(long)]
+    waiter_core: Option<usize>,
     /// Durability level of the journal runs.
     #[arg(long, default_value = "local")]
     durability: Durability,
@@ -214,6 +222,57 @@ struct BenchArgs {
     /// Who timestamps and checksums the frames of the journal runs: direct or card.
     #[arg(long, default_value = "direct", value_parser = parse_preprocess)]
     preprocess: PreprocessKind,
+    #[command(flatten)]
+    io: IoOpts,
+}
+
+/// How the journal's file is prepared and driven.
+#[derive(Debug, Clone, Args)]
+struct IoOpts {
+    /// I/O engine of the journal file: uring (io_uring; fdatasync runs on a kernel worker)
+    /// or sync (pwritev/fdatasync on the calling thread).
+    #[arg(long, default_value = "uring")]
+    io: IoEngine,
+    /// How the writer drives the device: pipelined (one queue, write and flushes in flight
+    /// together) or flusher (the writer writes, a flusher thread flushes and acknowledges;
+    /// `local` only).
+    #[arg(long, default_value = "pipelined", value_parser = parse_writer_io)]
+    writer_io: WriterIo,
+    /// A new journal file is filled with written zeroes (true) instead of
+    /// fallocate(ZERO_RANGE), which leaves unwritten extents that every fdatasync converts
+    /// (bench: the baseline file is prepared the same way).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    prefill: bool,
+}
+
+fn writer_io_name(w: WriterIo) -> &'static str {
+    match w {
+        WriterIo::Flusher => "flusher",
+        _ => "pipelined",
+    }
+}
+
+fn parse_writer_io(s: &str) -> Result<WriterIo, String> {
+    match s {
+        "pipelined" => Ok(WriterIo::Pipelined),
+        "flusher" => Ok(WriterIo::Flusher),
+        other => Err(format!("{other}: want pipelined or flusher")),
+    }
+}
+
+/// The journal file's block device, with the engine `--io` names.
+fn open_device(path: &std::path::Path, io: IoEngine, direct: bool) -> Result<Arc<dyn BlockDevice>> {
+    Ok(match io {
+        IoEngine::Sync => {
+            if direct {
+                bail!("--io sync has no O_DIRECT");
+            }
+            Arc::new(SyncFileDevice::open(path, SyncFileOptions::default())?)
+        }
+        IoEngine::Uring | IoEngine::Auto => {
+            Arc::new(UringDevice::open(path, UringOptions { direct, ..UringOptions::default() })?)
+        }
+    })
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -240,10 +299,11 @@ fn open_config(c: &Common) -> Result<JournalConfig> {
             .with_context(|| format!("create {}", c.file.display()))?;
         f.set_len(c.size)?;
     }
-    let dev =
-        UringDevice::open(&c.file, UringOptions { direct: c.direct, ..UringOptions::default() })?;
+    let dev = open_device(&c.file, c.io.io, c.direct)?;
     let size = std::fs::metadata(&c.file)?.len();
-    let mut config = JournalConfig::new(Arc::new(dev), c.durability);
+    let mut config = JournalConfig::new(dev, c.durability);
+    config.prefill = c.io.prefill;
+    config.writer_io = c.io.writer_io;
     config.replica = open_replica(&c.replica, size, false)?;
     config.replica_rebuild = c.replica.rebuild_replica;
     config.preprocess = Some(make_preprocess(c.preprocess)?);
@@ -496,13 +556,29 @@ fn pin(core: Option<usize>) {
     }
 }
 
-fn fresh_journal(a: &BenchArgs, wait: WaitStrategy) -> Result<Journal> {
+/// Lets the calling thread run on every CPU again (a thread inherits its creator's mask).
+fn unpin() {
+    // SAFETY: `cpu_set_t` is a plain bit array; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for cpu in 0..libc::CPU_SETSIZE as usize {
+        // SAFETY: `cpu < CPU_SETSIZE`, so the bit lies inside `set`.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // Best effort: CPUs that do not exist are ignored by the kernel.
+    // SAFETY: sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of `set`, which lives on
+    // our stack across the call, and touches nothing else.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+}
+
+fn fresh_journal(a: &BenchArgs, wait: WaitStrategy, size: u64) -> Result<Journal> {
     let _ = std::fs::remove_file(&a.file);
     let f = OpenOptions::new().write(true).create_new(true).open(&a.file)?;
-    f.set_len(a.size)?;
+    f.set_len(size)?;
     drop(f);
-    let dev = UringDevice::open(&a.file, UringOptions::default())?;
-    let mut c = JournalConfig::new(Arc::new(dev), a.durability);
+    let dev = open_device(&a.file, a.io.io, false)?;
+    let mut c = JournalConfig::new(dev, a.durability);
+    c.prefill = a.io.prefill;
+    c.writer_io = a.io.writer_io;
     c.writer_core = a.writer_core;
     c.writer_wait = wait;
     c.ring_bytes = 16 << 20;
@@ -514,10 +590,37 @@ fn fresh_journal(a: &BenchArgs, wait: WaitStrategy) -> Result<Journal> {
             rp.push(".replica");
             opts.replica = Some(rp.to_string_lossy().into_owned());
         }
-        c.replica = open_replica(&opts, a.size, true)?;
+        c.replica = open_replica(&opts, size, true)?;
     }
     c.preprocess = Some(make_preprocess(a.preprocess)?);
     Ok(Journal::create(c)?)
+}
+
+/// Sizes the baseline file as the journal's device is prepared at create: written zeroes
+/// (`prefill`: every later `fdatasync` is data only) or allocated-but-unwritten extents (what
+/// write-zeroes leaves: every `fdatasync` also converts the extents it wrote into).
+fn prepare_like_journal(f: &std::fs::File, len: u64, prefill: bool) -> Result<()> {
+    f.set_len(len)?;
+    if prefill {
+        let zero = vec![0u8; 1 << 20];
+        let mut off = 0;
+        while off < len {
+            let n = (len - off).min(zero.len() as u64) as usize;
+            f.write_all_at(&zero[..n], off)?;
+            off += n as u64;
+        }
+    } else {
+        use std::os::fd::AsRawFd;
+        // SAFETY: fallocate on an open descriptor we own; it touches no memory of ours.
+        let rc = unsafe {
+            libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_ZERO_RANGE, 0, len as libc::off_t)
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error()).context("fallocate baseline");
+        }
+    }
+    f.sync_all()?;
+    Ok(())
 }
 
 struct Pcts {
@@ -643,7 +746,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
     ))?;
 
     // 1. Throughput at full speed; every successful append is timed (the hot path).
-    let j = fresh_journal(a, WaitStrategy::SpinYield { spins: 1024 })?;
+    let j = fresh_journal(a, WaitStrategy::SpinYield { spins: 1024 }, a.size)?;
     let mut tx = j.producer()?;
     let mut append_rec = LatencyRecorder::with_max(10_000_000)?;
     pin(a.producer_core);
@@ -686,7 +789,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
     let bp = PathBuf::from(bp);
     let _ = std::fs::remove_file(&bp);
     let bf = OpenOptions::new().read(true).write(true).create_new(true).open(&bp)?;
-    bf.set_len(a.size.min(64 << 20))?;
+    prepare_like_journal(&bf, a.size.min(16 << 20), a.io.prefill)?;
     let mut base_rec = LatencyRecorder::with_max(10_000_000_000)?;
     let frame = vec![0x5Au8; 48 + a.record_bytes.div_ceil(8) * 8];
     let bstart = Instant::now();
@@ -701,17 +804,28 @@ fn bench(a: &BenchArgs) -> Result<()> {
         }
         Ok(())
     };
-    floor(a.baseline_ops / 2, &mut base_rec)?;
-
     // 2. Durable-ack latency under a steady load: append at `rate`, a waiter thread stamps
-    //    each seq when it becomes durable.
-    let j = Arc::new(fresh_journal(a, WaitStrategy::default())?);
+    //    each seq when it becomes durable. The journal is created (and, with --prefill, its
+    //    zeroes written and flushed) before the floor's first half, so that neither side runs
+    //    while a freshly written file is still being flushed below; it is sized for the run
+    //    (at least 64 MiB), not --size, which only the throughput run needs.
     let total = (a.rate as f64 * a.seconds) as u64;
+    let ack_size =
+        (total * frame_len(a.record_bytes) as u64 * 2 + (16 << 20)).max(64 << 20).min(a.size);
+    let j = Arc::new(fresh_journal(a, WaitStrategy::default(), ack_size)?);
+    // Let the disk settle after writing both files.
+    std::thread::sleep(Duration::from_secs(1));
+    floor(a.baseline_ops / 2, &mut base_rec)?;
     let stamps: Arc<Vec<AtomicU64>> = Arc::new((0..=total).map(|_| AtomicU64::new(0)).collect());
     let done = Arc::new(AtomicBool::new(false));
     let waiter = {
         let (j, stamps, done) = (Arc::clone(&j), Arc::clone(&stamps), Arc::clone(&done));
+        let waiter_core = a.waiter_core;
         std::thread::spawn(move || -> Result<LatencyRecorder> {
+            match waiter_core {
+                Some(c) => pin(Some(c)),
+                None => unpin(),
+            }
             let mut rec = LatencyRecorder::with_max(10_000_000_000)?;
             let mut next = 1u64;
             while next <= total {
@@ -775,7 +889,14 @@ fn bench(a: &BenchArgs) -> Result<()> {
 
     let ack = pcts(&ack_rec);
     let base = pcts(&base_rec);
-    println!("fastlane journal bench: {} B records, durability {}", a.record_bytes, a.durability);
+    println!(
+        "fastlane journal bench: {} B records, durability {}, --io {} --writer-io {} --prefill {}",
+        a.record_bytes,
+        a.durability,
+        a.io.io,
+        writer_io_name(a.io.writer_io),
+        a.io.prefill
+    );
     println!("{:<28} {:>10} {:>10} {:>10} {:>12} {:>10}", "", "p50", "p99", "p99.9", "max", "n");
     let row = |name: &str, p: &Pcts| {
         println!(
@@ -787,12 +908,14 @@ fn bench(a: &BenchArgs) -> Result<()> {
     row("append->durable ack (ns)", &ack);
     row("pwrite+fdatasync (ns)", &base);
     println!(
-        "ack/baseline: p50 {:.2}x  p99 {:.2}x   (load: {} rec/s, {} batches, {:.1} rec/batch)",
+        "ack/baseline: p50 {:.2}x  p99 {:.2}x   (load: {} rec/s, {} batches, {:.1} rec/batch, \
+         {} flushes)",
         ack.p50 as f64 / base.p50.max(1) as f64,
         ack.p99 as f64 / base.p99.max(1) as f64,
         a.rate,
         load_stats2.batches,
-        load_stats2.records as f64 / load_stats2.batches.max(1) as f64
+        load_stats2.records as f64 / load_stats2.batches.max(1) as f64,
+        load_stats2.flushes
     );
     println!(
         "throughput: {:.0} records/s ({} records in {:.3} s, {} batches, {:.0} rec/batch, {} full retries)",

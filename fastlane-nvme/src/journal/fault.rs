@@ -3,10 +3,15 @@
 //! instant could leave on the medium (unflushed writes dropped, or some of them applied and
 //! one torn at a random byte). With [`FaultDisk::deferred_flush`] a flush completes only some
 //! `complete` calls after it was submitted and then makes durable exactly the writes that had
-//! completed before its submission, so writes and flushes overlap as on a real queue.
+//! completed before its submission, so writes and flushes overlap as on a real queue. With
+//! [`FaultDisk::with_flush_gate`] a closed [`FlushGate`] holds every flush until the test opens
+//! it: inside `submit` (as a synchronous `fdatasync` blocks its caller) or in the queue (as an
+//! io_uring flush runs on a kernel worker, `wait` sleeping until it completes).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::block::{
     BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, DeviceInfo, QueueFull,
@@ -36,6 +41,57 @@ pub(crate) struct FaultDisk {
     size: u64,
     /// Flushes complete this many `complete` calls after their submission (0: at once).
     flush_delay: u32,
+    gate: Option<Arc<FlushGate>>,
+}
+
+/// Holds flushes while closed (see the module docs). Every wait on it is bounded by
+/// [`GATE_TIMEOUT`], after which a held flush goes through anyway.
+#[derive(Debug, Default)]
+pub(crate) struct FlushGate {
+    closed: Mutex<bool>,
+    cv: Condvar,
+    /// Flushes held now.
+    held: AtomicU32,
+    /// Hold inside `submit` (true) or in the queue (false).
+    inline: bool,
+}
+
+const GATE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl FlushGate {
+    pub(crate) fn close(&self) {
+        *self.closed.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    }
+
+    pub(crate) fn open(&self) {
+        *self.closed.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        self.cv.notify_all();
+    }
+
+    fn is_open(&self) -> bool {
+        !*self.closed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Flushes held at the gate now.
+    pub(crate) fn held(&self) -> u32 {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// Blocks until the gate is open or `timeout` passed.
+    fn wait_open(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut closed = self.closed.lock().unwrap_or_else(|p| p.into_inner());
+        while *closed {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            closed = match self.cv.wait_timeout(closed, deadline - now) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+    }
 }
 
 impl FaultDisk {
@@ -43,7 +99,20 @@ impl FaultDisk {
         let size = image.len() as u64;
         let state =
             State { durable: image.clone(), volatile: image, pending: Vec::new(), next_id: 0 };
-        FaultDisk { state: Arc::new(Mutex::new(state)), size, flush_delay: 0 }
+        FaultDisk { state: Arc::new(Mutex::new(state)), size, flush_delay: 0, gate: None }
+    }
+
+    /// Adds a flush gate (open at first); `inline`: a held flush blocks `submit`, else the
+    /// queue keeps it and `wait` sleeps until the gate opens or its timeout passes.
+    pub(crate) fn with_flush_gate(mut self, inline: bool) -> (FaultDisk, Arc<FlushGate>) {
+        let gate = Arc::new(FlushGate { inline, ..FlushGate::default() });
+        self.gate = Some(Arc::clone(&gate));
+        (self, gate)
+    }
+
+    /// The image as the device's reads see it (flushed or not).
+    pub(crate) fn volatile(&self) -> Vec<u8> {
+        self.lock().volatile.clone()
     }
 
     /// Makes flushes complete `calls` `complete` calls after submission (writes still
@@ -105,6 +174,7 @@ impl BlockDevice for FaultDisk {
             depth,
             done: VecDeque::new(),
             held: VecDeque::new(),
+            gated: VecDeque::new(),
         }))
     }
 }
@@ -115,6 +185,8 @@ struct FaultQueue {
     done: VecDeque<Completion>,
     /// Deferred flushes: completion, the last write id it covers, `complete` calls left.
     held: VecDeque<(Completion, Option<u64>, u32)>,
+    /// Flushes held by a closed queue-side gate: completion, last write id, give-up time.
+    gated: VecDeque<(Completion, Option<u64>, Instant)>,
 }
 
 /// Makes the writes with id <= `upto` durable.
@@ -187,8 +259,23 @@ impl FaultQueue {
 
 impl BlockQueue for FaultQueue {
     unsafe fn submit<'a>(&mut self, req: BlockRequest<'a>) -> Result<(), QueueFull<'a>> {
-        if self.done.len() + self.held.len() >= self.depth as usize {
+        if self.done.len() + self.held.len() + self.gated.len() >= self.depth as usize {
             return Err(QueueFull(req));
+        }
+        if req.op == BlockOp::Flush {
+            if let Some(g) = self.disk.gate.clone().filter(|g| !g.is_open()) {
+                if g.inline {
+                    g.held.fetch_add(1, Ordering::AcqRel);
+                    g.wait_open(GATE_TIMEOUT);
+                    g.held.fetch_sub(1, Ordering::AcqRel);
+                } else {
+                    let upto = self.disk.lock().next_id.checked_sub(1);
+                    let c = Completion { tag: req.tag, result: Ok(0) };
+                    g.held.fetch_add(1, Ordering::AcqRel);
+                    self.gated.push_back((c, upto, Instant::now() + GATE_TIMEOUT));
+                    return Ok(());
+                }
+            }
         }
         if req.op == BlockOp::Flush && self.disk.flush_delay > 0 {
             let upto = self.disk.lock().next_id.checked_sub(1);
@@ -206,6 +293,16 @@ impl BlockQueue for FaultQueue {
     }
 
     fn complete(&mut self, out: &mut [Completion]) -> usize {
+        if let Some(g) = self.disk.gate.clone() {
+            let open = g.is_open();
+            let now = Instant::now();
+            while self.gated.front().is_some_and(|h| open || now >= h.2) {
+                let (c, upto, _) = self.gated.pop_front().expect("checked");
+                make_durable(&mut self.disk.lock(), upto);
+                g.held.fetch_sub(1, Ordering::AcqRel);
+                self.done.push_back(c);
+            }
+        }
         for h in self.held.iter_mut() {
             h.2 = h.2.saturating_sub(1);
         }
@@ -221,11 +318,18 @@ impl BlockQueue for FaultQueue {
         n
     }
 
-    fn wait(&mut self, _timeout: Option<std::time::Duration>) -> std::io::Result<()> {
+    fn wait(&mut self, timeout: Option<std::time::Duration>) -> std::io::Result<()> {
+        // Only a gated flush makes this device slow: sleep until the gate opens (or the
+        // timeout), as a real queue sleeps until its next completion.
+        if let Some(g) = self.disk.gate.clone() {
+            if self.done.is_empty() && self.held.is_empty() && !self.gated.is_empty() {
+                g.wait_open(timeout.unwrap_or(GATE_TIMEOUT).min(GATE_TIMEOUT));
+            }
+        }
         Ok(())
     }
 
     fn in_flight(&self) -> u32 {
-        (self.done.len() + self.held.len()) as u32
+        (self.done.len() + self.held.len() + self.gated.len()) as u32
     }
 }

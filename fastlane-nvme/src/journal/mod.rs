@@ -35,6 +35,7 @@
 //! after its claimed position was checked against the hash chain (see `resync`).
 
 mod control;
+mod flusher;
 pub mod format;
 mod io;
 pub mod preprocess;
@@ -76,6 +77,7 @@ pub use verify::{verify, Anchor, Problem, VerifyReport};
 use control::Control;
 use format::{SuperError, DATA_OFFSET};
 use io::{AlignedBuf, BlockReader, Dev};
+pub use writer::WriterIo;
 use writer::{Writer, WriterParts, WriterStats};
 
 /// A record's sequence number. The first record of a journal is 1; 0 means "none".
@@ -222,6 +224,14 @@ pub struct JournalConfig {
     pub replica_rebuild: bool,
     /// The preprocessing stage (CRC32C and timestamps). Default [`SoftPreprocess`].
     pub preprocess: Option<Box<dyn Preprocess>>,
+    /// Create only: zero the device with plain writes of zeroes instead of write-zeroes
+    /// (`fallocate(ZERO_RANGE)` on a file, which leaves *unwritten* extents that every later
+    /// flush must convert: a metadata commit per `fdatasync`). Prefilled, a flush carries
+    /// data only, as a WAL that pre-writes its segment. Costs one write of the whole device
+    /// at create. Default false.
+    pub prefill: bool,
+    /// How the writer does its I/O. Default [`WriterIo::Pipelined`].
+    pub writer_io: WriterIo,
 }
 
 impl std::fmt::Debug for JournalConfig {
@@ -235,6 +245,8 @@ impl std::fmt::Debug for JournalConfig {
             .field("writer_core", &self.writer_core)
             .field("writer_wait", &self.writer_wait)
             .field("replica", &self.replica.as_ref().map(|r| r.name().to_string()))
+            .field("prefill", &self.prefill)
+            .field("writer_io", &self.writer_io)
             .finish()
     }
 }
@@ -254,6 +266,8 @@ impl JournalConfig {
             replica: None,
             replica_rebuild: false,
             preprocess: None,
+            prefill: false,
+            writer_io: WriterIo::default(),
         }
     }
 }
@@ -328,7 +342,7 @@ impl Journal {
             return Err(JournalError::Config("device too small for the journal's batch size"));
         }
         let mut buf = AlignedBuf::new(sb.max_batch_bytes as usize + 2 * WRITE_ALIGN as usize);
-        zero_device(&mut dev, &mut buf, config.device.info().write_zeroes)?;
+        zero_device(&mut dev, &mut buf, config.device.info().write_zeroes && !config.prefill)?;
         buf.as_mut_slice().fill(0);
         sb.encode(buf.as_mut_slice());
         dev.write(&mut buf, 0, DATA_OFFSET as usize, 0)?;
@@ -557,6 +571,8 @@ impl Journal {
             stats: Arc::clone(&stats),
             stop: Arc::clone(&stop),
             core: config.writer_core,
+            io: config.writer_io,
+            device: Arc::clone(&config.device),
         });
         let handle = std::thread::Builder::new()
             .name("journal-writer".into())

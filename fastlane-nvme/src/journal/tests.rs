@@ -137,14 +137,81 @@ fn power_cut_with_flushes_in_flight_never_loses_an_acknowledged_record() {
     power_cuts(0xDEFE44ED, 40);
 }
 
+/// The power cuts again with the flusher threads ([`WriterIo::Flusher`]): writes on the
+/// writer's queue, flushes (held back as above) on the flushers' own queues.
+#[test]
+fn power_cut_with_flusher_threads_never_loses_an_acknowledged_record() {
+    power_cuts_with(0xF1A5, 40, WriterIo::Flusher);
+}
+
 fn power_cuts(seed: u64, flush_delay: u32) {
+    power_cuts_with(seed, flush_delay, WriterIo::Pipelined);
+}
+
+/// Appends record 1, waits until its flush is held at the gate, appends record 2, and says
+/// whether record 2 reached the device while that flush was still held (then opens the gate
+/// and checks both become durable).
+fn written_during_held_flush(io: WriterIo, inline_flush: bool, patience: Duration) -> bool {
+    let (disk, gate) = FaultDisk::new(vec![0; 1 << 20]).with_flush_gate(inline_flush);
+    let mut c = small_config(Arc::new(disk.clone()), Durability::Local);
+    c.writer_io = io;
+    let j = Journal::create(c).unwrap();
+    gate.close();
+    let mut tx = j.producer().unwrap();
+    assert_eq!(tx.append_blocking(&payload_for(1), T).unwrap(), 1);
+    let t0 = std::time::Instant::now();
+    while gate.held() == 0 {
+        assert!(t0.elapsed() < T, "record 1's flush never reached the device");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    assert_eq!(tx.append_blocking(&payload_for(2), T).unwrap(), 2);
+    let t0 = std::time::Instant::now();
+    let mut written = false;
+    while t0.elapsed() < patience {
+        if records(&disk.volatile()).0.contains(&2) {
+            written = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    // Nothing is acknowledged while its flush is held.
+    assert_eq!(j.durable_seq(), 0, "acknowledged before the flush completed");
+    assert!(gate.held() > 0);
+    gate.open();
+    tx.wait_durable(2, T).unwrap();
+    drop(tx);
+    j.close().unwrap();
+    assert_eq!(records(&disk.durable()).0, vec![1, 2]);
+    written
+}
+
+/// A record that arrives while a flush is in flight is written (and its own flush can start)
+/// before that flush completes: with the pipelined writer on a device whose flush completes
+/// asynchronously (io_uring), and with the flusher threads even when the flush blocks its
+/// caller (a synchronous `fdatasync`).
+#[test]
+fn record_arriving_during_a_flush_is_written_before_the_flush_completes() {
+    assert!(written_during_held_flush(WriterIo::Pipelined, false, T));
+    assert!(written_during_held_flush(WriterIo::Flusher, false, T));
+    assert!(written_during_held_flush(WriterIo::Flusher, true, T));
+}
+
+/// Why the flusher threads exist: the pipelined writer on a device whose flush blocks the
+/// submitting thread (the inline `sync` engine) cannot write anything until it returns.
+#[test]
+fn pipelined_writer_is_stuck_behind_an_inline_flush() {
+    assert!(!written_during_held_flush(WriterIo::Pipelined, true, Duration::from_millis(300)));
+}
+
+fn power_cuts_with(seed: u64, flush_delay: u32, io: WriterIo) {
     let mut rng = xorshift(seed);
     let mut image = vec![0u8; 4 << 20];
     let mut created = false;
     let mut next_payload_seq = 1u64;
     for round in 0..60 {
         let disk = FaultDisk::new(image.clone()).deferred_flush(flush_delay);
-        let c = small_config(Arc::new(disk.clone()), Durability::Local);
+        let mut c = small_config(Arc::new(disk.clone()), Durability::Local);
+        c.writer_io = io;
         let j = if created { Journal::open(c).unwrap() } else { Journal::create(c).unwrap() };
         created = true;
         let rec = j.recovery();

@@ -77,12 +77,13 @@ use fastlane_ring::shm::{Consumer, ShmError};
 use super::control::{
     Control, STATE_CLOSED, STATE_DEVICE_FULL, STATE_FAILED, STATE_PRODUCER_FAULT,
 };
+use super::flusher::Flushers;
 use super::format::{frame_len, Chain, Durability, Superblock, FRAME_HEADER_LEN};
 use super::io::{AlignedBuf, Dev, IO_TIMEOUT};
 use super::preprocess::{FrameSlot, Preprocess};
 use super::replica::Replica;
 use super::{JournalError, RECORD_TYPE, SEQ_PREFIX_LEN};
-use crate::block::Completion;
+use crate::block::{BlockDevice, Completion};
 
 /// Counters the writer keeps (read with [`Journal::stats`](super::Journal::stats)).
 #[derive(Debug, Default)]
@@ -96,13 +97,30 @@ pub(crate) struct WriterStats {
 
 /// How long one idle wait on the ring lasts before the writer looks at its stop flag.
 const IDLE_SLICE: Duration = Duration::from_millis(5);
-/// How long one wait on the device lasts while the ring is empty (records that arrive during
-/// a flush are framed and written at most this late; a completion wakes the writer at once).
-const BUSY_SLICE: Duration = Duration::from_millis(1);
+/// With requests in flight and the ring empty, the writer first polls both (ring tail and
+/// completion queue, no syscall) for this long, then sleeps on the device for at most
+/// [`BUSY_SLICE`] before looking at the ring again: a record that arrives during a flush is
+/// framed and written within about that much, not after the flush's completion.
+const BUSY_SPIN: Duration = Duration::from_micros(20);
+/// One sleep on the device while requests are in flight (a completion ends it at once).
+const BUSY_SLICE: Duration = Duration::from_micros(100);
 /// Flushes in flight at once (the queue is opened with depth 4: one write and these).
 const FLUSHES_MAX: usize = 2;
 /// The tag of the (single) write in flight; flushes are tagged `2 × seq` (seq ≥ 1).
 const WRITE_TAG: u64 = 1;
+
+/// How the writer does its I/O ([`JournalConfig::writer_io`](super::JournalConfig::writer_io)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WriterIo {
+    /// One queue, the writer submits writes and flushes and reaps their completions (see the
+    /// module docs of the pipeline).
+    #[default]
+    Pipelined,
+    /// At `local` durability: the writer writes each batch and waits for that write; a
+    /// flusher thread with its own queue on the device runs the flushes and publishes the
+    /// durable seq itself. Other durability levels run [`WriterIo::Pipelined`].
+    Flusher,
+}
 
 /// A batch of frames in one buffer.
 struct Batch {
@@ -157,6 +175,8 @@ pub(crate) struct Writer {
     fault: Option<JournalError>,
     /// The next record does not fit the device: drain, then stop with `DeviceFull`.
     device_full: bool,
+    io: WriterIo,
+    device: Arc<dyn BlockDevice>,
 }
 
 /// What the writer needs from `Journal::start`.
@@ -177,6 +197,9 @@ pub(crate) struct WriterParts {
     pub(crate) stats: Arc<WriterStats>,
     pub(crate) stop: Arc<AtomicBool>,
     pub(crate) core: Option<usize>,
+    pub(crate) io: WriterIo,
+    /// The device `dev` is a queue of (the flushers open their own queues on it).
+    pub(crate) device: Arc<dyn BlockDevice>,
 }
 
 impl Writer {
@@ -212,6 +235,8 @@ impl Writer {
             core: p.core,
             fault: None,
             device_full: false,
+            io: p.io,
+            device: p.device,
         }
     }
 
@@ -221,11 +246,30 @@ impl Writer {
 
     /// The thread body. Returns the first fatal error.
     pub(crate) fn run(mut self) -> Result<(), JournalError> {
+        // The flushers start before the writer pins itself: a thread inherits its creator's
+        // CPU mask, and flushers on the writer's core would wait for it to yield (measured:
+        // ack P99 of tens of ms on a loaded 2-core machine).
+        let flushers = if self.io == WriterIo::Flusher && self.durability == Durability::Local {
+            Some(Flushers::start(
+                &self.device,
+                self.dev.size_bytes,
+                &self.control,
+                &self.stats,
+                self.durable_seq,
+                self.flushed_end,
+            ))
+        } else {
+            None
+        };
         if let Some(id) = self.core {
             // Best effort: a core that does not exist leaves the thread unpinned.
             let _ = core_affinity::set_for_current(core_affinity::CoreId { id });
         }
-        let result = self.run_loop();
+        let result = match flushers {
+            Some(Ok(f)) => self.run_flusher(f),
+            Some(Err(e)) => Err(e),
+            None => self.run_loop(),
+        };
         let state = match &result {
             Ok(()) if self.fault.is_some() => STATE_PRODUCER_FAULT,
             Ok(()) => STATE_CLOSED,
@@ -275,7 +319,7 @@ impl Writer {
                     return Ok(());
                 }
                 if !moved && self.io_in_flight() {
-                    self.wait_device_for(BUSY_SLICE)?;
+                    self.wait_busy()?;
                 }
                 continue;
             }
@@ -309,6 +353,121 @@ impl Writer {
         }
     }
 
+    /// [`WriterIo::Flusher`] at `local`: frame what the ring holds, write it and wait for the
+    /// write, ask the flushers for a flush, and go back to the ring (sleeping there when it is
+    /// empty: the producer's publish wakes the writer). Flushes complete on the flushers'
+    /// threads, which publish the durable seq; the writer reads back only how far they got,
+    /// for the torn-window bound and to drain at the end.
+    fn run_flusher(&mut self, mut flushers: Flushers) -> Result<(), JournalError> {
+        let result = self.flusher_loop(&flushers);
+        let stopped = flushers.stop();
+        result.and(stopped)
+    }
+
+    fn flusher_loop(&mut self, flushers: &Flushers) -> Result<(), JournalError> {
+        let mut fault_published = false;
+        loop {
+            if let Some(e) = flushers.take_error() {
+                return Err(e);
+            }
+            let stopping = self.stop.load(Ordering::Acquire);
+            let (flushed_seq, flushed_end) = flushers.flushed();
+            self.flushed_end = self.flushed_end.max(flushed_end);
+            self.durable_seq = self.durable_seq.max(flushed_seq);
+            let reading = self.fault.is_none() && !self.device_full;
+            if reading && self.can_frame() {
+                let wait = if stopping { None } else { Some(IDLE_SLICE) };
+                if self.frame(wait)? > 0 {
+                    self.write_pending(flushers)?;
+                    continue;
+                }
+                let still_reading = self.fault.is_none() && !self.device_full;
+                if !(stopping && still_reading) {
+                    continue;
+                }
+            } else if reading {
+                // The torn window is full: wait for a flush to move it.
+                flushers.wait_past(flushed_seq, IDLE_SLICE);
+                continue;
+            }
+            // Stopping with an empty ring, or not reading any more: what was written must be
+            // flushed before the writer reports.
+            if self.write_pending(flushers)? {
+                continue;
+            }
+            if self.durable_seq < self.last_seq {
+                let deadline = Instant::now() + IO_TIMEOUT;
+                while flushers.flushed().0 < self.last_seq && flushers.take_error().is_none() {
+                    if Instant::now() >= deadline {
+                        return Err(JournalError::Io {
+                            op: "flush",
+                            source: std::io::Error::new(
+                                std::io::ErrorKind::TimedOut,
+                                "block request timed out",
+                            ),
+                        });
+                    }
+                    flushers.wait_past(flushers.flushed().0, IDLE_SLICE);
+                }
+                continue;
+            }
+            if stopping && self.fault.is_none() && !self.device_full {
+                return Ok(());
+            }
+            if self.device_full {
+                return Err(JournalError::DeviceFull);
+            }
+            if !fault_published {
+                self.control.set_state(STATE_PRODUCER_FAULT);
+                fault_published = true;
+            }
+            if stopping {
+                return Ok(());
+            }
+            std::thread::sleep(IDLE_SLICE);
+        }
+    }
+
+    /// Flusher mode: writes the pending batch, waits for that write, asks for its flush.
+    /// Returns whether there was one.
+    fn write_pending(&mut self, flushers: &Flushers) -> Result<bool, JournalError> {
+        let Some(mut b) = self.pending.take() else { return Ok(false) };
+        if b.records == 0 {
+            self.spare.push(b.buf);
+            return Ok(false);
+        }
+        // The torn-window bound (module docs), as in `submit_write`.
+        debug_assert!(
+            b.end <= self.flushed_end + u64::from(self.sb.max_batch_bytes),
+            "batch [{}, {}) outside the torn window of flushed end {}",
+            b.base,
+            b.end,
+            self.flushed_end
+        );
+        let align = self.align();
+        let used = (b.end - b.base) as usize;
+        let wlen = ((used as u64).div_ceil(align) * align) as usize;
+        b.buf.as_mut_slice()[used..wlen].fill(0);
+        // Synchronous: `write` returns after the completion, so the buffer is free again and
+        // no two writes are ever in flight together.
+        let written = self.dev.write(&mut b.buf, 0, wlen, b.base);
+        let replica_result = match (&written, self.replica.as_mut()) {
+            (Ok(()), Some(r)) => r.write(b.base, &b.buf.as_slice()[..wlen]),
+            _ => Ok(()),
+        };
+        let (records, end, seq) = (b.records, b.end, b.last_seq);
+        self.spare.push(b.buf);
+        written?;
+        replica_result?;
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats.records.fetch_add(records, Ordering::Relaxed);
+        self.stats.bytes_written.fetch_add(wlen as u64, Ordering::Relaxed);
+        self.stats.end.store(end, Ordering::Relaxed);
+        // The write holding `seq` (and every earlier one) has completed.
+        flushers.request(seq, end);
+        Ok(true)
+    }
+
     /// A record of the largest size could be framed now: a buffer has room for it and the
     /// torn window allows it.
     fn can_frame(&self) -> bool {
@@ -336,6 +495,29 @@ impl Writer {
         let max_frame = frame_len(self.sb.max_record_bytes as usize);
         let half = self.sb.max_batch_bytes as usize / 2;
         half.max(max_frame + self.align() as usize)
+    }
+
+    /// Requests in flight, the ring empty: poll the ring and the completion queue for
+    /// [`BUSY_SPIN`], then sleep on the device for at most [`BUSY_SLICE`]. Returns early when
+    /// a record arrives or a request completes (reaped here; the loop acts on it next).
+    fn wait_busy(&mut self) -> Result<(), JournalError> {
+        let start = Instant::now();
+        // Bounded by BUSY_SPIN.
+        loop {
+            if self.reap()? || !self.io_in_flight() || self.ring_ready() {
+                return Ok(());
+            }
+            if start.elapsed() >= BUSY_SPIN {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        self.wait_device_for(BUSY_SLICE)
+    }
+
+    /// The ring holds a record (or is broken: `frame` reports that).
+    fn ring_ready(&mut self) -> bool {
+        self.consumer.peek_batch(1).map_or(true, |b| !b.is_empty())
     }
 
     /// Blocks on the device until a request completes (bounded by the I/O timeout).

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Durable-ack latency of the record journal against pwrite+fdatasync of the same bytes, for
+# several writer configurations run interleaved (config A, B, C, A, B, C, ...) so that every
+# configuration sees the same minutes of a shared disk whose flush time drifts. Each run is one
+# `fastlane journal bench` (its floor is measured half right before and half right after its
+# own ack run). Prints one row per run and, per configuration, the median and worst ratios.
+#
+#   scripts/bench-journal.sh [--rounds N] [--file PATH] [--bin PATH-TO-RELEASE-fastlane]
+#                            [--config "ARGS"]... [-- EXTRA BENCH ARGS]
+#
+# Defaults: 3 rounds; file /work/jr-bench/bench.journal (ext4 on the VM's disk); configs
+#   "--writer-io pipelined --io uring"   (the default: one queue, fdatasync on io_uring's worker)
+#   "--writer-io pipelined --io sync"    (the writer thread runs pwrite and fdatasync itself)
+#   "--writer-io flusher --io uring"     (the writer writes; two flusher threads flush)
+#   "--writer-io flusher --io sync"
+# and extra args "--writer-core 1 --producer-core 0 --records 200000 --size 256M".
+# All with the bench's default --prefill true (journal and floor files both filled with written
+# zeroes); add "-- --prefill false" for fallocate'd files (unwritten extents) on both sides.
+# Writes DIR/journal-<round>-<n>.{log,hlog} under target/bench-journal.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rounds=3 file=/work/jr-bench/bench.journal bin= out=target/bench-journal
+configs=()
+extra=(--writer-core 1 --producer-core 0 --records 200000 --size 256M)
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --rounds) rounds=$2; shift ;;
+        --file) file=$2; shift ;;
+        --bin) bin=$2; shift ;;
+        --config) configs+=("$2"); shift ;;
+        --out) out=$2; shift ;;
+        --) shift; extra=("$@"); break ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        *) echo "bench-journal.sh: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+if [ ${#configs[@]} -eq 0 ]; then
+    configs=("--writer-io pipelined --io uring" "--writer-io pipelined --io sync"
+             "--writer-io flusher --io uring" "--writer-io flusher --io sync")
+fi
+mkdir -p "$out" "$(dirname "$file")"
+if [ -z "$bin" ]; then
+    cargo build --release --locked -p fastlane-tools >&2
+    bin="${CARGO_TARGET_DIR:-target}/release/fastlane"
+fi
+
+echo "uptime before: $(uptime)"
+echo "bench args: ${extra[*]}"
+rows=$out/rows.txt
+: >"$rows"
+printf '%-5s %-34s %9s %9s %9s %9s %9s %7s %7s\n' round config \
+    'ack p50' 'ack p99' 'p99.9' 'floor50' 'floor99' 'x p50' 'x p99'
+for r in $(seq 1 "$rounds"); do
+    n=0
+    for c in "${configs[@]}"; do
+        n=$((n + 1))
+        log=$out/journal-$r-$n.log
+        # shellcheck disable=SC2086 # $c holds several arguments on purpose
+        "$bin" journal bench "$file" $c "${extra[@]}" --hlog "$out/journal-$r-$n.hlog" >"$log" 2>&1 \
+            || { echo "run $r/$n ($c) failed, see $log" >&2; continue; }
+        awk -v r="$r" -v c="$c" '
+            /^append->durable ack/ { a50 = $(NF-4); a99 = $(NF-3); a999 = $(NF-2) }
+            /^pwrite\+fdatasync/   { f50 = $(NF-4); f99 = $(NF-3) }
+            END {
+                if (f50 == 0 || f99 == 0) exit 1
+                printf "%-5s %-34s %9.0f %9.0f %9.0f %9.0f %9.0f %7.2f %7.2f\n", r, c,
+                    a50 / 1e3, a99 / 1e3, a999 / 1e3, f50 / 1e3, f99 / 1e3, a50 / f50, a99 / f99
+            }' "$log" | tee -a "$rows"
+    done
+done
+echo "(latencies in µs; x = ack / floor of the same run)"
+echo "uptime after: $(uptime)"
+echo
+echo "per config: ack P99 / floor P99, median and worst over $rounds rounds"
+for c in "${configs[@]}"; do
+    grep -F -- "$c" "$rows" | awk '{ print $NF }' | sort -g | awk -v c="$c" '
+        { v[NR] = $1 } END { if (NR) printf "  %-34s median %6.2fx  worst %6.2fx  (n=%d)\n", c, v[int((NR + 1) / 2)], v[NR], NR }'
+done
