@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fastlane_nvme::block::uring::{UringDevice, UringOptions};
-use fastlane_nvme::journal::{scan, Durability, Journal, JournalConfig, JournalError};
+use fastlane_nvme::journal::{scan, Durability, Journal, JournalConfig, JournalError, WriterIo};
 
 const CHILD_ENV: &str = "FASTLANE_JOURNAL_CRASH_CHILD";
 const KILLS: usize = 50;
@@ -24,9 +24,10 @@ fn payload_for(seq: u64) -> Vec<u8> {
     (0..len).map(|i| (seq as u8).wrapping_mul(17).wrapping_add(i as u8)).collect()
 }
 
-fn config(path: &Path) -> JournalConfig {
+fn config(path: &Path, io: WriterIo) -> JournalConfig {
     let dev = UringDevice::open(path, UringOptions::default()).unwrap();
     let mut c = JournalConfig::new(Arc::new(dev), Durability::Local);
+    c.writer_io = io;
     c.ring_bytes = 256 << 10;
     c.max_record_bytes = 512;
     c.max_batch_bytes = 64 << 10;
@@ -38,8 +39,10 @@ fn config(path: &Path) -> JournalConfig {
 #[test]
 fn crash_child() {
     let Ok(arg) = std::env::var(CHILD_ENV) else { return };
-    let (journal_path, side_path) = arg.split_once('|').expect("journal|side");
-    let j = Journal::open_or_create(config(Path::new(journal_path))).expect("open");
+    let (mode, paths) = arg.split_once('|').expect("mode|journal|side");
+    let (journal_path, side_path) = paths.split_once('|').expect("journal|side");
+    let io = if mode == "flusher" { WriterIo::Flusher } else { WriterIo::Pipelined };
+    let j = Journal::open_or_create(config(Path::new(journal_path), io)).expect("open");
     let mut tx = j.producer().expect("producer");
     let mut side = OpenOptions::new().append(true).create(true).open(side_path).unwrap();
     let mut burst = 1u64;
@@ -86,9 +89,12 @@ fn acked_records_survive_sigkill() {
     let mut acked_rounds = 0;
     let mut fresh_starts = 0;
     for round in 0..KILLS {
+        let mode = if round % 2 == 1 { "flusher" } else { "pipelined" };
         let mut child = Command::new(&exe)
             .args(["crash_child", "--exact", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, format!("{}|{}", journal.display(), side.display()))
+            // Both writer modes: the flusher threads on odd rounds, the pipelined writer on
+            // even ones (each recovering what the other left).
+            .env(CHILD_ENV, format!("{mode}|{}|{}", journal.display(), side.display()))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -105,7 +111,7 @@ fn acked_records_survive_sigkill() {
         }
 
         // Reopen (recovery truncates a torn tail) and check every record.
-        let j = Journal::open(config(&journal))
+        let j = Journal::open(config(&journal, WriterIo::default()))
             .unwrap_or_else(|e| panic!("round {round} (seed {seed:#x}): reopen failed: {e}"));
         let rec = j.recovery();
         assert!(

@@ -229,14 +229,15 @@ struct BenchArgs {
 /// How the journal's file is prepared and driven.
 #[derive(Debug, Clone, Args)]
 struct IoOpts {
-    /// I/O engine of the journal file: uring (io_uring; fdatasync runs on a kernel worker)
-    /// or sync (pwritev/fdatasync on the calling thread).
-    #[arg(long, default_value = "uring")]
+    /// I/O engine of the journal file: sync (pwritev on the writer's thread, fdatasync on the
+    /// flusher's: no kernel worker in between) or uring (io_uring; its fdatasync runs on an
+    /// io-wq kernel worker). --direct needs uring.
+    #[arg(long, default_value = "sync")]
     io: IoEngine,
-    /// How the writer drives the device: pipelined (one queue, write and flushes in flight
-    /// together) or flusher (the writer writes, a flusher thread flushes and acknowledges;
-    /// `local` only).
-    #[arg(long, default_value = "pipelined", value_parser = parse_writer_io)]
+    /// How the writer drives the device: flusher (the writer writes; two flusher threads
+    /// flush and acknowledge; `local` only, others run pipelined) or pipelined (one queue,
+    /// a write and two flushes in flight together).
+    #[arg(long, default_value = "flusher", value_parser = parse_writer_io)]
     writer_io: WriterIo,
     /// A new journal file is filled with written zeroes (true) instead of
     /// fallocate(ZERO_RANGE), which leaves unwritten extents that every fdatasync converts
@@ -260,16 +261,13 @@ fn parse_writer_io(s: &str) -> Result<WriterIo, String> {
     }
 }
 
-/// The journal file's block device, with the engine `--io` names.
+/// The journal file's block device, with the engine `--io` names (`--direct` implies uring).
 fn open_device(path: &std::path::Path, io: IoEngine, direct: bool) -> Result<Arc<dyn BlockDevice>> {
     Ok(match io {
-        IoEngine::Sync => {
-            if direct {
-                bail!("--io sync has no O_DIRECT");
-            }
+        IoEngine::Sync if !direct => {
             Arc::new(SyncFileDevice::open(path, SyncFileOptions::default())?)
         }
-        IoEngine::Uring | IoEngine::Auto => {
+        IoEngine::Sync | IoEngine::Uring | IoEngine::Auto => {
             Arc::new(UringDevice::open(path, UringOptions { direct, ..UringOptions::default() })?)
         }
     })

@@ -41,6 +41,8 @@ struct State {
     taken: u64,
     /// Flushers waiting for work.
     idle: u32,
+    /// Flushes in progress.
+    busy: u32,
     /// The writer waits for a flush to complete.
     writer_waiting: bool,
     error: Option<JournalError>,
@@ -170,6 +172,29 @@ impl Flushers {
         }
     }
 
+    /// Whether every flusher is busy with a flush.
+    pub(crate) fn all_busy(&self) -> bool {
+        self.shared.lock().busy as usize >= FLUSHERS
+    }
+
+    /// Waits until a flusher is free, a flusher failed, or `timeout` passed.
+    pub(crate) fn wait_free(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.shared.lock();
+        while st.busy as usize >= FLUSHERS && !self.shared.failed.load(Ordering::Acquire) {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            st.writer_waiting = true;
+            st = match self.shared.progress.wait_timeout(st, deadline - now) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+            st.writer_waiting = false;
+        }
+    }
+
     /// Stops the flushers (after the flush in progress, if any) and joins them.
     pub(crate) fn stop(&mut self) -> Result<(), JournalError> {
         self.shared.lock().stop = true;
@@ -214,11 +239,13 @@ fn run(shared: &Shared, mut dev: Dev, control: &Control, stats: &WriterStats) {
                 st.idle -= 1;
             }
             st.taken = st.requested.0;
+            st.busy += 1;
             st.requested
         };
         // Submitted after the request was taken, so after the write of `seq` completed.
         let r = dev.flush();
         let mut st = shared.lock();
+        st.busy -= 1;
         match r {
             Ok(()) => {
                 stats.flushes.fetch_add(1, Ordering::Relaxed);

@@ -63,7 +63,8 @@ fn round_trip_reopen_resumes_numbering() {
     drop(tx);
     let stats = j.close().unwrap();
     assert_eq!(stats.records, 500);
-    assert!(stats.batches <= 500 && stats.flushes == stats.batches);
+    // The flushers take the newest request, so one flush may cover several batches.
+    assert!(stats.batches <= 500 && stats.flushes >= 1 && stats.flushes <= stats.batches);
     let (seqs, s) = records(&disk.durable());
     assert_eq!(seqs, (1..=500).collect::<Vec<_>>());
     assert_eq!(s.stop, Stop::Clean);

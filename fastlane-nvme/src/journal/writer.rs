@@ -112,13 +112,16 @@ const WRITE_TAG: u64 = 1;
 /// How the writer does its I/O ([`JournalConfig::writer_io`](super::JournalConfig::writer_io)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WriterIo {
-    /// One queue, the writer submits writes and flushes and reaps their completions (see the
-    /// module docs of the pipeline).
-    #[default]
+    /// One queue: the writer submits writes and flushes and reaps their completions (the
+    /// pipeline of the module docs). What `memory` and `replicated` always run.
     Pipelined,
-    /// At `local` durability: the writer writes each batch and waits for that write; a
-    /// flusher thread with its own queue on the device runs the flushes and publishes the
-    /// durable seq itself. Other durability levels run [`WriterIo::Pipelined`].
+    /// At `local` durability (the default there): the writer writes each batch and waits for
+    /// that write; two flusher threads, each with its own queue on the device, run the flushes
+    /// and publish the durable seq themselves ([`super::flusher`]). The writer then never
+    /// waits on a flush, and no completion has to travel back through it before a waiter
+    /// wakes: ack P99 about half of `Pipelined`'s on the dev VM (BENCHMARKS.md, "Record
+    /// journal"). Other durability levels run [`WriterIo::Pipelined`].
+    #[default]
     Flusher,
 }
 
@@ -375,10 +378,25 @@ impl Writer {
             self.flushed_end = self.flushed_end.max(flushed_end);
             self.durable_seq = self.durable_seq.max(flushed_seq);
             let reading = self.fault.is_none() && !self.device_full;
+            if self.pending.is_some() {
+                // Group commit: the batch is written when a flusher can take its flush at
+                // once. With every flusher busy, writing it now would only re-dirty the block
+                // the running flushes write back (measured: flushes 10x slower with one write
+                // per record); it keeps collecting records instead, unless it is full.
+                let free = !flushers.all_busy();
+                if free && reading && self.can_frame() {
+                    self.frame(None)?;
+                }
+                if free || stopping || !reading || !self.can_frame() {
+                    self.write_pending(flushers)?;
+                } else {
+                    flushers.wait_free(IDLE_SLICE);
+                }
+                continue;
+            }
             if reading && self.can_frame() {
                 let wait = if stopping { None } else { Some(IDLE_SLICE) };
                 if self.frame(wait)? > 0 {
-                    self.write_pending(flushers)?;
                     continue;
                 }
                 let still_reading = self.fault.is_none() && !self.device_full;
@@ -390,14 +408,14 @@ impl Writer {
                 flushers.wait_past(flushed_seq, IDLE_SLICE);
                 continue;
             }
-            // Stopping with an empty ring, or not reading any more: what was written must be
-            // flushed before the writer reports.
-            if self.write_pending(flushers)? {
-                continue;
-            }
+            // Stopping with an empty ring, or not reading any more (nothing pending): what
+            // was written must be flushed before the writer reports.
             if self.durable_seq < self.last_seq {
                 let deadline = Instant::now() + IO_TIMEOUT;
-                while flushers.flushed().0 < self.last_seq && flushers.take_error().is_none() {
+                while flushers.flushed().0 < self.last_seq {
+                    if let Some(e) = flushers.take_error() {
+                        return Err(e);
+                    }
                     if Instant::now() >= deadline {
                         return Err(JournalError::Io {
                             op: "flush",
@@ -411,13 +429,14 @@ impl Writer {
                 }
                 continue;
             }
-            if stopping && self.fault.is_none() && !self.device_full {
+            if stopping && reading {
                 return Ok(());
             }
             if self.device_full {
                 return Err(JournalError::DeviceFull);
             }
             if !fault_published {
+                // What came before the bad record is durable; say so, then stop reading.
                 self.control.set_state(STATE_PRODUCER_FAULT);
                 fault_published = true;
             }
