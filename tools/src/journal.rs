@@ -229,15 +229,15 @@ struct BenchArgs {
 /// How the journal's file is prepared and driven.
 #[derive(Debug, Clone, Args)]
 struct IoOpts {
-    /// I/O engine of the journal file: sync (pwritev on the writer's thread, fdatasync on the
-    /// flusher's: no kernel worker in between) or uring (io_uring; its fdatasync runs on an
-    /// io-wq kernel worker). --direct needs uring.
-    #[arg(long, default_value = "sync")]
+    /// I/O engine of the journal file: uring (io_uring; its fdatasync runs on an io-wq
+    /// kernel worker) or sync (pwritev on the writer's thread, fdatasync on the flusher's).
+    /// --direct needs uring.
+    #[arg(long, default_value = "uring")]
     io: IoEngine,
-    /// How the writer drives the device: flusher (the writer writes; two flusher threads
-    /// flush and acknowledge; `local` only, others run pipelined) or pipelined (one queue,
-    /// a write and two flushes in flight together).
-    #[arg(long, default_value = "flusher", value_parser = parse_writer_io)]
+    /// How the writer drives the device: pipelined (one queue, a write and two flushes in
+    /// flight together) or flusher (the writer writes; two flusher threads flush and
+    /// acknowledge; `local` only, others run pipelined).
+    #[arg(long, default_value = "pipelined", value_parser = parse_writer_io)]
     writer_io: WriterIo,
     /// A new journal file is filled with written zeroes (true) instead of
     /// fallocate(ZERO_RANGE), which leaves unwritten extents that every fdatasync converts

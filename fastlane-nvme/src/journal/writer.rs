@@ -99,11 +99,15 @@ pub(crate) struct WriterStats {
 const IDLE_SLICE: Duration = Duration::from_millis(5);
 /// With requests in flight and the ring empty, the writer first polls both (ring tail and
 /// completion queue, no syscall) for this long, then sleeps on the device for at most
-/// [`BUSY_SLICE`] before looking at the ring again: a record that arrives during a flush is
-/// framed and written within about that much, not after the flush's completion.
-const BUSY_SPIN: Duration = Duration::from_micros(20);
+/// [`BUSY_SLICE`] before looking at the ring again. Measured on the 2-core dev VM
+/// (BENCHMARKS.md, "Record journal"): a 20 µs spin with 100 µs slices made the pipelined
+/// writer's ack P50 1.7x and P99 1.3–1.5x *worse* than no spin and 1 ms slices — io_uring's
+/// fsync worker inherits the writer's CPU mask, and a writer that wakes every 100 µs takes
+/// that core from the flush it waits for. Records that arrive during a flush are what
+/// [`WriterIo::Flusher`] is for (the writer there sleeps on the ring only).
+const BUSY_SPIN: Duration = Duration::ZERO;
 /// One sleep on the device while requests are in flight (a completion ends it at once).
-const BUSY_SLICE: Duration = Duration::from_micros(100);
+const BUSY_SLICE: Duration = Duration::from_millis(1);
 /// Flushes in flight at once (the queue is opened with depth 4: one write and these).
 const FLUSHES_MAX: usize = 2;
 /// The tag of the (single) write in flight; flushes are tagged `2 × seq` (seq ≥ 1).
@@ -113,15 +117,18 @@ const WRITE_TAG: u64 = 1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WriterIo {
     /// One queue: the writer submits writes and flushes and reaps their completions (the
-    /// pipeline of the module docs). What `memory` and `replicated` always run.
-    Pipelined,
-    /// At `local` durability (the default there): the writer writes each batch and waits for
-    /// that write; two flusher threads, each with its own queue on the device, run the flushes
-    /// and publish the durable seq themselves ([`super::flusher`]). The writer then never
-    /// waits on a flush, and no completion has to travel back through it before a waiter
-    /// wakes: ack P99 about half of `Pipelined`'s on the dev VM (BENCHMARKS.md, "Record
-    /// journal"). Other durability levels run [`WriterIo::Pipelined`].
+    /// pipeline of the module docs). The default, and what `memory` and `replicated` always
+    /// run.
     #[default]
+    Pipelined,
+    /// At `local` durability: the writer writes each batch and waits for that write; two
+    /// flusher threads, each with its own queue on the device, run the flushes and publish the
+    /// durable seq themselves (`journal/flusher.rs`). The writer then never waits on a flush
+    /// (a record that arrives during one is written at once), and no completion has to travel
+    /// back through it before a waiter wakes. On the dev VM's fast flush (~0.2 ms), with the
+    /// `sync` engine: ack P50 ~10 % lower than `Pipelined`'s, P99 about the same, P99.9 and
+    /// the worst runs higher (BENCHMARKS.md, "Record journal"), so it is not the default.
+    /// Other durability levels run [`WriterIo::Pipelined`].
     Flusher,
 }
 
