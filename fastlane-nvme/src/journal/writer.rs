@@ -63,6 +63,15 @@
 //!   unflushed writes then span `[floor(flushed_end), round_up(end))`, which is at most
 //!   `max_batch_bytes + 2 × write_align` long and starts at or before the scan's end.
 //!
+//! # [`WriterIo::Flusher`]
+//!
+//! The same argument holds when flusher threads run the flushes (`flusher.rs`): the writer's
+//! writes are synchronous (one at a time, never overlapping in flight); it asks for the flush
+//! of seq S only after the write holding S completed, and a flusher submits that flush after
+//! taking the request, on its own queue of the same device (every backend's flush covers the
+//! whole device); `flushed_end`, the torn-window bound, is the flushers' (a max under their
+//! mutex), so nothing is framed past `flushed_end + max_batch_bytes` here either.
+//!
 //! The buffers are handed to the device only under `start_write_tagged`'s contract: the
 //! writing buffer is not touched (only read, to copy `carry` out of it) until its completion is
 //! reaped; on an error the writer returns and [`Writer`] drops `dev` (its first field; the
