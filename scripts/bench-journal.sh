@@ -3,12 +3,15 @@
 # several writer configurations run interleaved (config A, B, C, A, B, C, ...) so that every
 # configuration sees the same minutes of a shared disk whose flush time drifts. Each run is one
 # `fastlane journal bench` (its floor is measured half right before and half right after its
-# own ack run). Prints one row per run and, per configuration, the median and worst ratios.
+# own ack run), and the same load without a journal (one pwrite+fdatasync per record, in
+# arrival order, by one thread). Prints one row per run and, per configuration, the median and
+# worst ratios to both.
 #
 #   scripts/bench-journal.sh [--rounds N] [--file PATH] [--bin PATH-TO-RELEASE-fastlane]
 #                            [--config "ARGS"]... [-- EXTRA BENCH ARGS]
 #
-# Defaults: 3 rounds; file /work/jr-bench/bench.journal (ext4 on the VM's disk); configs
+# Defaults: 3 rounds; file OUT/bench.journal (OUT = --out, default target/bench-journal: the
+#   repository's file system; on the dev VM ext4 on its virtio disk); configs
 #   "--writer-io pipelined --io uring"   (the default: one queue, a write and two flushes in
 #                                         flight; io_uring runs fdatasync on an io-wq worker)
 #   "--writer-io flusher --io sync"      (the writer pwrites; two flusher threads fdatasync and
@@ -26,7 +29,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rounds=3 file=/work/jr-bench/bench.journal bin= out=target/bench-journal
+rounds=3 file= bin= out=target/bench-journal
 configs=()
 extra=(--writer-core 1 --producer-core 0 --waiter-core 0 --records 200000 --size 256M)
 while [ $# -gt 0 ]; do
@@ -37,7 +40,7 @@ while [ $# -gt 0 ]; do
         --config) configs+=("$2"); shift ;;
         --out) out=$2; shift ;;
         --) shift; extra=("$@"); break ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
         *) echo "bench-journal.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -46,6 +49,7 @@ if [ ${#configs[@]} -eq 0 ]; then
     configs=("--writer-io pipelined --io uring" "--writer-io flusher --io sync"
              "--writer-io flusher --io uring" "--writer-io pipelined --io sync")
 fi
+file=${file:-$out/bench.journal}
 mkdir -p "$out" "$(dirname "$file")"
 if [ -z "$bin" ]; then
     cargo build --release --locked -p fastlane-tools >&2
@@ -56,8 +60,9 @@ echo "uptime before: $(uptime)"
 echo "bench args: ${extra[*]}"
 rows=$out/rows.txt
 : >"$rows"
-printf '%-5s %-34s %9s %9s %9s %9s %9s %7s %7s\n' round config \
-    'ack p50' 'ack p99' 'p99.9' 'floor50' 'floor99' 'x p50' 'x p99'
+rm -f "$out"/rows-*.txt
+printf '%-5s %-34s %9s %9s %9s %9s %9s %7s %7s %9s %8s\n' round config \
+    'ack p50' 'ack p99' 'p99.9' 'floor50' 'floor99' 'x p50' 'x p99' 'nojrn99' 'x nojrn'
 for r in $(seq 1 "$rounds"); do
     n=0
     for c in "${configs[@]}"; do
@@ -69,18 +74,32 @@ for r in $(seq 1 "$rounds"); do
         awk -v r="$r" -v c="$c" '
             /^append->durable ack/ { a50 = $(NF-4); a99 = $(NF-3); a999 = $(NF-2) }
             /^pwrite\+fdatasync/   { f50 = $(NF-4); f99 = $(NF-3) }
+            /^same load, no journal/ { n99 = $(NF-3) }
             END {
-                if (f50 == 0 || f99 == 0) exit 1
-                printf "%-5s %-34s %9.0f %9.0f %9.0f %9.0f %9.0f %7.2f %7.2f\n", r, c,
-                    a50 / 1e3, a99 / 1e3, a999 / 1e3, f50 / 1e3, f99 / 1e3, a50 / f50, a99 / f99
-            }' "$log" | tee -a "$rows"
+                if (f50 == 0 || f99 == 0 || n99 == 0) exit 1
+                printf "%-5s %-34s %9.0f %9.0f %9.0f %9.0f %9.0f %7.2f %7.2f %9.0f %8.2g\n", r, c,
+                    a50 / 1e3, a99 / 1e3, a999 / 1e3, f50 / 1e3, f99 / 1e3, a50 / f50, a99 / f99,
+                    n99 / 1e3, a99 / n99
+            }' "$log" | tee -a "$rows" "$out/rows-$n.txt"
     done
 done
-echo "(latencies in µs; x = ack / floor of the same run)"
+echo "(latencies in µs; x = ack / floor of the same run; nojrn99 = P99 of the same load with one"
+echo " pwrite+fdatasync per record and no journal; x nojrn = ack P99 / nojrn99)"
 echo "uptime after: $(uptime)"
 echo
 echo "per config: ack P99 / floor P99, median and worst over $rounds rounds"
+n=0
 for c in "${configs[@]}"; do
-    grep -F -- "$c" "$rows" | awk '{ print $NF }' | sort -g | awk -v c="$c" '
+    n=$((n + 1))
+    [ -f "$out/rows-$n.txt" ] || continue
+    awk '{ print $(NF-2) }' "$out/rows-$n.txt" | sort -g | awk -v c="$c" '
         { v[NR] = $1 } END { if (NR) printf "  %-34s median %6.2fx  worst %6.2fx  (n=%d)\n", c, v[int((NR + 1) / 2)], v[NR], NR }'
+done
+echo "per config: ack P99 / P99 of the same load without a journal, median and worst"
+n=0
+for c in "${configs[@]}"; do
+    n=$((n + 1))
+    [ -f "$out/rows-$n.txt" ] || continue
+    awk '{ print $NF }' "$out/rows-$n.txt" | sort -g | awk -v c="$c" '
+        { v[NR] = $1 } END { if (NR) printf "  %-34s median %8.2gx  worst %8.2gx  (n=%d)\n", c, v[int((NR + 1) / 2)], v[NR], NR }'
 done

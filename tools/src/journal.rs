@@ -216,7 +216,7 @@ struct BenchArgs {
     durability: Durability,
     #[command(flatten)]
     replica: ReplicaOpts,
-    /// Write the histograms here (tags: append, ack, pwrite_fdatasync).
+    /// Write the histograms here (tags: append, ack, pwrite_fdatasync, naive_under_load).
     #[arg(long, default_value = "journal-bench.hlog")]
     hlog: PathBuf,
     /// Who timestamps and checksums the frames of the journal runs: direct or card.
@@ -726,6 +726,59 @@ fn framing_via(pre: &mut dyn Preprocess, record_bytes: usize) -> Result<f64> {
     Ok(t.elapsed().as_nanos() as f64 / (N * ROUNDS) as f64)
 }
 
+/// Where [`naive_under_load`] writes in the baseline file (after the floor's frames).
+const NAIVE_BASE: u64 = 1 << 20;
+
+/// The load of the ack run without a journal: a generator stamps `total` arrivals at
+/// `a.rate`; one thread takes them in order and gives each its own `pwrite` + `fdatasync` at
+/// the next offset of `file`. Returns the arrival-to-fdatasync latencies and the time from the
+/// first arrival to the last fdatasync. When one fdatasync takes longer than the arrival gap
+/// the queue grows for the whole run, and the latencies with it: that is the point of group
+/// commit. Bounded: an error after 120 s.
+fn naive_under_load(
+    file: &std::fs::File,
+    a: &BenchArgs,
+    total: u64,
+    npt: f64,
+) -> Result<(LatencyRecorder, Duration)> {
+    let frame = vec![0x3Cu8; 48 + a.record_bytes.div_ceil(8) * 8];
+    let (mut tx, mut rx) = fastlane_ring::spsc::channel::<u64>(total.max(1) as usize);
+    let period = Duration::from_secs_f64(1.0 / a.rate as f64);
+    let producer_core = a.producer_core;
+    let start = Instant::now();
+    let generator = std::thread::spawn(move || {
+        pin(producer_core);
+        for i in 1..=total {
+            let due = start + period * (i as u32);
+            while Instant::now() < due {
+                std::thread::yield_now();
+            }
+            // The ring holds every arrival, so this never fails.
+            let _ = tx.push(tsc());
+        }
+    });
+    let mut rec = LatencyRecorder::with_max(200_000_000_000)?;
+    let deadline = start + Duration::from_secs(120);
+    let mut done = 0u64;
+    while done < total {
+        let stamp = match rx.pop() {
+            Ok(t) => t,
+            Err(_) if Instant::now() > deadline => bail!("no-journal baseline: over 120 s"),
+            Err(_) => {
+                std::thread::yield_now();
+                continue;
+            }
+        };
+        file.write_all_at(&frame, NAIVE_BASE + done * frame.len() as u64)?;
+        file.sync_data()?;
+        rec.record((tsc().wrapping_sub(stamp) as f64 * npt) as u64);
+        done += 1;
+    }
+    let elapsed = start.elapsed();
+    generator.join().map_err(|_| anyhow::anyhow!("arrival generator panicked"))?;
+    Ok((rec, elapsed))
+}
+
 fn bench(a: &BenchArgs) -> Result<()> {
     if a.record_bytes == 0 || a.record_bytes > 4096 {
         bail!("--record-bytes must be 1..=4096");
@@ -787,7 +840,13 @@ fn bench(a: &BenchArgs) -> Result<()> {
     let bp = PathBuf::from(bp);
     let _ = std::fs::remove_file(&bp);
     let bf = OpenOptions::new().read(true).write(true).create_new(true).open(&bp)?;
-    prepare_like_journal(&bf, a.size.min(16 << 20), a.io.prefill)?;
+    let total = (a.rate as f64 * a.seconds) as u64;
+    let frame_bytes = 48 + a.record_bytes.div_ceil(8) as u64 * 8;
+    prepare_like_journal(
+        &bf,
+        a.size.min(16 << 20).max(NAIVE_BASE + total * frame_bytes),
+        a.io.prefill,
+    )?;
     let mut base_rec = LatencyRecorder::with_max(10_000_000_000)?;
     let frame = vec![0x5Au8; 48 + a.record_bytes.div_ceil(8) * 8];
     let bstart = Instant::now();
@@ -807,7 +866,6 @@ fn bench(a: &BenchArgs) -> Result<()> {
     //    zeroes written and flushed) before the floor's first half, so that neither side runs
     //    while a freshly written file is still being flushed below; it is sized for the run
     //    (at least 64 MiB), not --size, which only the throughput run needs.
-    let total = (a.rate as f64 * a.seconds) as u64;
     let ack_size =
         (total * frame_len(a.record_bytes) as u64 * 2 + (16 << 20)).max(64 << 20).min(a.size);
     let j = Arc::new(fresh_journal(a, WaitStrategy::default(), ack_size)?);
@@ -872,6 +930,12 @@ fn bench(a: &BenchArgs) -> Result<()> {
     load_stats.close()?;
     hlog.write_histogram(Some("ack"), Duration::ZERO, ack_elapsed, ack_rec.current())?;
 
+    // 4. The same load without a journal: every record, in arrival order, `pwrite` +
+    //    `fdatasync` on its own by one thread (what a process does that has no group commit),
+    //    at the same rate and for the same count; latency from arrival to its fdatasync.
+    let naive = naive_under_load(&bf, a, total, npt)?;
+    hlog.write_histogram(Some("naive_under_load"), Duration::ZERO, naive.1, naive.0.current())?;
+
     // 3. The floor, second half (after the ack run; the first half ran just before it).
     floor(a.baseline_ops - a.baseline_ops / 2, &mut base_rec)?;
     hlog.write_histogram(
@@ -905,6 +969,8 @@ fn bench(a: &BenchArgs) -> Result<()> {
     row("append hot path (ns)", &ap);
     row("append->durable ack (ns)", &ack);
     row("pwrite+fdatasync (ns)", &base);
+    let nv = pcts(&naive.0);
+    row("same load, no journal (ns)", &nv);
     println!(
         "ack/baseline: p50 {:.2}x  p99 {:.2}x   (load: {} rec/s, {} batches, {:.1} rec/batch, \
          {} flushes)",
@@ -914,6 +980,15 @@ fn bench(a: &BenchArgs) -> Result<()> {
         load_stats2.batches,
         load_stats2.records as f64 / load_stats2.batches.max(1) as f64,
         load_stats2.flushes
+    );
+    println!(
+        "ack/same-load-no-journal: p50 {:.2}x  p99 {:.2}x   (one pwrite+fdatasync per record \
+         at {} rec/s: drained in {:.2} s for a {:.2} s arrival window)",
+        ack.p50 as f64 / nv.p50.max(1) as f64,
+        ack.p99 as f64 / nv.p99.max(1) as f64,
+        a.rate,
+        naive.1.as_secs_f64(),
+        a.seconds
     );
     println!(
         "throughput: {:.0} records/s ({} records in {:.3} s, {} batches, {:.0} rec/batch, {} full retries)",
