@@ -26,7 +26,8 @@
 //! Interleaved mode: criterion measures one peer for seconds, then the next, and on this shared
 //! 2-core VM the machine changes between them (the same case moves 2-5x from one minute to the
 //! next). `RING_BENCH_INTERLEAVED=R` instead runs R rounds of every group, each round running
-//! every peer once on the same number of items, and prints per peer the best and the median
+//! every peer once on the same number of items (in a shuffled order, each timed run right after
+//! an untimed 1/20 of it), and prints per peer the best and the median
 //! time per item and the median of the per-round ratios to the reference peer (rtrb for
 //! throughput, the atomic floor for the ping-pong): ratios of neighbours in time, which is what
 //! a drifting machine still allows. `RING_BENCH_JSON=FILE` also writes them as JSON.
@@ -534,7 +535,7 @@ fn groups() -> Vec<Group> {
             "pingpong_u64",
             "atomic",
             false,
-            200_000,
+            50_000,
             vec![
                 ("atomic", pingpong_atomic),
                 ("fastlane", pingpong::<Fastlane>),
@@ -574,6 +575,7 @@ fn median(v: &mut [f64]) -> f64 {
 /// `RING_BENCH_INTERLEAVED=R`: every peer once per round, R rounds, ratios per round.
 fn interleaved(rounds: usize, filter: Option<&str>) {
     let mut json = Vec::new();
+    let mut rng = 0x5EED_u64;
     for grp in groups() {
         if filter.is_some_and(|f| !grp.name.contains(f)) {
             continue;
@@ -590,13 +592,16 @@ fn interleaved(rounds: usize, filter: Option<&str>) {
         }
         for r in 0..rounds {
             eprint!("\r{}: round {}/{rounds}", grp.name, r + 1);
-            // Alternate the order so that no peer always runs right after the same one.
-            let order: Vec<usize> = if r % 2 == 0 {
-                (0..grp.cases.len()).collect()
-            } else {
-                (0..grp.cases.len()).rev().collect()
-            };
+            // A new order every round (so that no peer always follows the same one: after a
+            // peer that sleeps, like std's channel, the cores come back from idle), and a short
+            // untimed run of the same case right before the timed one.
+            let mut order: Vec<usize> = (0..grp.cases.len()).collect();
+            for k in (1..order.len()).rev() {
+                rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                order.swap(k, ((rng >> 33) % (k as u64 + 1)) as usize);
+            }
             for i in order {
+                black_box((grp.cases[i].1)(grp.items / 20));
                 let d = (grp.cases[i].1)(grp.items);
                 times[i].push(d.as_nanos() as f64 / grp.items as f64);
             }
