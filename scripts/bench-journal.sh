@@ -87,19 +87,17 @@ echo "(latencies in µs; x = ack / floor of the same run; nojrn99 = P99 of the s
 echo " pwrite+fdatasync per record and no journal; x nojrn = ack P99 / nojrn99)"
 echo "uptime after: $(uptime)"
 echo
-echo "per config: ack P99 / floor P99, median and worst over $rounds rounds"
-n=0
-for c in "${configs[@]}"; do
-    n=$((n + 1))
-    [ -f "$out/rows-$n.txt" ] || continue
-    awk '{ print $(NF-2) }' "$out/rows-$n.txt" | sort -g | awk -v c="$c" '
-        { v[NR] = $1 } END { if (NR) printf "  %-34s median %6.2fx  worst %6.2fx  (n=%d)\n", c, v[int((NR + 1) / 2)], v[NR], NR }'
-done
-echo "per config: ack P99 / P99 of the same load without a journal, median and worst"
-n=0
-for c in "${configs[@]}"; do
-    n=$((n + 1))
-    [ -f "$out/rows-$n.txt" ] || continue
-    awk '{ print $NF }' "$out/rows-$n.txt" | sort -g | awk -v c="$c" '
-        { v[NR] = $1 } END { if (NR) printf "  %-34s median %8.2gx  worst %8.2gx  (n=%d)\n", c, v[int((NR + 1) / 2)], v[NR], NR }'
-done
+# summary TITLE FIELD FORMAT: per config, the median and worst of one column of its rows.
+summary() {
+    echo "$1"
+    local n=0 c
+    for c in "${configs[@]}"; do
+        n=$((n + 1))
+        [ -f "$out/rows-$n.txt" ] || continue
+        awk "{ print \$($2) }" "$out/rows-$n.txt" | sort -g | awk -v c="$c" -v f="$3" '
+            { v[NR] = $1 }
+            END { if (NR) printf "  %-34s median " f "x  worst " f "x  (n=%d)\n", c, v[int((NR + 1) / 2)], v[NR], NR }'
+    done
+}
+summary "per config: ack P99 / floor P99, median and worst over $rounds rounds" NF-2 "%6.2f"
+summary "per config: ack P99 / P99 of the same load without a journal, median and worst" NF "%8.2g"
