@@ -30,7 +30,8 @@
 //! an untimed 1/20 of it), and prints per peer the best and the median
 //! time per item and the median of the per-round ratios to the reference peer (rtrb for
 //! throughput, the atomic floor for the ping-pong): ratios of neighbours in time, which is what
-//! a drifting machine still allows. `RING_BENCH_JSON=FILE` also writes them as JSON.
+//! a drifting machine still allows. `RING_BENCH_JSON=FILE` also writes them as JSON;
+//! `RING_BENCH_VERBOSE=1` prints every timed run.
 //!
 //! fastlane's channels use `WaitStrategy::BusySpin`, like the peers, which cannot park.
 //!
@@ -576,6 +577,7 @@ fn median(v: &mut [f64]) -> f64 {
 fn interleaved(rounds: usize, filter: Option<&str>) {
     let mut json = Vec::new();
     let mut rng = 0x5EED_u64;
+    let verbose = std::env::var_os("RING_BENCH_VERBOSE").is_some();
     for grp in groups() {
         if filter.is_some_and(|f| !grp.name.contains(f)) {
             continue;
@@ -604,6 +606,9 @@ fn interleaved(rounds: usize, filter: Option<&str>) {
                 black_box((grp.cases[i].1)(grp.items / 20));
                 let d = (grp.cases[i].1)(grp.items);
                 times[i].push(d.as_nanos() as f64 / grp.items as f64);
+                if verbose {
+                    eprintln!("  round {} {}: {:.3} {unit}", r + 1, grp.cases[i].0, times[i][r]);
+                }
             }
         }
         eprintln!();
