@@ -35,12 +35,9 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::time::Duration;
 
-use super::inline::InlineCompletions;
-use super::{
-    BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, DeviceInfo, QueueFull,
-};
+use super::inline::{inline_block_queue, InlineCompletions};
+use super::{BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, DeviceInfo};
 
 /// Most segments one request may carry (Linux's `IOV_MAX`, so the RAM disk can stand in for
 /// the io_uring backend without changing what the device advertises much).
@@ -398,38 +395,12 @@ fn page_size() -> usize {
     usize::try_from(size).unwrap_or(4096).max(1)
 }
 
-impl BlockQueue for RamQueue {
-    unsafe fn submit<'a>(&mut self, req: BlockRequest<'a>) -> Result<(), QueueFull<'a>> {
-        if self.done.is_full() {
-            return Err(QueueFull(req));
-        }
-        // SAFETY: our caller upholds the `submit` contract, which is what `execute` needs.
-        let result = unsafe { self.execute(&req) };
-        self.done.push(Completion { tag: req.tag, result });
-        Ok(())
-    }
-
-    fn kick(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-
-    fn complete(&mut self, out: &mut [Completion]) -> usize {
-        self.done.drain(out)
-    }
-
-    fn wait(&mut self, _timeout: Option<Duration>) -> std::io::Result<()> {
-        // Everything submitted has already finished.
-        Ok(())
-    }
-
-    fn in_flight(&self) -> u32 {
-        self.done.len() as u32
-    }
-}
+inline_block_queue!(RamQueue);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::block::Completion;
     use crate::block::Segment;
 
     fn seg(buf: &mut [u8]) -> Segment {

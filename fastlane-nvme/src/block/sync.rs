@@ -47,13 +47,10 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::fileio::{advance_iovecs, open_disk, FileOpenError, RawGeometry};
-use super::inline::InlineCompletions;
-use super::{
-    BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, DeviceInfo, QueueFull,
-};
+use super::inline::{inline_block_queue, InlineCompletions};
+use super::{BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, DeviceInfo};
 
 /// Default most segments per request (`SyncFileOptions::max_segments`).
 pub const SYNC_MAX_SEGMENTS_DEFAULT: u32 = 1024;
@@ -434,34 +431,7 @@ impl SyncFileQueue {
     }
 }
 
-impl BlockQueue for SyncFileQueue {
-    unsafe fn submit<'a>(&mut self, req: BlockRequest<'a>) -> Result<(), QueueFull<'a>> {
-        if self.done.is_full() {
-            return Err(QueueFull(req));
-        }
-        // SAFETY: our caller upholds the `submit` contract, which is what `execute` needs.
-        let result = unsafe { self.execute(&req) };
-        self.done.push(Completion { tag: req.tag, result });
-        Ok(())
-    }
-
-    fn kick(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-
-    fn complete(&mut self, out: &mut [Completion]) -> usize {
-        self.done.drain(out)
-    }
-
-    fn wait(&mut self, _timeout: Option<Duration>) -> std::io::Result<()> {
-        // Everything submitted has already finished.
-        Ok(())
-    }
-
-    fn in_flight(&self) -> u32 {
-        self.done.len() as u32
-    }
-}
+inline_block_queue!(SyncFileQueue);
 
 /// What a `preadv2(…, RWF_NOWAIT)` of one block said about a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -520,6 +490,7 @@ pub fn filesystem_name(file: &File) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::block::Completion;
     use crate::block::Segment;
 
     #[test]

@@ -54,6 +54,7 @@ use std::time::{Duration, Instant};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 use super::fileio::{advance_iovecs, open_disk, FileOpenError, RawGeometry};
+use super::inline::InlineCompletions;
 
 use super::{
     BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, DeviceInfo, QueueFull,
@@ -309,10 +310,8 @@ pub struct UringQueue {
     /// Stack of free slot indices; `free[..free_len]` are free.
     free: Box<[u32]>,
     free_len: usize,
-    /// Requests refused before reaching the kernel, waiting to be drained (ring buffer).
-    inline: Box<[Completion]>,
-    inline_head: usize,
-    inline_len: usize,
+    /// Requests refused before reaching the kernel, waiting to be drained.
+    inline: InlineCompletions,
     /// `fallocate` modes this file supports, as far as we know.
     punch_hole_ok: bool,
     zero_range_ok: bool,
@@ -329,7 +328,7 @@ impl std::fmt::Debug for UringQueue {
             .field("fd", &self.fd)
             .field("depth", &self.slots.len())
             .field("in_kernel", &self.in_kernel())
-            .field("inline", &self.inline_len)
+            .field("inline", &self.inline.len())
             .field("info", &self.info)
             .finish_non_exhaustive()
     }
@@ -378,9 +377,7 @@ impl UringQueue {
             slots: vec![Slot::FREE; depth].into_boxed_slice(),
             free: (0..depth as u32).rev().collect(),
             free_len: depth,
-            inline: vec![Completion::EMPTY; depth].into_boxed_slice(),
-            inline_head: 0,
-            inline_len: 0,
+            inline: InlineCompletions::new(depth),
             punch_hole_ok: true,
             zero_range_ok: true,
         })
@@ -531,10 +528,7 @@ impl UringQueue {
     }
 
     fn push_inline(&mut self, c: Completion) {
-        debug_assert!(self.inline_len < self.inline.len());
-        let i = (self.inline_head + self.inline_len) % self.inline.len();
-        self.inline[i] = c;
-        self.inline_len += 1;
+        self.inline.push(c);
     }
 
     /// Finish slot `idx` with `result`.
@@ -641,7 +635,7 @@ fn io_result(res: i32) -> Result<u32, BlockError> {
 
 impl BlockQueue for UringQueue {
     unsafe fn submit<'a>(&mut self, req: BlockRequest<'a>) -> Result<(), QueueFull<'a>> {
-        if self.in_kernel() + self.inline_len >= self.slots.len() {
+        if self.in_kernel() + self.inline.len() >= self.slots.len() {
             return Err(QueueFull(req));
         }
         let mut slot = match self.plan(&req) {
@@ -676,13 +670,7 @@ impl BlockQueue for UringQueue {
     }
 
     fn complete(&mut self, out: &mut [Completion]) -> usize {
-        let mut n = 0;
-        while n < out.len() && self.inline_len > 0 {
-            out[n] = self.inline[self.inline_head];
-            self.inline_head = (self.inline_head + 1) % self.inline.len();
-            self.inline_len -= 1;
-            n += 1;
-        }
+        let mut n = self.inline.drain(out);
         let mut resubmitted = false;
         // Bounded: every CQE frees a slot or resubmits one, and the CQ holds at most
         // 2 × depth entries; stop as soon as `out` is full.
@@ -705,7 +693,7 @@ impl BlockQueue for UringQueue {
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> std::io::Result<()> {
-        if self.inline_len > 0 || self.in_kernel() == 0 || !self.ring.completion().is_empty() {
+        if !self.inline.is_empty() || self.in_kernel() == 0 || !self.ring.completion().is_empty() {
             return Ok(());
         }
         let r = match timeout {
@@ -724,7 +712,7 @@ impl BlockQueue for UringQueue {
     }
 
     fn in_flight(&self) -> u32 {
-        (self.in_kernel() + self.inline_len) as u32
+        (self.in_kernel() + self.inline.len()) as u32
     }
 
     fn completion_fd(&self) -> Option<RawFd> {
