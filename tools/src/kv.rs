@@ -304,6 +304,42 @@ fn swap_round(e: &mut SwapEngine, seq: SeqId, blocks: &[BlockId], out: bool) -> 
     Ok(t0.elapsed())
 }
 
+/// One tier's measurement: the same sequence swapped out and in `rounds` times (best of
+/// each), then `samples` timed swap-ins for the latency histogram.
+struct TierRun {
+    seq: SeqId,
+    nblocks: u64,
+    bytes: u64,
+    rounds: u32,
+    samples: u32,
+}
+
+impl TierRun {
+    /// Appends the tier's two rows (`what`: swap-out, swap-in) with the peer's times, if any.
+    fn measure(
+        &self,
+        e: &mut SwapEngine,
+        tag: &str,
+        what: [&str; 2],
+        peers: Option<(f64, f64)>,
+        rows: &mut Vec<Row>,
+        hlog: &mut HlogWriter<std::io::BufWriter<std::fs::File>>,
+    ) -> Result<()> {
+        let blocks = e.alloc_blocks(self.seq, self.nblocks as u32)?;
+        let (mut out_best, mut in_best) = (Duration::MAX, Duration::MAX);
+        for _ in 0..self.rounds.max(1) {
+            out_best = out_best.min(swap_round(e, self.seq, &blocks, true)?);
+            in_best = in_best.min(swap_round(e, self.seq, &blocks, false)?);
+        }
+        for (what, peer_s, ours) in
+            [(what[0], peers.map(|p| p.0), out_best), (what[1], peers.map(|p| p.1), in_best)]
+        {
+            rows.push(Row { what: what.into(), peer_s, ours_s: secs(ours), bytes: self.bytes });
+        }
+        latency(e, self.seq, &blocks, self.samples, tag, hlog)
+    }
+}
+
 fn bench(a: &BenchArgs) -> Result<()> {
     let g = a.model.geometry()?;
     let bb = g.block_bytes();
@@ -347,25 +383,10 @@ fn bench(a: &BenchArgs) -> Result<()> {
                 let config =
                     EngineConfig { host_bytes: bytes, checksum: mode, ..EngineConfig::default() };
                 let mut e = SwapEngine::new(config, dev.clone())?;
-                let blocks = e.alloc_blocks(seq, nblocks as u32)?;
-                let (mut out_best, mut in_best) = (Duration::MAX, Duration::MAX);
-                for _ in 0..a.rounds.max(1) {
-                    out_best = out_best.min(swap_round(&mut e, seq, &blocks, true)?);
-                    in_best = in_best.min(swap_round(&mut e, seq, &blocks, false)?);
-                }
-                rows.push(Row {
-                    what: "host swap-out vs memcpy".into(),
-                    peer_s: Some(secs(copy_out)),
-                    ours_s: secs(out_best),
-                    bytes,
-                });
-                rows.push(Row {
-                    what: "host swap-in vs memcpy".into(),
-                    peer_s: Some(secs(copy_in)),
-                    ours_s: secs(in_best),
-                    bytes,
-                });
-                latency(&mut e, seq, &blocks, a.samples, "host", &mut hlog)?;
+                let peers = Some((secs(copy_out), secs(copy_in)));
+                let run = TierRun { seq, nblocks, bytes, rounds: a.rounds, samples: a.samples };
+                let what = ["host swap-out vs memcpy", "host swap-in vs memcpy"];
+                run.measure(&mut e, "host", what, peers, &mut rows, &mut hlog)?;
             }
             "nvme" => {
                 let (w, r) = odirect_baseline(&a.file, dev.base(), bytes, a.rounds)?;
@@ -377,25 +398,10 @@ fn bench(a: &BenchArgs) -> Result<()> {
                     ..EngineConfig::default()
                 };
                 let mut e = SwapEngine::new(config, dev.clone())?;
-                let blocks = e.alloc_blocks(seq, nblocks as u32)?;
-                let (mut out_best, mut in_best) = (Duration::MAX, Duration::MAX);
-                for _ in 0..a.rounds.max(1) {
-                    out_best = out_best.min(swap_round(&mut e, seq, &blocks, true)?);
-                    in_best = in_best.min(swap_round(&mut e, seq, &blocks, false)?);
-                }
-                rows.push(Row {
-                    what: "nvme swap-out vs O_DIRECT pwrite".into(),
-                    peer_s: Some(secs(w)),
-                    ours_s: secs(out_best),
-                    bytes,
-                });
-                rows.push(Row {
-                    what: "nvme swap-in vs O_DIRECT pread".into(),
-                    peer_s: Some(secs(r)),
-                    ours_s: secs(in_best),
-                    bytes,
-                });
-                latency(&mut e, seq, &blocks, a.samples, "nvme", &mut hlog)?;
+                let peers = Some((secs(w), secs(r)));
+                let run = TierRun { seq, nblocks, bytes, rounds: a.rounds, samples: a.samples };
+                let what = ["nvme swap-out vs O_DIRECT pwrite", "nvme swap-in vs O_DIRECT pread"];
+                run.measure(&mut e, "nvme", what, peers, &mut rows, &mut hlog)?;
                 drop(e);
                 if !a.keep_file {
                     let _ = std::fs::remove_file(&a.file);
@@ -414,25 +420,9 @@ fn bench(a: &BenchArgs) -> Result<()> {
                 };
                 let mut e = SwapEngine::new(config, dev.clone())
                     .with_context(|| format!("remote tier: pool {addr} on {}", a.device))?;
-                let blocks = e.alloc_blocks(seq, nblocks as u32)?;
-                let (mut out_best, mut in_best) = (Duration::MAX, Duration::MAX);
-                for _ in 0..a.rounds.max(1) {
-                    out_best = out_best.min(swap_round(&mut e, seq, &blocks, true)?);
-                    in_best = in_best.min(swap_round(&mut e, seq, &blocks, false)?);
-                }
-                rows.push(Row {
-                    what: "remote swap-out (no peer)".into(),
-                    peer_s: None,
-                    ours_s: secs(out_best),
-                    bytes,
-                });
-                rows.push(Row {
-                    what: "remote swap-in (no peer)".into(),
-                    peer_s: None,
-                    ours_s: secs(in_best),
-                    bytes,
-                });
-                latency(&mut e, seq, &blocks, a.samples, "remote", &mut hlog)?;
+                let run = TierRun { seq, nblocks, bytes, rounds: a.rounds, samples: a.samples };
+                let what = ["remote swap-out (no peer)", "remote swap-in (no peer)"];
+                run.measure(&mut e, "remote", what, None, &mut rows, &mut hlog)?;
             }
             t => bail!("unknown tier {t:?} (host, nvme, remote)"),
         }
