@@ -529,34 +529,18 @@ impl SwapEngine {
         };
         let mut idx = 0usize;
         let mut now = Vec::new();
-        for &(start, len) in &own {
-            self.build_jobs(
-                ticket,
-                JobOp::Out,
-                start,
-                len,
-                &blocks[idx..idx + len as usize],
-                idx as u32,
-                &cancel,
-                &mut now,
-            );
-            idx += len as usize;
-        }
+        self.build_extent_jobs(ticket, JobOp::Out, &own, blocks, &mut idx, &cancel, &mut now);
         for (spill_ticket, victim_extents) in spills {
             let mut jobs = Vec::new();
-            for &(start, len) in &victim_extents {
-                self.build_jobs(
-                    ticket,
-                    JobOp::Out,
-                    start,
-                    len,
-                    &blocks[idx..idx + len as usize],
-                    idx as u32,
-                    &cancel,
-                    &mut jobs,
-                );
-                idx += len as usize;
-            }
+            self.build_extent_jobs(
+                ticket,
+                JobOp::Out,
+                &victim_extents,
+                blocks,
+                &mut idx,
+                &cancel,
+                &mut jobs,
+            );
             state.jobs_left += jobs.len() as u32;
             self.tickets.get_mut(&spill_ticket).expect("spill ticket").kind =
                 Kind::Spill { parent: ticket };
@@ -609,19 +593,7 @@ impl SwapEngine {
         let cancel = Arc::new(AtomicBool::new(false));
         let mut jobs = Vec::new();
         let mut idx = 0usize;
-        for &(start, len) in &extents {
-            self.build_jobs(
-                ticket,
-                JobOp::In,
-                start,
-                len,
-                &blocks[idx..idx + len as usize],
-                idx as u32,
-                &cancel,
-                &mut jobs,
-            );
-            idx += len as usize;
-        }
+        self.build_extent_jobs(ticket, JobOp::In, &extents, blocks, &mut idx, &cancel, &mut jobs);
         self.alloc.pin(blocks);
         let s = self.seqs.get_mut(&seq).expect("checked");
         s.phase = SeqPhase::SwappingIn;
@@ -962,6 +934,34 @@ impl SwapEngine {
             self.push_job(tier, j);
         }
         ticket
+    }
+
+    /// Jobs for `extents` in order, over `blocks` from position `*idx` on (advanced past them).
+    #[allow(clippy::too_many_arguments)]
+    fn build_extent_jobs(
+        &self,
+        ticket: u64,
+        op: JobOp,
+        extents: &[(u64, u64)],
+        blocks: &[BlockId],
+        idx: &mut usize,
+        cancel: &Arc<AtomicBool>,
+        out: &mut Vec<Job>,
+    ) {
+        for &(start, len) in extents {
+            let i = *idx;
+            self.build_jobs(
+                ticket,
+                op,
+                start,
+                len,
+                &blocks[i..i + len as usize],
+                i as u32,
+                cancel,
+                out,
+            );
+            *idx += len as usize;
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
