@@ -154,22 +154,7 @@ impl Flushers {
 
     /// Waits until a flush newer than `seq` completed, a flusher failed, or `timeout` passed.
     pub(crate) fn wait_past(&self, seq: u64, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        let mut st = self.shared.lock();
-        while self.shared.flushed_seq.load(Ordering::Acquire) <= seq
-            && !self.shared.failed.load(Ordering::Acquire)
-        {
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            st.writer_waiting = true;
-            st = match self.shared.progress.wait_timeout(st, deadline - now) {
-                Ok((g, _)) => g,
-                Err(p) => p.into_inner().0,
-            };
-            st.writer_waiting = false;
-        }
+        self.wait_while(timeout, |_| self.shared.flushed_seq.load(Ordering::Acquire) <= seq);
     }
 
     /// Whether every flusher is busy with a flush.
@@ -179,9 +164,16 @@ impl Flushers {
 
     /// Waits until a flusher is free, a flusher failed, or `timeout` passed.
     pub(crate) fn wait_free(&self, timeout: Duration) {
+        self.wait_while(timeout, |st| st.busy as usize >= FLUSHERS);
+    }
+
+    /// The writer's wait on the flushers' progress: while `busy(state)` holds, no flusher
+    /// failed and `timeout` has not passed, sleep on the condition variable (announcing it in
+    /// `writer_waiting`).
+    fn wait_while(&self, timeout: Duration, busy: impl Fn(&State) -> bool) {
         let deadline = Instant::now() + timeout;
         let mut st = self.shared.lock();
-        while st.busy as usize >= FLUSHERS && !self.shared.failed.load(Ordering::Acquire) {
+        while busy(&st) && !self.shared.failed.load(Ordering::Acquire) {
             let now = Instant::now();
             if now >= deadline {
                 break;

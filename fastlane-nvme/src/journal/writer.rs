@@ -357,19 +357,33 @@ impl Writer {
                 self.wait_device()?;
                 continue;
             }
-            if self.device_full {
-                return Err(JournalError::DeviceFull);
-            }
-            if !fault_published {
-                // What came before the bad record is durable; say so, then stop reading.
-                self.control.set_state(STATE_PRODUCER_FAULT);
-                fault_published = true;
-            }
-            if stopping {
+            if self.stopped_reading(&mut fault_published, stopping)? {
                 return Ok(());
             }
-            std::thread::sleep(IDLE_SLICE);
         }
+    }
+
+    /// One idle turn of a writer loop that no longer reads the ring (producer fault or full
+    /// device) and has nothing in flight: a full device is the error; a producer fault is
+    /// published once (what came before the bad record is durable); then `true` when asked
+    /// to stop, else a short sleep and `false`.
+    fn stopped_reading(
+        &self,
+        fault_published: &mut bool,
+        stopping: bool,
+    ) -> Result<bool, JournalError> {
+        if self.device_full {
+            return Err(JournalError::DeviceFull);
+        }
+        if !*fault_published {
+            self.control.set_state(STATE_PRODUCER_FAULT);
+            *fault_published = true;
+        }
+        if stopping {
+            return Ok(true);
+        }
+        std::thread::sleep(IDLE_SLICE);
+        Ok(false)
     }
 
     /// [`WriterIo::Flusher`] at `local`: frame what the ring holds, write it and wait for the
@@ -448,18 +462,9 @@ impl Writer {
             if stopping && reading {
                 return Ok(());
             }
-            if self.device_full {
-                return Err(JournalError::DeviceFull);
-            }
-            if !fault_published {
-                // What came before the bad record is durable; say so, then stop reading.
-                self.control.set_state(STATE_PRODUCER_FAULT);
-                fault_published = true;
-            }
-            if stopping {
+            if self.stopped_reading(&mut fault_published, stopping)? {
                 return Ok(());
             }
-            std::thread::sleep(IDLE_SLICE);
         }
     }
 
