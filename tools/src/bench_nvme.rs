@@ -109,21 +109,7 @@ impl Drop for Buffers {
 }
 
 fn anon(len: usize) -> Result<Buffers> {
-    // SAFETY: a fresh anonymous mapping chosen by the kernel overlaps nothing we own.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        bail!("mmap of {len} bytes: {}", std::io::Error::last_os_error());
-    }
-    Ok(Buffers::Anon { ptr: p.cast(), len })
+    Ok(Buffers::Anon { ptr: crate::mem::mmap_populated(len)?, len })
 }
 
 /// One case's result.

@@ -264,21 +264,7 @@ struct Buf {
 
 impl Buf {
     fn new(len: usize) -> Result<Buf> {
-        // SAFETY: a new private anonymous mapping.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            bail!("mmap {len}: {}", std::io::Error::last_os_error());
-        }
-        Ok(Buf { ptr: p as *mut u8, len })
+        Ok(Buf { ptr: crate::mem::mmap_populated(len)?, len })
     }
 }
 

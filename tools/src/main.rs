@@ -15,6 +15,7 @@ mod itch;
 mod journal;
 mod kv;
 mod kv_sim;
+mod mem;
 mod rdma;
 mod serve;
 
