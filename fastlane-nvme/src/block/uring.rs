@@ -527,10 +527,6 @@ impl UringQueue {
         assert!(pushed.is_ok(), "io_uring SQ full with a free slot");
     }
 
-    fn push_inline(&mut self, c: Completion) {
-        self.inline.push(c);
-    }
-
     /// Finish slot `idx` with `result`.
     fn finish(&mut self, idx: usize, result: Result<u32, BlockError>) -> Completion {
         let tag = self.slots[idx].tag;
@@ -641,11 +637,11 @@ impl BlockQueue for UringQueue {
         let mut slot = match self.plan(&req) {
             Ok(Some(slot)) => slot,
             Ok(None) => {
-                self.push_inline(Completion { tag: req.tag, result: Ok(0) });
+                self.inline.push(Completion { tag: req.tag, result: Ok(0) });
                 return Ok(());
             }
             Err(e) => {
-                self.push_inline(Completion { tag: req.tag, result: Err(e) });
+                self.inline.push(Completion { tag: req.tag, result: Err(e) });
                 return Ok(());
             }
         };
