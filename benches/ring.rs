@@ -13,6 +13,7 @@
 //!   Throughput in items per second.
 //! - `tput_u64_batch`, `tput_rec64_batch`: chunks of 64 through the zero-copy batch API (only
 //!   the rings that have one).
+//! - `one_thread_u64`: push a full ring then pop it, on one thread: the push/pop code alone.
 //! - `bare` in the throughput groups: the same algorithm with no API around it (module
 //!   [`bare`]), the floor of this design on this machine, as `atomic` is for the ping-pong.
 //! - `fastlane_escaped`, `rtrb_escaped` in the ping-pong: the echo thread's handles escaped to
@@ -510,6 +511,27 @@ fn bare_floor<T: Item, const CHUNK: usize>(n: u64) -> Duration {
     d
 }
 
+/// `n` u64 items through ring `R` on this one thread, a full ring at a time (push
+/// `CAPACITY`, then pop them): the cost of the push/pop code with no second core involved.
+fn one_thread<R: Ring<u64>>(n: u64) -> Duration {
+    let (mut tx, mut rx) = R::pair(CAPACITY);
+    let laps = n.div_ceil(CAPACITY as u64);
+    let mut sum = 0u64;
+    let start = Instant::now();
+    for lap in 0..laps {
+        let base = lap * CAPACITY as u64;
+        for i in 0..CAPACITY as u64 {
+            R::push(&mut tx, base + i);
+        }
+        for _ in 0..CAPACITY {
+            sum = sum.wrapping_add(black_box(R::pop(&mut rx)));
+        }
+    }
+    let d = start.elapsed();
+    assert_eq!(sum, expected_sum(laps * CAPACITY as u64), "items lost or reordered");
+    d
+}
+
 type Case = (&'static str, fn(u64) -> Duration);
 
 /// A group: its criterion name, the reference peer, items per interleaved round, the peers.
@@ -549,6 +571,13 @@ fn groups() -> Vec<Group> {
         group("tput_u64_single", "rtrb", true, 4_000_000, singles::<u64>()),
         group("tput_rec64_single", "rtrb", true, 2_000_000, singles::<Rec64>()),
         group("tput_u64_batch", "rtrb", true, 32_000_000, batches::<u64>()),
+        group(
+            "one_thread_u64",
+            "rtrb",
+            true,
+            8 * CAPACITY as u64 * 256,
+            vec![("fastlane", one_thread::<Fastlane>), ("rtrb", one_thread::<Rtrb>)],
+        ),
         group("tput_rec64_batch", "rtrb", true, 4_000_000, batches::<Rec64>()),
         group(
             "pingpong_u64",
