@@ -27,6 +27,7 @@ use fastlane_nvme::journal::{
 };
 use fastlane_rdma::Device;
 use fastlane_ring::WaitStrategy;
+use serde::Serialize;
 
 /// `fastlane journal`.
 #[derive(Debug, Args)]
@@ -224,6 +225,30 @@ struct BenchArgs {
     preprocess: PreprocessKind,
     #[command(flatten)]
     io: IoOpts,
+    /// How the ack run's writer and waiter wait: park (spin, then sleep on a futex: at a light
+    /// load every record pays two wake-ups, the writer's and the waiter's) or poll
+    /// (`WaitStrategy::SpinYield`: spin, then sched_yield, never sleeping in the kernel, like
+    /// the no-journal baseline's thread: no wake-up, but both threads keep their cores busy).
+    #[arg(long, default_value = "park", value_parser = parse_ack_wait)]
+    ack_wait: AckWait,
+    /// Print the results as one JSON object (the same numbers as the table) instead.
+    #[arg(long)]
+    json: bool,
+}
+
+/// How the ack run's writer and waiter wait ([`BenchArgs::ack_wait`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AckWait {
+    Park,
+    Poll,
+}
+
+fn parse_ack_wait(s: &str) -> Result<AckWait, String> {
+    match s {
+        "park" => Ok(AckWait::Park),
+        "poll" => Ok(AckWait::Poll),
+        other => Err(format!("{other}: want park or poll")),
+    }
 }
 
 /// How the journal's file is prepared and driven.
@@ -621,12 +646,56 @@ fn prepare_like_journal(f: &std::fs::File, len: u64, prefill: bool) -> Result<()
     Ok(())
 }
 
+#[derive(Serialize)]
 struct Pcts {
+    #[serde(rename = "p50_ns")]
     p50: u64,
+    #[serde(rename = "p99_ns")]
     p99: u64,
+    #[serde(rename = "p999_ns")]
     p999: u64,
+    #[serde(rename = "max_ns")]
     max: u64,
+    #[serde(rename = "count")]
     n: u64,
+}
+
+/// `fastlane journal bench --json`: what the table prints.
+#[derive(Serialize)]
+struct BenchReport<'a> {
+    record_bytes: usize,
+    durability: String,
+    io: String,
+    writer_io: &'static str,
+    prefill: bool,
+    ack_wait: &'static str,
+    preprocess: &'static str,
+    rate_per_s: u64,
+    seconds: f64,
+    append: &'a Pcts,
+    ack: &'a Pcts,
+    pwrite_fdatasync: &'a Pcts,
+    same_load_no_journal: &'a Pcts,
+    ack_over_floor_p50: f64,
+    ack_over_floor_p99: f64,
+    ack_over_no_journal_p50: f64,
+    ack_over_no_journal_p99: f64,
+    ack_run_batches: u64,
+    ack_run_flushes: u64,
+    no_journal_drain_s: f64,
+    throughput_records_per_s: f64,
+    throughput_records: u64,
+    throughput_s: f64,
+    throughput_batches: u64,
+    throughput_full_retries: u64,
+    framing_ns_per_record: f64,
+    framing_chain_ns: f64,
+    framing_crc32c_ns: f64,
+    framing_timestamp_ns: f64,
+    framing_batch_hash_ns: f64,
+    framing_direct_ns_per_record: f64,
+    framing_card_ns_per_record: f64,
+    hlog: String,
 }
 
 fn pcts(r: &LatencyRecorder) -> Pcts {
@@ -797,6 +866,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
     ))?;
 
     // 1. Throughput at full speed; every successful append is timed (the hot path).
+    eprintln!("journal bench: throughput run, {} records of {} B", a.records, a.record_bytes);
     let j = fresh_journal(a, WaitStrategy::SpinYield { spins: 1024 }, a.size)?;
     let mut tx = j.producer()?;
     let mut append_rec = LatencyRecorder::with_max(10_000_000)?;
@@ -868,7 +938,15 @@ fn bench(a: &BenchArgs) -> Result<()> {
     //    (at least 64 MiB), not --size, which only the throughput run needs.
     let ack_size =
         (total * frame_len(a.record_bytes) as u64 * 2 + (16 << 20)).max(64 << 20).min(a.size);
-    let j = Arc::new(fresh_journal(a, WaitStrategy::default(), ack_size)?);
+    let ack_wait = match a.ack_wait {
+        AckWait::Park => WaitStrategy::default(),
+        AckWait::Poll => WaitStrategy::SpinYield { spins: 128 },
+    };
+    eprintln!(
+        "journal bench: ack run, {} rec/s for {} s (floor calls before and after it)",
+        a.rate, a.seconds
+    );
+    let j = Arc::new(fresh_journal(a, ack_wait, ack_size)?);
     // Let the disk settle after writing both files.
     std::thread::sleep(Duration::from_secs(1));
     floor(a.baseline_ops / 2, &mut base_rec)?;
@@ -877,6 +955,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
     let waiter = {
         let (j, stamps, done) = (Arc::clone(&j), Arc::clone(&stamps), Arc::clone(&done));
         let waiter_core = a.waiter_core;
+        let poll = (a.ack_wait == AckWait::Poll).then_some(ack_wait);
         std::thread::spawn(move || -> Result<LatencyRecorder> {
             match waiter_core {
                 Some(c) => pin(Some(c)),
@@ -885,7 +964,11 @@ fn bench(a: &BenchArgs) -> Result<()> {
             let mut rec = LatencyRecorder::with_max(10_000_000_000)?;
             let mut next = 1u64;
             while next <= total {
-                match j.wait_durable(next, Duration::from_millis(50)) {
+                let waited = match poll {
+                    Some(w) => j.wait_durable_with(next, Duration::from_millis(50), w),
+                    None => j.wait_durable(next, Duration::from_millis(50)),
+                };
+                match waited {
                     Ok(()) => {}
                     Err(JournalError::Timeout { .. }) if !done.load(Ordering::Acquire) => continue,
                     Err(JournalError::Timeout { .. }) => break,
@@ -933,6 +1016,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
     // 4. The same load without a journal: every record, in arrival order, `pwrite` +
     //    `fdatasync` on its own by one thread (what a process does that has no group commit),
     //    at the same rate and for the same count; latency from arrival to its fdatasync.
+    eprintln!("journal bench: the same load without a journal, {total} records");
     let naive = naive_under_load(&bf, a, total, npt)?;
     hlog.write_histogram(Some("naive_under_load"), Duration::ZERO, naive.1, naive.0.current())?;
 
@@ -951,13 +1035,61 @@ fn bench(a: &BenchArgs) -> Result<()> {
 
     let ack = pcts(&ack_rec);
     let base = pcts(&base_rec);
+    let nv = pcts(&naive.0);
+    let ack_wait_name = match a.ack_wait {
+        AckWait::Park => "park",
+        AckWait::Poll => "poll",
+    };
+    let preprocess_name = if a.preprocess == PreprocessKind::Card { "card" } else { "direct" };
+    let ratio = |x: u64, y: u64| x as f64 / y.max(1) as f64;
+    if a.json {
+        let report = BenchReport {
+            record_bytes: a.record_bytes,
+            durability: a.durability.to_string(),
+            io: a.io.io.to_string(),
+            writer_io: writer_io_name(a.io.writer_io),
+            prefill: a.io.prefill,
+            ack_wait: ack_wait_name,
+            preprocess: preprocess_name,
+            rate_per_s: a.rate,
+            seconds: a.seconds,
+            append: &ap,
+            ack: &ack,
+            pwrite_fdatasync: &base,
+            same_load_no_journal: &nv,
+            ack_over_floor_p50: ratio(ack.p50, base.p50),
+            ack_over_floor_p99: ratio(ack.p99, base.p99),
+            ack_over_no_journal_p50: ratio(ack.p50, nv.p50),
+            ack_over_no_journal_p99: ratio(ack.p99, nv.p99),
+            ack_run_batches: load_stats2.batches,
+            ack_run_flushes: load_stats2.flushes,
+            no_journal_drain_s: naive.1.as_secs_f64(),
+            throughput_records_per_s: rate,
+            throughput_records: a.records,
+            throughput_s: elapsed.as_secs_f64(),
+            throughput_batches: stats.batches,
+            throughput_full_retries: full,
+            framing_ns_per_record: fc.frame,
+            framing_chain_ns: fc.chain,
+            framing_crc32c_ns: fc.crc,
+            framing_timestamp_ns: fc.timestamp,
+            framing_batch_hash_ns: fc.batch_hash,
+            framing_direct_ns_per_record: via_direct,
+            framing_card_ns_per_record: via_card,
+            hlog: a.hlog.display().to_string(),
+        };
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
     println!(
-        "fastlane journal bench: {} B records, durability {}, --io {} --writer-io {} --prefill {}",
+        "fastlane journal bench: {} B records, durability {}, --io {} --writer-io {} --prefill {} \
+         --ack-wait {}",
         a.record_bytes,
         a.durability,
         a.io.io,
         writer_io_name(a.io.writer_io),
-        a.io.prefill
+        a.io.prefill,
+        ack_wait_name
     );
     println!("{:<28} {:>10} {:>10} {:>10} {:>12} {:>10}", "", "p50", "p99", "p99.9", "max", "n");
     let row = |name: &str, p: &Pcts| {
@@ -969,13 +1101,12 @@ fn bench(a: &BenchArgs) -> Result<()> {
     row("append hot path (ns)", &ap);
     row("append->durable ack (ns)", &ack);
     row("pwrite+fdatasync (ns)", &base);
-    let nv = pcts(&naive.0);
     row("same load, no journal (ns)", &nv);
     println!(
         "ack/baseline: p50 {:.2}x  p99 {:.2}x   (load: {} rec/s, {} batches, {:.1} rec/batch, \
          {} flushes)",
-        ack.p50 as f64 / base.p50.max(1) as f64,
-        ack.p99 as f64 / base.p99.max(1) as f64,
+        ratio(ack.p50, base.p50),
+        ratio(ack.p99, base.p99),
         a.rate,
         load_stats2.batches,
         load_stats2.records as f64 / load_stats2.batches.max(1) as f64,
@@ -984,8 +1115,8 @@ fn bench(a: &BenchArgs) -> Result<()> {
     println!(
         "ack/same-load-no-journal: p50 {:.2}x  p99 {:.2}x   (one pwrite+fdatasync per record \
          at {} rec/s: drained in {:.2} s for a {:.2} s arrival window)",
-        ack.p50 as f64 / nv.p50.max(1) as f64,
-        ack.p99 as f64 / nv.p99.max(1) as f64,
+        ratio(ack.p50, nv.p50),
+        ratio(ack.p99, nv.p99),
         a.rate,
         naive.1.as_secs_f64(),
         a.seconds
@@ -1015,7 +1146,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
         via_direct,
         via_card,
         via_card / via_direct.max(1e-3),
-        if a.preprocess == PreprocessKind::Card { "card" } else { "direct" }
+        preprocess_name
     );
     println!("histograms: {}", a.hlog.display());
     Ok(())

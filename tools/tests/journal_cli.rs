@@ -68,3 +68,35 @@ fn bench_writes_three_histograms() {
         assert!(text.contains(tag), "{tag} missing from {text}");
     }
 }
+
+/// `--json` gives the table's numbers to scripts; `--ack-wait poll` runs the ack run with a
+/// writer and a waiter that never sleep in the kernel.
+#[test]
+fn bench_json_with_polling_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_ok(
+        fastlane()
+            .args(["journal", "bench", "--size", "16M", "--records", "20000", "--rate", "2000"])
+            .args(["--seconds", "0.3", "--baseline-ops", "20", "--ack-wait", "poll", "--json"])
+            .arg("--hlog")
+            .arg(dir.path().join("j.hlog"))
+            .arg(dir.path().join("bench.journal")),
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).expect("stdout is one JSON object");
+    assert_eq!(v["ack_wait"], "poll");
+    assert_eq!(v["rate_per_s"], 2000);
+    assert_eq!(v["append"]["count"], 20000, "every append of the throughput run is timed");
+    assert_eq!(v["ack"]["count"], 600, "every record of the 0.3 s ack run is acknowledged");
+    assert_eq!(v["same_load_no_journal"]["count"], 600);
+    assert_eq!(v["pwrite_fdatasync"]["count"], 20);
+    for h in ["append", "ack", "pwrite_fdatasync", "same_load_no_journal"] {
+        let (p50, p99, max) = (&v[h]["p50_ns"], &v[h]["p99_ns"], &v[h]["max_ns"]);
+        let (p50, p99, max) = (p50.as_u64().unwrap(), p99.as_u64().unwrap(), max.as_u64().unwrap());
+        assert!(p50 > 0 && p50 <= p99 && p99 <= max, "{h}: {p50} {p99} {max}");
+    }
+    let r = v["ack_over_floor_p99"].as_f64().unwrap();
+    let expect =
+        v["ack"]["p99_ns"].as_f64().unwrap() / v["pwrite_fdatasync"]["p99_ns"].as_f64().unwrap();
+    assert!((r - expect).abs() < 1e-9 * expect.max(1.0), "ratio {r} vs {expect}");
+    assert!(v["throughput_records_per_s"].as_f64().unwrap() > 0.0);
+}

@@ -29,6 +29,7 @@ use std::path::Path;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use fastlane_ring::WaitStrategy;
 use memmap2::{MmapOptions, MmapRaw};
 
 use super::format::Durability;
@@ -273,23 +274,44 @@ impl Control {
         }
     }
 
-    /// Waits until `durable_seq() >= seq`, the writer stops, or `timeout` passes. Spins
-    /// `spins` times first, then sleeps on the epoch futex in slices of at most 10 ms (so a
-    /// lost wake-up from a misbehaving peer costs at most that).
+    /// Waits until `durable_seq() >= seq`, the writer stops, or `timeout` passes, as
+    /// `strategy` says: spin, then `sched_yield` (checking the writer's state and the deadline
+    /// every 64 turns), then — [`WaitStrategy::SpinYieldPark`] only — sleep on the epoch
+    /// futex in slices of at most 10 ms (so a lost wake-up from a misbehaving peer costs at
+    /// most that). [`WaitStrategy::BusySpin`] spins until the deadline.
     pub(crate) fn wait_durable(
         &self,
         seq: u64,
         timeout: Duration,
-        spins: u32,
+        strategy: WaitStrategy,
     ) -> Result<(), JournalError> {
+        let (spins, yields) = match strategy {
+            WaitStrategy::BusySpin => (u32::MAX, 0),
+            WaitStrategy::SpinYield { spins } => (spins, u32::MAX),
+            WaitStrategy::SpinYieldPark { spins, yields } => (spins, yields),
+        };
         let d = &self.block().durable.0;
-        for _ in 0..spins {
+        let deadline = Instant::now() + timeout;
+        let busy = u64::from(spins) + u64::from(yields);
+        let mut i = 0u64;
+        // Bounded by the deadline, checked (with the writer's state) every 64 turns.
+        while i < busy {
             if self.durable_seq() >= seq {
                 return Ok(());
             }
-            std::hint::spin_loop();
+            if i % 64 == 63 {
+                self.check_state()?;
+                if Instant::now() >= deadline {
+                    return Err(JournalError::Timeout { seq, durable: self.durable_seq() });
+                }
+            }
+            if i < u64::from(spins) {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+            i += 1;
         }
-        let deadline = Instant::now() + timeout;
         loop {
             let epoch = d.epoch.load(Ordering::Acquire);
             if self.durable_seq() >= seq {
@@ -310,6 +332,11 @@ impl Control {
             d.waiters.fetch_sub(1, Ordering::Relaxed);
         }
     }
+
+    /// How [`Journal::wait_durable`](super::Journal::wait_durable) waits: 2048 spins (a few
+    /// µs), then sleep on the futex.
+    pub(crate) const DEFAULT_WAIT: WaitStrategy =
+        WaitStrategy::SpinYieldPark { spins: 2048, yields: 0 };
 
     /// An error if the writer is no longer running.
     pub(crate) fn check_state(&self) -> Result<(), JournalError> {

@@ -605,7 +605,18 @@ impl Journal {
 
     /// Waits until `seq` is durable (or the writer stops, or `timeout` passes).
     pub fn wait_durable(&self, seq: Seq, timeout: Duration) -> Result<(), JournalError> {
-        self.control.wait_durable(seq, timeout, 2048)
+        self.control.wait_durable(seq, timeout, Control::DEFAULT_WAIT)
+    }
+
+    /// [`wait_durable`](Self::wait_durable) with a chosen strategy (see
+    /// [`JournalProducer::wait_durable_with`]).
+    pub fn wait_durable_with(
+        &self,
+        seq: Seq,
+        timeout: Duration,
+        strategy: WaitStrategy,
+    ) -> Result<(), JournalError> {
+        self.control.wait_durable(seq, timeout, strategy)
     }
 
     /// What recovery found.

@@ -147,8 +147,22 @@ impl JournalProducer {
     }
 
     /// Waits until `seq` is durable, the writer stops (its error), or `timeout` passes
-    /// ([`JournalError::Timeout`]).
+    /// ([`JournalError::Timeout`]): a short spin, then sleep on a futex the writer wakes.
     pub fn wait_durable(&self, seq: Seq, timeout: Duration) -> Result<(), JournalError> {
-        self.control.wait_durable(seq, timeout, 2048)
+        self.control.wait_durable(seq, timeout, Control::DEFAULT_WAIT)
+    }
+
+    /// [`wait_durable`](Self::wait_durable) with a chosen strategy.
+    /// [`WaitStrategy::SpinYield`] never sleeps in the kernel, so the writer's publish reaches
+    /// this thread without a futex wake-up (tens of µs on a VM whose vCPU went idle); pair it
+    /// with [`JournalConfig::writer_wait`](super::JournalConfig::writer_wait) =
+    /// `SpinYield` for the writer's side of the same trade (docs/journal.md, "Waiting").
+    pub fn wait_durable_with(
+        &self,
+        seq: Seq,
+        timeout: Duration,
+        strategy: WaitStrategy,
+    ) -> Result<(), JournalError> {
+        self.control.wait_durable(seq, timeout, strategy)
     }
 }

@@ -292,6 +292,54 @@ fn memory_durability_acks_without_a_flush() {
     j.close().unwrap();
 }
 
+/// Every waiting strategy returns once the seq is durable, times out on a seq nobody appended
+/// (within its deadline, not a 10 ms park slice later for the polling ones), and reports a
+/// stopped writer instead of waiting.
+#[test]
+fn wait_durable_with_each_strategy() {
+    use fastlane_ring::WaitStrategy;
+    let strategies = [
+        WaitStrategy::BusySpin,
+        WaitStrategy::SpinYield { spins: 16 },
+        WaitStrategy::SpinYieldPark { spins: 16, yields: 4 },
+    ];
+    for (i, w) in strategies.into_iter().enumerate() {
+        let disk = FaultDisk::new(vec![0; 1 << 20]);
+        let mut c = small_config(Arc::new(disk), Durability::Local);
+        c.writer_wait = w;
+        let j = Journal::create(c).unwrap();
+        let mut tx = j.producer().unwrap();
+        for n in 1..=200u64 {
+            let seq = tx.append_blocking(&payload_for(n), T).unwrap();
+            if n % 50 == 0 {
+                tx.wait_durable_with(seq, T, w).unwrap();
+                assert!(tx.durable_seq() >= seq, "{w:?}: returned before {seq} was durable");
+            }
+        }
+        j.wait_durable_with(200, T, w).unwrap();
+        let t0 = std::time::Instant::now();
+        let r = j.wait_durable_with(201, Duration::from_millis(30), w);
+        let waited = t0.elapsed();
+        assert!(matches!(r, Err(JournalError::Timeout { seq: 201, durable: 200 })), "{w:?}: {r:?}");
+        assert!(waited >= Duration::from_millis(30), "{w:?}: gave up after {waited:?}");
+        assert!(waited < Duration::from_secs(2), "{w:?}: deadline overrun {waited:?}");
+        drop(tx);
+        let stats = j.close().unwrap();
+        assert_eq!(stats.records, 200, "strategy {i}");
+    }
+    // A closed journal: every strategy answers at once with the writer's state.
+    let disk = FaultDisk::new(vec![0; 1 << 20]);
+    let j = Journal::create(small_config(Arc::new(disk), Durability::Local)).unwrap();
+    let tx = j.producer().unwrap();
+    j.close().unwrap();
+    for w in strategies {
+        let t0 = std::time::Instant::now();
+        let r = tx.wait_durable_with(1, T, w);
+        assert!(matches!(r, Err(JournalError::Closed)), "{w:?}: {r:?}");
+        assert!(t0.elapsed() < Duration::from_secs(1), "{w:?}: waited {:?}", t0.elapsed());
+    }
+}
+
 #[test]
 fn hostile_producer_stops_the_ring_not_the_writer() {
     let dir = tempfile::tempdir().unwrap();
