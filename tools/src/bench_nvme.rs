@@ -11,6 +11,8 @@
 //! the first `--span` bytes. Buffers are DMA-mapped for `nvme:` (zero copy) and page-aligned
 //! anonymous memory otherwise (fit for `O_DIRECT`).
 //!
+//! `--json` prints the same results as one JSON object (the `BENCH` lines then go to stderr).
+//!
 //! Writes overwrite the span: never point this at a disk whose contents matter.
 
 use std::io::Write as _;
@@ -24,6 +26,7 @@ use fastlane_hist::{format_ns, HlogWriter, LatencyRecorder, Summary};
 use fastlane_nvme::block::spec::{parse_size, BackendSpec, SpecOptions};
 use fastlane_nvme::block::{BlockDevice, BlockOp, BlockRequest, Completion, Segment};
 use fastlane_nvme::vfio::{DmaBuffer, NvmeDevice, NvmeOptions};
+use serde::Serialize;
 
 /// Largest queue depth.
 const QD_MAX: u32 = 256;
@@ -63,10 +66,15 @@ pub struct NvmeArgs {
     /// interval log; read it with `fastlane hist`.
     #[arg(long)]
     hlog: Option<PathBuf>,
+    /// Print the results as one JSON object on stdout instead of the table (the `BENCH`
+    /// lines go to stderr).
+    #[arg(long)]
+    json: bool,
 }
 
 /// Access pattern.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
 enum Pattern {
     /// Uniformly random reads.
     Randread,
@@ -112,13 +120,42 @@ fn anon(len: usize) -> Result<Buffers> {
     Ok(Buffers::Anon { ptr: crate::mem::mmap_populated(len)?, len })
 }
 
-/// One case's result.
-#[derive(Debug)]
+/// One case's result (a row of the table).
+#[derive(Debug, Serialize)]
 struct CaseResult {
+    /// `LABEL_qdN_PATTERN`, also the `--hlog` tag.
     case: String,
+    pattern: Pattern,
+    qd: u32,
+    /// Requests completed in the measured time.
     ops: u64,
+    /// Measured time (after the warm-up), ns.
+    elapsed_ns: u64,
+    /// Requests per second.
     iops: f64,
-    summary: Summary,
+    /// Request latency, from just before `submit` to its completion, ns.
+    latency: Summary,
+}
+
+/// What `fastlane bench nvme --json` prints.
+#[derive(Debug, Serialize)]
+struct NvmeReport {
+    label: String,
+    /// `--backend` as given.
+    backend: String,
+    /// `file:` backends opened with O_DIRECT.
+    direct: bool,
+    device_bytes: u64,
+    device_block_bytes: u32,
+    /// Bytes per request.
+    request_bytes: usize,
+    /// Offsets fall in the first `span_bytes` of the device.
+    span_bytes: u64,
+    /// Measured seconds per case, from `--seconds`.
+    seconds_per_case: f64,
+    /// The latency histograms, if `--hlog` was given.
+    hlog: Option<String>,
+    cases: Vec<CaseResult>,
 }
 
 /// Run `fastlane bench nvme`.
@@ -168,10 +205,12 @@ pub fn run(args: &NvmeArgs) -> Result<()> {
         }
         None => None,
     };
-    println!(
-        "# {label}: {} ({} bytes, {}-byte blocks), {} B requests over the first {} bytes",
-        args.backend, info.size_bytes, info.block_size, size, span
-    );
+    if !args.json {
+        println!(
+            "# {label}: {} ({} bytes, {}-byte blocks), {} B requests over the first {} bytes",
+            args.backend, info.size_bytes, info.block_size, size, span
+        );
+    }
     let mut results = Vec::new();
     for &pattern in &args.pattern {
         for &qd in &args.qd {
@@ -187,17 +226,22 @@ pub fn run(args: &NvmeArgs) -> Result<()> {
                 &case,
                 hlog.as_mut(),
             )?;
-            println!(
+            let line = format!(
                 "BENCH {} ops={} iops={:.0} p50_ns={} p90_ns={} p99_ns={} p99_9_ns={} max_ns={}",
                 r.case,
                 r.ops,
                 r.iops,
-                r.summary.p50_ns,
-                r.summary.p90_ns,
-                r.summary.p99_ns,
-                r.summary.p99_9_ns,
-                r.summary.max_ns
+                r.latency.p50_ns,
+                r.latency.p90_ns,
+                r.latency.p99_ns,
+                r.latency.p99_9_ns,
+                r.latency.max_ns
             );
+            if args.json {
+                eprintln!("{line}");
+            } else {
+                println!("{line}");
+            }
             results.push(r);
         }
     }
@@ -205,6 +249,23 @@ pub fn run(args: &NvmeArgs) -> Result<()> {
         h.flush()?;
     }
     let mut out = std::io::stdout().lock();
+    if args.json {
+        let report = NvmeReport {
+            label,
+            backend: args.backend.clone(),
+            direct: args.direct,
+            device_bytes: info.size_bytes,
+            device_block_bytes: info.block_size,
+            request_bytes: size,
+            span_bytes: span,
+            seconds_per_case: args.seconds,
+            hlog: args.hlog.as_ref().map(|p| p.display().to_string()),
+            cases: results,
+        };
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+        return Ok(());
+    }
     writeln!(
         out,
         "{:<28} {:>9} {:>10} {:>10} {:>10} {:>10}",
@@ -216,10 +277,10 @@ pub fn run(args: &NvmeArgs) -> Result<()> {
             "{:<28} {:>9.0} {:>10} {:>10} {:>10} {:>10}",
             r.case,
             r.iops,
-            format_ns(r.summary.p50_ns as f64),
-            format_ns(r.summary.p90_ns as f64),
-            format_ns(r.summary.p99_ns as f64),
-            format_ns(r.summary.max_ns as f64)
+            format_ns(r.latency.p50_ns as f64),
+            format_ns(r.latency.p90_ns as f64),
+            format_ns(r.latency.p99_ns as f64),
+            format_ns(r.latency.max_ns as f64)
         )?;
     }
     Ok(())
@@ -331,8 +392,11 @@ fn run_case(
     }
     Ok(CaseResult {
         case: case.to_string(),
+        pattern,
+        qd,
         ops,
+        elapsed_ns: u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX),
         iops: ops as f64 / elapsed.as_secs_f64().max(1e-9),
-        summary: Summary::from_histogram(rec.total()),
+        latency: Summary::from_histogram(rec.total()),
     })
 }

@@ -5,8 +5,10 @@
 //!   SIGINT/SIGTERM.
 //! - `fastlane kv bench`: host tier vs `memcpy` and NVMe tier vs sequential O_DIRECT
 //!   `pwrite`/`pread` of the same bytes in one run, the remote tier (a `fastlane rdma serve`
-//!   pool, `--pool`) without a peer, and swap-in latency per tier as `.hlog`.
+//!   pool, `--pool`) without a peer, and swap-in latency per tier as `.hlog`; `--json` prints
+//!   the same results as one JSON object.
 
+use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
@@ -16,12 +18,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use fastlane_hist::{HlogWriter, LatencyRecorder};
+use fastlane_hist::{HlogWriter, LatencyRecorder, Summary};
 use fastlane_nvme::block::spec::parse_size;
 use kvswap::{
     BlockId, ChecksumMode, EngineConfig, HostDeviceMemory, KvGeometry, NvmeTierConfig,
     RemoteTierConfig, SeqId, SpillPolicy, SwapEngine,
 };
+use serde::Serialize;
 
 /// `fastlane kv`.
 #[derive(Debug, Args)]
@@ -142,6 +145,10 @@ struct BenchArgs {
     /// Keep the bench file afterwards.
     #[arg(long)]
     keep_file: bool,
+    /// Print the results as one JSON object on stdout instead of the table (the per-tier
+    /// latency lines go to stderr).
+    #[arg(long)]
+    json: bool,
 }
 
 /// Runs `fastlane kv`.
@@ -277,10 +284,91 @@ impl Drop for Buf {
 
 struct Row {
     what: String,
+    /// `host`, `nvme` or `remote`.
+    tier: &'static str,
+    /// `swap-out` or `swap-in`.
+    direction: &'static str,
     /// The baseline's time; `None` where there is no peer (the remote tier).
-    peer_s: Option<f64>,
-    ours_s: f64,
+    peer: Option<Duration>,
+    ours: Duration,
     bytes: u64,
+}
+
+/// One bandwidth row of `fastlane kv bench --json`: a row of the table.
+#[derive(Debug, Serialize)]
+struct BandwidthReport {
+    /// The table's case name, e.g. `host swap-in vs memcpy`.
+    case: String,
+    /// `host`, `nvme` or `remote`.
+    tier: &'static str,
+    /// `swap-out` or `swap-in`.
+    direction: &'static str,
+    /// Bytes moved by one round (ours and the peer's alike).
+    bytes: u64,
+    /// Best-of-rounds time of the peer (`memcpy`, `O_DIRECT`); absent for the remote tier.
+    peer_ns: Option<u64>,
+    /// Best-of-rounds time of the tier.
+    ours_ns: u64,
+    peer_bytes_per_s: Option<f64>,
+    ours_bytes_per_s: f64,
+    /// Our bandwidth / the peer's (the table's `ratio`); absent without a peer.
+    ours_vs_peer: Option<f64>,
+}
+
+impl BandwidthReport {
+    fn from_row(r: &Row) -> Self {
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let rate = |d: Duration| r.bytes as f64 / secs(d);
+        BandwidthReport {
+            case: r.what.clone(),
+            tier: r.tier,
+            direction: r.direction,
+            bytes: r.bytes,
+            peer_ns: r.peer.map(ns),
+            ours_ns: ns(r.ours),
+            peer_bytes_per_s: r.peer.map(rate),
+            ours_bytes_per_s: rate(r.ours),
+            ours_vs_peer: r.peer.map(|p| secs(p) / secs(r.ours)),
+        }
+    }
+}
+
+/// The swap-in latency of one tier: `samples` swap-ins of the whole sequence.
+#[derive(Debug, Serialize)]
+struct SwapInReport {
+    /// `host`, `nvme` or `remote` (the `.hlog` tag is `swapin-<tier>`).
+    tier: String,
+    /// Bytes per swap-in.
+    bytes: u64,
+    /// Swap-in latency (`count` = samples), ns.
+    latency: Summary,
+    /// `bytes` / P50 latency.
+    bytes_per_s_at_p50: f64,
+}
+
+/// What the tiers measured so far: the table's rows and the swap-in latencies.
+#[derive(Default)]
+struct Results {
+    rows: Vec<Row>,
+    swap_in: Vec<SwapInReport>,
+}
+
+/// What `fastlane kv bench --json` prints.
+#[derive(Debug, Serialize)]
+struct KvBenchReport {
+    /// Bytes of the sequence (a whole number of blocks).
+    bytes: u64,
+    blocks: u64,
+    block_bytes: u64,
+    tokens: u64,
+    /// Per-block checksum: `fast`, `crc32c` or `off`.
+    checksum: String,
+    /// Bandwidth rounds per case (best of).
+    rounds: u32,
+    bandwidth: Vec<BandwidthReport>,
+    swap_in: Vec<SwapInReport>,
+    /// The swap-in latency histograms (`.hlog`).
+    hlog: String,
 }
 
 fn swap_round(e: &mut SwapEngine, seq: SeqId, blocks: &[BlockId], out: bool) -> Result<Duration> {
@@ -298,17 +386,20 @@ struct TierRun {
     bytes: u64,
     rounds: u32,
     samples: u32,
+    /// `--json`: the latency line goes to stderr.
+    json: bool,
 }
 
 impl TierRun {
-    /// Appends the tier's two rows (`what`: swap-out, swap-in) with the peer's times, if any.
+    /// Appends the tier's two rows (`what`: swap-out, swap-in) with the peer's times, if any,
+    /// and its swap-in latency; prints the latency line to stdout, or to stderr with `json`.
     fn measure(
         &self,
         e: &mut SwapEngine,
-        tag: &str,
+        tag: &'static str,
         what: [&str; 2],
-        peers: Option<(f64, f64)>,
-        rows: &mut Vec<Row>,
+        peers: Option<(Duration, Duration)>,
+        results: &mut Results,
         hlog: &mut HlogWriter<std::io::BufWriter<std::fs::File>>,
     ) -> Result<()> {
         let blocks = e.alloc_blocks(self.seq, self.nblocks as u32)?;
@@ -317,12 +408,16 @@ impl TierRun {
             out_best = out_best.min(swap_round(e, self.seq, &blocks, true)?);
             in_best = in_best.min(swap_round(e, self.seq, &blocks, false)?);
         }
-        for (what, peer_s, ours) in
-            [(what[0], peers.map(|p| p.0), out_best), (what[1], peers.map(|p| p.1), in_best)]
-        {
-            rows.push(Row { what: what.into(), peer_s, ours_s: secs(ours), bytes: self.bytes });
+        for (what, direction, peer, ours) in [
+            (what[0], "swap-out", peers.map(|p| p.0), out_best),
+            (what[1], "swap-in", peers.map(|p| p.1), in_best),
+        ] {
+            let bytes = self.bytes;
+            results.rows.push(Row { what: what.into(), tier: tag, direction, peer, ours, bytes });
         }
-        latency(e, self.seq, &blocks, self.samples, tag, hlog)
+        let swap_in = latency(e, self.seq, &blocks, self.samples, tag, hlog, self.json)?;
+        results.swap_in.push(swap_in);
+        Ok(())
     }
 }
 
@@ -341,12 +436,13 @@ fn bench(a: &BenchArgs) -> Result<()> {
     );
     let dev = Arc::new(HostDeviceMemory::new(bb as usize, nblocks as u32)?);
     fill(&dev);
-    let mut rows = Vec::new();
+    let mut results = Results::default();
     let mut hlog = HlogWriter::create(&a.hlog)?;
     hlog.write_comment(&format!(
         "fastlane kv bench: swap-in latency of {bytes} bytes per tier, checksum {mode:?}"
     ))?;
     let seq = SeqId(1);
+    let run = TierRun { seq, nblocks, bytes, rounds: a.rounds, samples: a.samples, json: a.json };
     for tier in &tiers {
         match *tier {
             "host" => {
@@ -369,10 +465,9 @@ fn bench(a: &BenchArgs) -> Result<()> {
                 let config =
                     EngineConfig { host_bytes: bytes, checksum: mode, ..EngineConfig::default() };
                 let mut e = SwapEngine::new(config, dev.clone())?;
-                let peers = Some((secs(copy_out), secs(copy_in)));
-                let run = TierRun { seq, nblocks, bytes, rounds: a.rounds, samples: a.samples };
+                let peers = Some((copy_out, copy_in));
                 let what = ["host swap-out vs memcpy", "host swap-in vs memcpy"];
-                run.measure(&mut e, "host", what, peers, &mut rows, &mut hlog)?;
+                run.measure(&mut e, "host", what, peers, &mut results, &mut hlog)?;
             }
             "nvme" => {
                 let (w, r) = odirect_baseline(&a.file, dev.base(), bytes, a.rounds)?;
@@ -384,10 +479,9 @@ fn bench(a: &BenchArgs) -> Result<()> {
                     ..EngineConfig::default()
                 };
                 let mut e = SwapEngine::new(config, dev.clone())?;
-                let peers = Some((secs(w), secs(r)));
-                let run = TierRun { seq, nblocks, bytes, rounds: a.rounds, samples: a.samples };
+                let peers = Some((w, r));
                 let what = ["nvme swap-out vs O_DIRECT pwrite", "nvme swap-in vs O_DIRECT pread"];
-                run.measure(&mut e, "nvme", what, peers, &mut rows, &mut hlog)?;
+                run.measure(&mut e, "nvme", what, peers, &mut results, &mut hlog)?;
                 drop(e);
                 if !a.keep_file {
                     let _ = std::fs::remove_file(&a.file);
@@ -406,27 +500,44 @@ fn bench(a: &BenchArgs) -> Result<()> {
                 };
                 let mut e = SwapEngine::new(config, dev.clone())
                     .with_context(|| format!("remote tier: pool {addr} on {}", a.device))?;
-                let run = TierRun { seq, nblocks, bytes, rounds: a.rounds, samples: a.samples };
                 let what = ["remote swap-out (no peer)", "remote swap-in (no peer)"];
-                run.measure(&mut e, "remote", what, None, &mut rows, &mut hlog)?;
+                run.measure(&mut e, "remote", what, None, &mut results, &mut hlog)?;
             }
             t => bail!("unknown tier {t:?} (host, nvme, remote)"),
         }
     }
     hlog.flush()?;
+    if a.json {
+        let report = KvBenchReport {
+            bytes,
+            blocks: nblocks,
+            block_bytes: bb,
+            tokens: nblocks * u64::from(g.tokens_per_block),
+            checksum: format!("{mode:?}").to_ascii_lowercase(),
+            rounds: a.rounds.max(1),
+            bandwidth: results.rows.iter().map(BandwidthReport::from_row).collect(),
+            swap_in: results.swap_in,
+            hlog: a.hlog.display().to_string(),
+        };
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+        return Ok(());
+    }
     println!(
         "{:<36} {:>12} {:>12} {:>8}",
         "case (same bytes, one run)", "peer GiB/s", "ours GiB/s", "ratio"
     );
-    for r in &rows {
-        let ours = r.bytes as f64 / r.ours_s / (1u64 << 30) as f64;
-        match r.peer_s {
+    for r in &results.rows {
+        let ours_s = secs(r.ours);
+        let ours = r.bytes as f64 / ours_s / (1u64 << 30) as f64;
+        match r.peer.map(secs) {
             Some(p) => println!(
                 "{:<36} {:>12.2} {:>12.2} {:>8.2}",
                 r.what,
                 r.bytes as f64 / p / (1u64 << 30) as f64,
                 ours,
-                p / r.ours_s
+                p / ours_s
             ),
             None => println!("{:<36} {:>12} {:>12.2} {:>8}", r.what, "-", ours, "-"),
         }
@@ -438,6 +549,8 @@ fn bench(a: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// `samples` timed swap-ins of `blocks` (each after a swap-out): prints one line (to stdout,
+/// or to stderr with `json`), writes the histogram to `hlog` and returns the figures.
 fn latency(
     e: &mut SwapEngine,
     seq: SeqId,
@@ -445,7 +558,8 @@ fn latency(
     samples: u32,
     tag: &str,
     hlog: &mut HlogWriter<std::io::BufWriter<std::fs::File>>,
-) -> Result<()> {
+    json: bool,
+) -> Result<SwapInReport> {
     let mut rec = LatencyRecorder::with_max(600_000_000_000)?;
     let start = Instant::now();
     for _ in 0..samples {
@@ -454,17 +568,29 @@ fn latency(
         rec.record_duration(d);
     }
     let h = rec.current();
-    println!(
+    let bytes = blocks.len() as u64 * e.block_bytes() as u64;
+    let p50 = Duration::from_nanos(h.value_at_quantile(0.5).max(1));
+    let line = format!(
         "{tag} swap-in of {} bytes: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} samples, {:.2} GiB/s at p50)",
-        blocks.len() as u64 * e.block_bytes() as u64,
+        bytes,
         h.value_at_quantile(0.5) as f64 / 1e6,
         h.value_at_quantile(0.99) as f64 / 1e6,
         h.max() as f64 / 1e6,
         h.len(),
-        gibps(blocks.len() as u64 * e.block_bytes() as u64, Duration::from_nanos(h.value_at_quantile(0.5).max(1)))
+        gibps(bytes, p50)
     );
+    if json {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
     hlog.write_histogram(Some(&format!("swapin-{tag}")), Duration::ZERO, start.elapsed(), h)?;
-    Ok(())
+    Ok(SwapInReport {
+        tier: tag.to_string(),
+        bytes,
+        latency: Summary::from_histogram(h),
+        bytes_per_s_at_p50: bytes as f64 / secs(p50),
+    })
 }
 
 /// Sequential O_DIRECT pwrite then pread of `bytes` from `src`, in 4 MiB calls, on `file`.

@@ -7,8 +7,9 @@
 //!   latency as perftest's `ib_write_lat` does (a ping-pong of WRITEs, each side polling the
 //!   last byte of its receive area; one-way latency = round trip / 2, timed with the TSC) for
 //!   each `--sizes`, and WRITE bandwidth as `ib_write_bw` does (`--bw-depth` WRITEs of
-//!   `--bw-size` in flight, a completion every 64). The client prints the results; the
-//!   parameters travel from the client to the server, so the server needs only `--listen`.
+//!   `--bw-size` in flight, a completion every 64). The client prints the results (with
+//!   `--json`, as one JSON object); the parameters travel from the client to the server, so
+//!   the server needs only `--listen`.
 //!
 //! It lives under `fastlane rdma` (not `fastlane bench rdma`) so that the bench module stays
 //! another engineer's file; docs/rdma.md says so.
@@ -25,6 +26,7 @@ use fastlane_hist::{format_ns, HlogWriter, LatencyRecorder, Summary};
 use fastlane_rdma::{
     ConnectOptions, Connection, Device, Listener, PoolServer, QpConfig, RdmaError, SendOp,
 };
+use serde::Serialize;
 
 /// Arguments of `fastlane rdma`.
 #[derive(Debug, Args)]
@@ -93,6 +95,10 @@ pub struct BenchArgs {
     /// Write one-way latency histograms (one interval per size, tag `write_<size>B`).
     #[arg(long)]
     hlog: Option<PathBuf>,
+    /// Client: print the results as one JSON object on stdout instead of the tables (the
+    /// `RESULT` lines go to stderr). The server prints no results either way.
+    #[arg(long)]
+    json: bool,
 }
 
 fn parse_size(s: &str) -> std::result::Result<u64, String> {
@@ -148,6 +154,65 @@ fn serve(a: &ServeArgs) -> Result<()> {
     pool.serve(&STOP)?;
     eprintln!("fastlane rdma serve: stopped");
     Ok(())
+}
+
+/// One message size of the latency ping-pong, in `fastlane rdma bench --json`.
+#[derive(Debug, Serialize)]
+struct LatencyReport {
+    size_bytes: usize,
+    /// Timed round trips.
+    iters: u64,
+    /// One-way latency (half of each round trip), ns.
+    one_way: Summary,
+}
+
+/// The bandwidth run, in `fastlane rdma bench --json`.
+#[derive(Debug, Serialize)]
+struct BandwidthReport {
+    size_bytes: usize,
+    /// WRITEs posted.
+    iters: u64,
+    /// WRITEs in flight.
+    depth: u32,
+    /// Bytes written (`size_bytes` × `iters`).
+    bytes: u64,
+    /// From the first post to the last completion.
+    elapsed_ns: u64,
+    bytes_per_s: f64,
+    /// WRITEs per second.
+    messages_per_s: f64,
+}
+
+impl BandwidthReport {
+    /// `iters` WRITEs of `size_bytes`, `depth` in flight, done in `elapsed`.
+    fn new(size_bytes: usize, iters: u64, depth: u32, elapsed: Duration) -> Self {
+        let bytes = size_bytes as u64 * iters;
+        let s = elapsed.as_secs_f64();
+        BandwidthReport {
+            size_bytes,
+            iters,
+            depth,
+            bytes,
+            elapsed_ns: u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX),
+            bytes_per_s: bytes as f64 / s,
+            messages_per_s: iters as f64 / s,
+        }
+    }
+}
+
+/// What the client of `fastlane rdma bench --json` prints.
+#[derive(Debug, Serialize)]
+struct RdmaBenchReport {
+    device: String,
+    gid_index: u8,
+    /// The port's active MTU.
+    mtu_bytes: u32,
+    /// Messages up to this size are sent inline.
+    max_inline_bytes: u32,
+    latency: Vec<LatencyReport>,
+    bandwidth: BandwidthReport,
+    /// The one-way latency histograms, if `--hlog` was given.
+    hlog: Option<String>,
 }
 
 /// Largest latency message (the receive area is this big on both sides).
@@ -262,18 +327,21 @@ fn bench(a: &BenchArgs) -> Result<()> {
         }
         None => None,
     };
-    println!(
-        "# fastlane rdma bench: {} (GID index {}, MTU {}), inline <= {} B",
-        dev.name(),
-        dev.gid_index(),
-        dev.active_mtu_bytes(),
-        conn.max_inline()
-    );
-    println!("# one-way WRITE latency (ping-pong / 2), {} iterations per size", params.iters);
-    println!(
-        "{:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "bytes", "p50", "p90", "p99", "max", "avg"
-    );
+    if !a.json {
+        println!(
+            "# fastlane rdma bench: {} (GID index {}, MTU {}), inline <= {} B",
+            dev.name(),
+            dev.gid_index(),
+            dev.active_mtu_bytes(),
+            conn.max_inline()
+        );
+        println!("# one-way WRITE latency (ping-pong / 2), {} iterations per size", params.iters);
+        println!(
+            "{:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "bytes", "p50", "p90", "p99", "max", "avg"
+        );
+    }
+    let mut latency = Vec::new();
     let mut tick = 0u8;
     for &size in &params.sizes {
         let mut rec = LatencyRecorder::with_max(10_000_000_000)?;
@@ -286,19 +354,25 @@ fn bench(a: &BenchArgs) -> Result<()> {
         }
         let s = Summary::from_histogram(rec.total());
         let mean_ns = rec.total().mean();
-        println!(
-            "{:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
-            size,
-            format_ns(s.p50_ns as f64),
-            format_ns(s.p90_ns as f64),
-            format_ns(s.p99_ns as f64),
-            format_ns(s.max_ns as f64),
-            format_ns(mean_ns),
-        );
-        println!(
+        let result = format!(
             "RESULT lat size={size} iters={} p50_ns={} p99_ns={} avg_ns={mean_ns:.0}",
             params.iters, s.p50_ns, s.p99_ns
         );
+        if a.json {
+            eprintln!("{result}");
+        } else {
+            println!(
+                "{:>8} {:>10} {:>10} {:>10} {:>10} {:>10}",
+                size,
+                format_ns(s.p50_ns as f64),
+                format_ns(s.p90_ns as f64),
+                format_ns(s.p99_ns as f64),
+                format_ns(s.max_ns as f64),
+                format_ns(mean_ns),
+            );
+            println!("{result}");
+        }
+        latency.push(LatencyReport { size_bytes: size, iters: params.iters, one_way: s });
     }
     if let Some(mut l) = log {
         l.flush()?;
@@ -307,18 +381,35 @@ fn bench(a: &BenchArgs) -> Result<()> {
     conn.stream().write_all(b"done\n")?;
     let mib_s = bytes as f64 / el.as_secs_f64() / f64::from(1 << 20);
     let mpps = params.bw_iters as f64 / el.as_secs_f64() / 1e6;
+    let result = format!(
+        "RESULT bw size={} iters={} bytes_per_s={:.0} mib_s={mib_s:.2} mpps={mpps:.6}",
+        params.bw_size,
+        params.bw_iters,
+        bytes as f64 / el.as_secs_f64()
+    );
+    if a.json {
+        eprintln!("{result}");
+        let report = RdmaBenchReport {
+            device: dev.name().to_string(),
+            gid_index: dev.gid_index(),
+            mtu_bytes: dev.active_mtu_bytes(),
+            max_inline_bytes: conn.max_inline(),
+            latency,
+            bandwidth: BandwidthReport::new(params.bw_size, params.bw_iters, params.bw_depth, el),
+            hlog: a.hlog.as_ref().map(|p| p.display().to_string()),
+        };
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer_pretty(&mut out, &report)?;
+        writeln!(out)?;
+        return Ok(());
+    }
     println!(
         "# WRITE bandwidth: {} x {} B, {} in flight",
         params.bw_iters, params.bw_size, params.bw_depth
     );
     println!("{:>8} {:>10} {:>12} {:>10}", "bytes", "iters", "MiB/s", "Mpps");
     println!("{:>8} {:>10} {:>12.2} {:>10.4}", params.bw_size, params.bw_iters, mib_s, mpps);
-    println!(
-        "RESULT bw size={} iters={} bytes_per_s={:.0} mib_s={mib_s:.2} mpps={mpps:.6}",
-        params.bw_size,
-        params.bw_iters,
-        bytes as f64 / el.as_secs_f64()
-    );
+    println!("{result}");
     if let Some(p) = &a.hlog {
         println!("# latency histograms: {} (read with `fastlane hist`)", p.display());
     }
@@ -499,5 +590,43 @@ mod tests {
         assert!(Params::decode("sizes=64,8 iters=1 bw_size=1 bw_iters=1 bw_depth=1").is_err());
         assert!(Params::decode("sizes=8 iters=1 bw_size=1 bw_iters=1 bw_depth=0").is_err());
         assert!(Params::decode("sizes=9999999 iters=1 bw_size=1 bw_iters=1 bw_depth=1").is_err());
+    }
+
+    #[test]
+    fn json_report_names_its_units() {
+        let mut rec = LatencyRecorder::with_max(10_000_000_000).unwrap();
+        for ns in [2_000, 2_500, 3_000, 9_000] {
+            rec.record(ns);
+        }
+        // As `bench` does: `total()` holds finished intervals only.
+        rec.take_interval_at(Instant::now());
+        let one_way = Summary::from_histogram(rec.total());
+        let report = RdmaBenchReport {
+            device: "rxe0".into(),
+            gid_index: 1,
+            mtu_bytes: 1024,
+            max_inline_bytes: 220,
+            latency: vec![LatencyReport { size_bytes: 64, iters: 4, one_way }],
+            bandwidth: BandwidthReport::new(65536, 1000, 128, Duration::from_millis(500)),
+            hlog: None,
+        };
+        let v: serde_json::Value =
+            serde_json::from_str(&serde_json::to_string_pretty(&report).unwrap()).unwrap();
+        assert_eq!(v["device"], "rxe0");
+        assert_eq!(v["mtu_bytes"], 1024);
+        let lat = &v["latency"][0];
+        assert_eq!(lat["size_bytes"], 64);
+        let w = &lat["one_way"];
+        assert_eq!(w["count"], 4);
+        let (p50, p99, max) =
+            (w["p50_ns"].as_u64().unwrap(), w["p99_ns"].as_u64().unwrap(), w["max_ns"].as_u64());
+        assert!((2_400..=2_600).contains(&p50) && p50 <= p99 && Some(p99) <= max, "{w}");
+        assert!(w["mean_ns"].as_f64().unwrap() > 0.0);
+        let bw = &v["bandwidth"];
+        assert_eq!(bw["bytes"], 65536 * 1000);
+        assert_eq!(bw["elapsed_ns"], 500_000_000);
+        assert_eq!(bw["bytes_per_s"].as_f64(), Some(65536.0 * 2000.0));
+        assert_eq!(bw["messages_per_s"].as_f64(), Some(2000.0));
+        assert!(v["hlog"].is_null());
     }
 }

@@ -43,6 +43,80 @@ fn bench_prints_ratios_and_writes_histograms() {
 }
 
 #[test]
+fn bench_json_has_every_number_of_the_table() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let hlog = dir.path().join("swapin.hlog");
+    let out = fastlane()
+        .args(["kv", "bench", "--bytes", "8M", "--rounds", "1", "--samples", "2", "--json"])
+        .arg("--file")
+        .arg(dir.path().join("bench.dat"))
+        .arg("--hlog")
+        .arg(&hlog)
+        .output()
+        .unwrap();
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!("stdout is not one JSON object ({e}):\n{stdout}");
+    });
+    let u = |v: &serde_json::Value, k: &str| {
+        v[k].as_u64().unwrap_or_else(|| panic!("{k} missing or not an integer in {v}"))
+    };
+    let f = |v: &serde_json::Value, k: &str| {
+        v[k].as_f64().unwrap_or_else(|| panic!("{k} missing or not a number in {v}"))
+    };
+    let bytes = u(&v, "bytes");
+    assert_eq!(bytes, 8 << 20);
+    assert_eq!(u(&v, "blocks") * u(&v, "block_bytes"), bytes);
+    assert_eq!(v["checksum"], "fast");
+    assert_eq!(v["hlog"].as_str(), hlog.to_str());
+    let rows = v["bandwidth"].as_array().expect("bandwidth rows");
+    let cases: Vec<&str> = rows.iter().map(|r| r["case"].as_str().unwrap()).collect();
+    assert_eq!(
+        cases,
+        [
+            "host swap-out vs memcpy",
+            "host swap-in vs memcpy",
+            "nvme swap-out vs O_DIRECT pwrite",
+            "nvme swap-in vs O_DIRECT pread",
+        ]
+    );
+    for (r, (tier, dir)) in rows.iter().zip([
+        ("host", "swap-out"),
+        ("host", "swap-in"),
+        ("nvme", "swap-out"),
+        ("nvme", "swap-in"),
+    ]) {
+        assert_eq!((r["tier"].as_str(), r["direction"].as_str()), (Some(tier), Some(dir)), "{r}");
+        assert_eq!(u(r, "bytes"), bytes);
+        let (peer_ns, ours_ns) = (u(r, "peer_ns"), u(r, "ours_ns"));
+        assert!(peer_ns > 0 && ours_ns > 0, "{r}");
+        let ours_bps = f(r, "ours_bytes_per_s");
+        assert!((ours_bps / (bytes as f64 * 1e9 / ours_ns as f64) - 1.0).abs() < 1e-6, "{r}");
+        assert!(f(r, "peer_bytes_per_s") > 0.0, "{r}");
+        let ratio = f(r, "ours_vs_peer");
+        assert!((ratio / (peer_ns as f64 / ours_ns as f64) - 1.0).abs() < 1e-6, "{r}");
+    }
+    let swap_in = v["swap_in"].as_array().expect("swap_in");
+    let tiers: Vec<&str> = swap_in.iter().map(|s| s["tier"].as_str().unwrap()).collect();
+    assert_eq!(tiers, ["host", "nvme"]);
+    for s in swap_in {
+        assert_eq!(u(s, "bytes"), bytes);
+        let l = &s["latency"];
+        assert_eq!(u(l, "count"), 2, "{s}");
+        let (p50, p99, max) = (u(l, "p50_ns"), u(l, "p99_ns"), u(l, "max_ns"));
+        assert!(0 < p50 && p50 <= p99 && p99 <= max, "{s}");
+        assert!(f(s, "bytes_per_s_at_p50") > 0.0, "{s}");
+    }
+    // The per-tier latency lines, printed on stdout without --json, are on stderr.
+    assert!(stderr.contains("host swap-in of 8388608 bytes: p50"), "{stderr}");
+    let h = fastlane_hist::read_hlog(&hlog).unwrap();
+    assert!(h.tags().contains(&Some("swapin-nvme")), "{:?}", h.tags());
+    assert!(!dir.path().join("bench.dat").exists(), "bench file left behind");
+}
+
+#[test]
 fn serve_round_trip_then_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("kv.sock");
