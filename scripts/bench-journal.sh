@@ -14,10 +14,13 @@
 #   repository's file system; on the dev VM ext4 on its virtio disk); configs
 #   "--writer-io pipelined --io uring"   (the default: one queue, a write and two flushes in
 #                                         flight; io_uring runs fdatasync on an io-wq worker)
-#   "--writer-io flusher --io sync"      (the writer pwrites; two flusher threads fdatasync and
-#                                         acknowledge)
-#   "--writer-io flusher --io uring"     (the same through io_uring)
 #   "--writer-io pipelined --io sync"    (the writer thread runs pwrite and fdatasync itself)
+#   "--writer-io pipelined --io sync --ack-wait poll"
+#                                        (the same, the idle writer and the waiter polling
+#                                         instead of sleeping on futexes)
+#   "--writer-io flusher --io sync --ack-wait poll"
+#                                        (the writer pwrites; two flusher threads fdatasync and
+#                                         acknowledge; writer and waiter polling)
 # and extra args "--writer-core 1 --producer-core 0 --waiter-core 0 --records 200000 --size 256M"
 # (the waiter shares the producer's core, as before #6: measured a little better than letting it
 # float onto the writer's core).
@@ -40,14 +43,15 @@ while [ $# -gt 0 ]; do
         --config) configs+=("$2"); shift ;;
         --out) out=$2; shift ;;
         --) shift; extra=("$@"); break ;;
-        -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
         *) echo "bench-journal.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
 done
 if [ ${#configs[@]} -eq 0 ]; then
-    configs=("--writer-io pipelined --io uring" "--writer-io flusher --io sync"
-             "--writer-io flusher --io uring" "--writer-io pipelined --io sync")
+    configs=("--writer-io pipelined --io uring" "--writer-io pipelined --io sync"
+             "--writer-io pipelined --io sync --ack-wait poll"
+             "--writer-io flusher --io sync --ack-wait poll")
 fi
 file=${file:-$out/bench.journal}
 mkdir -p "$out" "$(dirname "$file")"
@@ -96,7 +100,7 @@ summary() {
         [ -f "$out/rows-$n.txt" ] || continue
         awk "{ print \$($2) }" "$out/rows-$n.txt" | sort -g | awk -v c="$c" -v f="$3" '
             { v[NR] = $1 }
-            END { if (NR) printf "  %-34s median " f "x  worst " f "x  (n=%d)\n", c, v[int((NR + 1) / 2)], v[NR], NR }'
+            END { if (NR) printf "  %-34s median " f "x  worst " f "x  (n=%d)\n", c, (v[int((NR + 1) / 2)] + v[int(NR / 2) + 1]) / 2, v[NR], NR }'
     done
 }
 summary "per config: ack P99 / floor P99, median and worst over $rounds rounds" NF-2 "%6.2f"
