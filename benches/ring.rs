@@ -313,9 +313,9 @@ fn pingpong<R: Ring<u64>>(n: u64) -> Duration {
 
 /// The same, with the echo thread's two handles' addresses passed through `black_box` before
 /// its loop (so the optimiser must keep them in memory it cannot see into). Kept as its own
-/// case because it changes fastlane's result and not rtrb's (BENCHMARKS.md, fastlane-ring):
-/// 1.20x the floor instead of 1.72x in the same process, for a reason not yet found in the
-/// generated code.
+/// case because in some builds it changes fastlane's result and not rtrb's (1.20x the floor
+/// instead of 1.72x in the same process) and in others it does not (BENCHMARKS.md,
+/// fastlane-ring: the short-round-trip regime swings with timing, not with this escape).
 fn pingpong_escaped<R: Ring<u64>>(n: u64) -> Duration {
     pingpong_with::<R, true>(n)
 }
