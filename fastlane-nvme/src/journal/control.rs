@@ -285,14 +285,15 @@ impl Control {
         timeout: Duration,
         strategy: WaitStrategy,
     ) -> Result<(), JournalError> {
+        // Turns of spinning, then of yielding, before parking (`u64::MAX`: until the deadline).
         let (spins, yields) = match strategy {
-            WaitStrategy::BusySpin => (u32::MAX, 0),
-            WaitStrategy::SpinYield { spins } => (spins, u32::MAX),
-            WaitStrategy::SpinYieldPark { spins, yields } => (spins, yields),
+            WaitStrategy::BusySpin => (u64::MAX, 0),
+            WaitStrategy::SpinYield { spins } => (u64::from(spins), u64::MAX),
+            WaitStrategy::SpinYieldPark { spins, yields } => (u64::from(spins), u64::from(yields)),
         };
         let d = &self.block().durable.0;
         let deadline = Instant::now() + timeout;
-        let busy = u64::from(spins) + u64::from(yields);
+        let busy = spins.saturating_add(yields);
         let mut i = 0u64;
         // Bounded by the deadline, checked (with the writer's state) every 64 turns.
         while i < busy {
@@ -305,7 +306,7 @@ impl Control {
                     return Err(JournalError::Timeout { seq, durable: self.durable_seq() });
                 }
             }
-            if i < u64::from(spins) {
+            if i < spins {
                 std::hint::spin_loop();
             } else {
                 std::thread::yield_now();
