@@ -209,6 +209,62 @@ fn slot_access(header: &Header, index: usize) {
 #[inline(always)]
 fn slot_access(_header: &Header, _index: usize) {}
 
+/// Asks for the lines of slots `[from, from + n)` in the exclusive state (`prefetchw`, or a
+/// plain prefetch on a CPU without it), ahead of writing them. A hint: it never faults and
+/// changes nothing the program can see; a no-op off x86-64 and under loom.
+#[inline(always)]
+fn prefetch_slots_for_write<T>(slots: NonNull<T>, mask: usize, from: usize, n: usize) {
+    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    {
+        let step = (64 / std::mem::size_of::<T>().max(1)).max(1);
+        let owned = has_prefetchw();
+        let mut i = 0;
+        while i < n {
+            let p = slot_ptr(slots, mask, from.wrapping_add(i));
+            if owned {
+                // SAFETY: `prefetchw` (present: `has_prefetchw`) only hints the cache about a
+                // line of our own allocation; it reads and writes nothing the program can see
+                // and never faults.
+                unsafe {
+                    std::arch::asm!(
+                        "prefetchw [{}]",
+                        in(reg) p,
+                        options(nostack, preserves_flags, readonly)
+                    );
+                }
+            } else {
+                // SAFETY: SSE is part of x86-64; a prefetch is a hint that neither faults nor
+                // reads into the program.
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        p.cast::<i8>(),
+                    );
+                }
+            }
+            i += step;
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+    let _ = (slots, mask, from, n);
+}
+
+/// Whether the CPU has `PREFETCHW` (CPUID 8000_0001h, ECX bit 8), asked once.
+#[cfg(all(target_arch = "x86_64", not(loom)))]
+fn has_prefetchw() -> bool {
+    use std::sync::atomic::AtomicU8;
+    // 0: not asked yet, 1: no, 2: yes.
+    static KNOWN: AtomicU8 = AtomicU8::new(0);
+    match KNOWN.load(Ordering::Relaxed) {
+        0 => {
+            let yes = std::arch::x86_64::__cpuid(0x8000_0000).eax >= 0x8000_0001
+                && std::arch::x86_64::__cpuid(0x8000_0001).ecx & (1 << 8) != 0;
+            KNOWN.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
+            yes
+        }
+        k => k == 2,
+    }
+}
+
 /// The allocation for `capacity` slots of `T`, and the offset of the first slot in it.
 fn layout_for<T>(capacity: usize) -> (Layout, usize) {
     Layout::array::<T>(capacity)
@@ -463,6 +519,12 @@ impl<T> Producer<T> {
         }
         let start = self.tail & self.mask;
         let first_len = n.min(self.capacity() - start);
+        if free >= 2 * n {
+            // The next chunk's lines were last read by the consumer, a lap ago: ask for them
+            // now, owned, so that their transfer overlaps this chunk's writes (BENCHMARKS.md,
+            // fastlane-ring: +5-10 % chunk throughput between cores).
+            prefetch_slots_for_write(self.slots, self.mask, self.tail.wrapping_add(n), n);
+        }
         for i in 0..n {
             slot_access(self.header(), self.tail.wrapping_add(i));
         }
@@ -1013,6 +1075,18 @@ mod tests {
     use std::sync::atomic::AtomicUsize as StdAtomicUsize;
     use std::sync::Arc;
     use std::time::Duration;
+
+    /// The CPUID probe behind the chunk path's `prefetchw` agrees with the kernel's flag for the
+    /// same bit (`3dnowprefetch`), and asking twice gives the cached answer.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[test]
+    fn prefetchw_probe_matches_the_kernels_flag() {
+        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+        let flags = info.lines().find(|l| l.starts_with("flags")).expect("a flags line");
+        let kernel = flags.split_whitespace().any(|f| f == "3dnowprefetch");
+        assert_eq!(has_prefetchw(), kernel);
+        assert_eq!(has_prefetchw(), kernel);
+    }
 
     /// Counts its drops in a shared counter; carries an id so tests can check order.
     #[derive(Debug)]
