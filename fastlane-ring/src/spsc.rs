@@ -511,7 +511,8 @@ impl<T> Producer<T> {
 
     /// Up to two slices of `n` free slots, to be written in place and then published with
     /// [`WriteChunkUninit::commit`] or [`WriteChunkUninit::fill_from_iter`]. Fails with the
-    /// number of free slots if there are fewer than `n`.
+    /// number of free slots if there are fewer than `n`. When there is room for another `n`
+    /// after these, it also asks the CPU for that next chunk's lines, for writing (a hint).
     pub fn write_chunk_uninit(&mut self, n: usize) -> Result<WriteChunkUninit<'_, T>, ChunkError> {
         let free = if self.free_cached() < n { self.refresh_head() } else { self.free_cached() };
         if free < n {
