@@ -9,18 +9,25 @@ fn fastlane() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fastlane"))
 }
 
+/// `fastlane kv bench` on 8 MiB, one round, two swap-in samples, its file and `swapin.hlog`
+/// in `dir`.
+fn small_bench(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    fastlane()
+        .args(["kv", "bench", "--bytes", "8M", "--rounds", "1", "--samples", "2"])
+        .args(extra)
+        .arg("--file")
+        .arg(dir.join("bench.dat"))
+        .arg("--hlog")
+        .arg(dir.join("swapin.hlog"))
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn bench_prints_ratios_and_writes_histograms() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let hlog = dir.path().join("swapin.hlog");
-    let out = fastlane()
-        .args(["kv", "bench", "--bytes", "8M", "--rounds", "1", "--samples", "2"])
-        .arg("--file")
-        .arg(dir.path().join("bench.dat"))
-        .arg("--hlog")
-        .arg(&hlog)
-        .output()
-        .unwrap();
+    let out = small_bench(dir.path(), &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}\n{}", stdout, String::from_utf8_lossy(&out.stderr));
     for case in [
@@ -46,14 +53,7 @@ fn bench_prints_ratios_and_writes_histograms() {
 fn bench_json_has_every_number_of_the_table() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let hlog = dir.path().join("swapin.hlog");
-    let out = fastlane()
-        .args(["kv", "bench", "--bytes", "8M", "--rounds", "1", "--samples", "2", "--json"])
-        .arg("--file")
-        .arg(dir.path().join("bench.dat"))
-        .arg("--hlog")
-        .arg(&hlog)
-        .output()
-        .unwrap();
+    let out = small_bench(dir.path(), &["--json"]);
     let (stdout, stderr) =
         (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
