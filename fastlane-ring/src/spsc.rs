@@ -666,8 +666,15 @@ impl<T> Consumer<T> {
 
     /// Takes the oldest item, or fails with [`PopError::Empty`]. Never waits.
     pub fn pop(&mut self) -> Result<T, PopError> {
-        if self.avail_cached() == 0 && self.refresh_tail() == 0 {
-            return Err(PopError::Empty);
+        if self.avail_cached() == 0 {
+            // Acquire pairs with the Release store of `tail` in `Producer::publish`, as in
+            // `refresh_tail`. Still empty: leave the cache alone, so that a caller spinning on
+            // `pop` spins on one load and a compare (no store into the handle per turn).
+            let tail = self.header().prod.tail.load(Ordering::Acquire);
+            if tail == self.head {
+                return Err(PopError::Empty);
+            }
+            self.tail_cache = tail;
         }
         let index = self.head;
         slot_access(self.header(), index);
