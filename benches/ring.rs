@@ -313,9 +313,9 @@ fn pingpong<R: Ring<u64>>(n: u64) -> Duration {
 
 /// The same, with the echo thread's two handles' addresses passed through `black_box` before
 /// its loop (so the optimiser must keep them in memory it cannot see into). Kept as its own
-/// case because in some builds it changes fastlane's result and not rtrb's (1.20x the floor
-/// instead of 1.72x in the same process) and in others it does not (BENCHMARKS.md,
-/// fastlane-ring: the short-round-trip regime swings with timing, not with this escape).
+/// case because before commit 488538b it changed fastlane's result and not rtrb's in some
+/// builds (1.20x the floor instead of 1.72x in the same process): the plain case's spin loop
+/// stored into the handle on every turn (BENCHMARKS.md, fastlane-ring).
 fn pingpong_escaped<R: Ring<u64>>(n: u64) -> Duration {
     pingpong_with::<R, true>(n)
 }
