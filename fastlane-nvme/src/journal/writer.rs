@@ -476,18 +476,7 @@ impl Writer {
             self.spare.push(b.buf);
             return Ok(false);
         }
-        // The torn-window bound (module docs), as in `submit_write`.
-        debug_assert!(
-            b.end <= self.flushed_end + u64::from(self.sb.max_batch_bytes),
-            "batch [{}, {}) outside the torn window of flushed end {}",
-            b.base,
-            b.end,
-            self.flushed_end
-        );
-        let align = self.align();
-        let used = (b.end - b.base) as usize;
-        let wlen = ((used as u64).div_ceil(align) * align) as usize;
-        b.buf.as_mut_slice()[used..wlen].fill(0);
+        let wlen = self.seal(&mut b);
         // Synchronous: `write` returns after the completion, so the buffer is free again and
         // no two writes are ever in flight together.
         let written = self.dev.write(&mut b.buf, 0, wlen, b.base);
@@ -647,14 +636,10 @@ impl Writer {
         Ok(true)
     }
 
-    /// Submits the pending batch's write if the device has none in flight.
-    fn submit_write(&mut self) -> Result<bool, JournalError> {
-        if self.writing.is_some() || self.pending.as_ref().is_none_or(|b| b.records == 0) {
-            return Ok(false);
-        }
-        let Some(mut b) = self.pending.take() else { return Ok(false) };
-        // The torn-window bound (module docs): every unflushed byte lies within
-        // `max_batch_bytes` of the last flushed end, which recovery's scan reaches.
+    /// Zero-fills batch `b` from its end to the next block boundary and returns the length to
+    /// write (from `b.base`). Checks the torn-window bound (module docs): every unflushed byte
+    /// lies within `max_batch_bytes` of the last flushed end, which recovery's scan reaches.
+    fn seal(&self, b: &mut Batch) -> usize {
         debug_assert!(
             b.end <= self.flushed_end + u64::from(self.sb.max_batch_bytes),
             "batch [{}, {}) outside the torn window of flushed end {}",
@@ -666,6 +651,16 @@ impl Writer {
         let used = (b.end - b.base) as usize;
         let wlen = ((used as u64).div_ceil(align) * align) as usize;
         b.buf.as_mut_slice()[used..wlen].fill(0);
+        wlen
+    }
+
+    /// Submits the pending batch's write if the device has none in flight.
+    fn submit_write(&mut self) -> Result<bool, JournalError> {
+        if self.writing.is_some() || self.pending.as_ref().is_none_or(|b| b.records == 0) {
+            return Ok(false);
+        }
+        let Some(mut b) = self.pending.take() else { return Ok(false) };
+        let wlen = self.seal(&mut b);
         self.dev.start_write_tagged(&mut b.buf, 0, wlen, b.base, WRITE_TAG)?;
         self.busy_since.get_or_insert_with(Instant::now);
         let (base, records, end) = (b.base, b.records, b.end);

@@ -1579,15 +1579,7 @@ mod tests {
         }
         s.submit(now, req(100, 1, 2000, 4, now)).unwrap();
         let plan = s.schedule(now).unwrap();
-        let quiet: u32 = plan
-            .items
-            .iter()
-            .filter(|i| i.tenant == 1)
-            .map(|i| match i.kind {
-                StepKind::Prefill { tokens } => tokens,
-                StepKind::Decode => 0,
-            })
-            .sum();
+        let quiet = tenant_tokens(plan, 1).0;
         assert_eq!(quiet, 512, "quiet chunk in the next step: {plan:?}");
         assert_eq!(plan.prefill_tokens, 2048, "the flooder gets the rest (work conserving)");
     }
