@@ -243,12 +243,31 @@ enum AckWait {
     Poll,
 }
 
-fn parse_ack_wait(s: &str) -> Result<AckWait, String> {
-    match s {
-        "park" => Ok(AckWait::Park),
-        "poll" => Ok(AckWait::Poll),
-        other => Err(format!("{other}: want park or poll")),
+impl AckWait {
+    fn name(self) -> &'static str {
+        match self {
+            AckWait::Park => "park",
+            AckWait::Poll => "poll",
+        }
     }
+
+    /// The writer's idle wait, and the waiter's (`None`: `wait_durable`'s own).
+    fn strategies(self) -> (WaitStrategy, Option<WaitStrategy>) {
+        match self {
+            AckWait::Park => (WaitStrategy::default(), None),
+            AckWait::Poll => {
+                let poll = WaitStrategy::SpinYield { spins: 128 };
+                (poll, Some(poll))
+            }
+        }
+    }
+}
+
+fn parse_ack_wait(s: &str) -> Result<AckWait, String> {
+    [AckWait::Park, AckWait::Poll]
+        .into_iter()
+        .find(|w| w.name() == s)
+        .ok_or_else(|| format!("{s}: want park or poll"))
 }
 
 /// How the journal's file is prepared and driven.
@@ -938,15 +957,12 @@ fn bench(a: &BenchArgs) -> Result<()> {
     //    (at least 64 MiB), not --size, which only the throughput run needs.
     let ack_size =
         (total * frame_len(a.record_bytes) as u64 * 2 + (16 << 20)).max(64 << 20).min(a.size);
-    let ack_wait = match a.ack_wait {
-        AckWait::Park => WaitStrategy::default(),
-        AckWait::Poll => WaitStrategy::SpinYield { spins: 128 },
-    };
+    let (writer_wait, waiter_wait) = a.ack_wait.strategies();
     eprintln!(
         "journal bench: ack run, {} rec/s for {} s (floor calls before and after it)",
         a.rate, a.seconds
     );
-    let j = Arc::new(fresh_journal(a, ack_wait, ack_size)?);
+    let j = Arc::new(fresh_journal(a, writer_wait, ack_size)?);
     // Let the disk settle after writing both files.
     std::thread::sleep(Duration::from_secs(1));
     floor(a.baseline_ops / 2, &mut base_rec)?;
@@ -955,7 +971,6 @@ fn bench(a: &BenchArgs) -> Result<()> {
     let waiter = {
         let (j, stamps, done) = (Arc::clone(&j), Arc::clone(&stamps), Arc::clone(&done));
         let waiter_core = a.waiter_core;
-        let poll = (a.ack_wait == AckWait::Poll).then_some(ack_wait);
         std::thread::spawn(move || -> Result<LatencyRecorder> {
             match waiter_core {
                 Some(c) => pin(Some(c)),
@@ -964,7 +979,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
             let mut rec = LatencyRecorder::with_max(10_000_000_000)?;
             let mut next = 1u64;
             while next <= total {
-                let waited = match poll {
+                let waited = match waiter_wait {
                     Some(w) => j.wait_durable_with(next, Duration::from_millis(50), w),
                     None => j.wait_durable(next, Duration::from_millis(50)),
                 };
@@ -1036,10 +1051,6 @@ fn bench(a: &BenchArgs) -> Result<()> {
     let ack = pcts(&ack_rec);
     let base = pcts(&base_rec);
     let nv = pcts(&naive.0);
-    let ack_wait_name = match a.ack_wait {
-        AckWait::Park => "park",
-        AckWait::Poll => "poll",
-    };
     let preprocess_name = if a.preprocess == PreprocessKind::Card { "card" } else { "direct" };
     let ratio = |x: u64, y: u64| x as f64 / y.max(1) as f64;
     if a.json {
@@ -1049,7 +1060,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
             io: a.io.io.to_string(),
             writer_io: writer_io_name(a.io.writer_io),
             prefill: a.io.prefill,
-            ack_wait: ack_wait_name,
+            ack_wait: a.ack_wait.name(),
             preprocess: preprocess_name,
             rate_per_s: a.rate,
             seconds: a.seconds,
@@ -1089,7 +1100,7 @@ fn bench(a: &BenchArgs) -> Result<()> {
         a.io.io,
         writer_io_name(a.io.writer_io),
         a.io.prefill,
-        ack_wait_name
+        a.ack_wait.name()
     );
     println!("{:<28} {:>10} {:>10} {:>10} {:>12} {:>10}", "", "p50", "p99", "p99.9", "max", "n");
     let row = |name: &str, p: &Pcts| {
