@@ -15,7 +15,9 @@
 //!   the rings that have one).
 //! - `one_thread_u64`: push a full ring then pop it, on one thread: the push/pop code alone.
 //! - `bare` in the throughput groups: the same algorithm with no API around it (module
-//!   [`bare`]), the floor of this design on this machine, as `atomic` is for the ping-pong.
+//!   [`bare`]), the floor of this design on this machine, as `atomic` is for the ping-pong;
+//!   `bare_trait` in the one-at-a-time groups: the same ring through the `Ring` trait and
+//!   harness the rings under test use.
 //! - `fastlane_escaped`, `rtrb_escaped` in the ping-pong: the echo thread's handles escaped to
 //!   the optimiser (see [`pingpong_escaped`]).
 //! - `pingpong_u64`: a round trip through two rings; criterion reports the round trip, one-way
@@ -135,6 +137,35 @@ impl<T: Send + 'static> Ring<T> for Fastlane {
     #[inline(always)]
     fn try_pop(rx: &mut Self::Rx) -> Option<T> {
         rx.pop().ok()
+    }
+}
+
+/// The bare floor through the same `Ring` trait and `single` harness as the rings under test
+/// (`bare` runs its own loop): whatever separates the two is the harness, not a ring.
+struct BareRing;
+impl<T: Item> Ring<T> for BareRing {
+    type Tx = bare::End<T>;
+    type Rx = bare::End<T>;
+    fn pair(capacity: usize) -> (Self::Tx, Self::Rx) {
+        bare::pair(capacity)
+    }
+    #[inline(always)]
+    fn try_push(tx: &mut Self::Tx, v: T) -> Result<(), T> {
+        if !tx.room(1) {
+            return Err(v);
+        }
+        tx.write(0, v);
+        tx.publish(1);
+        Ok(())
+    }
+    #[inline(always)]
+    fn try_pop(rx: &mut Self::Rx) -> Option<T> {
+        if !rx.ready(1) {
+            return None;
+        }
+        let v = rx.read(0);
+        rx.release(1);
+        Some(v)
     }
 }
 
@@ -551,6 +582,7 @@ fn groups() -> Vec<Group> {
             ("crossbeam", single::<T, Crossbeam>),
             ("std_sync_channel", single::<T, StdSync>),
             ("bare", bare_floor::<T, 1>),
+            ("bare_trait", single::<T, BareRing>),
         ]
     }
     fn batches<T: Item>() -> Vec<Case> {

@@ -100,3 +100,18 @@ fn bench_json_with_polling_waits() {
     assert!((r - expect).abs() < 1e-9 * expect.max(1.0), "ratio {r} vs {expect}");
     assert!(v["throughput_records_per_s"].as_f64().unwrap() > 0.0);
 }
+
+/// A wait mode the bench does not know is refused before anything runs, naming the choices.
+#[test]
+fn bench_refuses_an_unknown_ack_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fastlane()
+        .args(["journal", "bench", "--ack-wait", "sleepy"])
+        .arg(dir.path().join("bench.journal"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("sleepy: want park or poll"), "{err}");
+    assert!(!dir.path().join("bench.journal").exists(), "nothing created");
+}
