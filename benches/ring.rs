@@ -16,6 +16,10 @@
 //! - `one_thread_u64`: push a full ring then pop it, on one thread: the push/pop code alone.
 //! - `bare` in the throughput groups: the same algorithm with no API around it (module
 //!   [`bare`]), the floor of this design on this machine, as `atomic` is for the ping-pong;
+//!   `bare_x16` in the chunk groups: the bare ring moving chunks 16 times larger (1024 items),
+//!   so that its index traffic is amortised sixteen times further: what is left is moving the
+//!   data's cache lines from one core to the other, which no SPSC design over a shared buffer
+//!   avoids, so no ring's chunks can be faster than this by more than the noise;
 //!   `bare_trait` in the one-at-a-time groups: the same ring through the `Ring` trait and
 //!   harness the rings under test use.
 //! - `fastlane_escaped`, `rtrb_escaped` in the ping-pong: the echo thread's handles escaped to
@@ -26,7 +30,11 @@
 //!
 //! Every consumer reads every item it receives (it sums their sequence numbers and checks the
 //! sum at the end), as a real consumer would: a benchmark whose consumer never touches the data
-//! measures how fast a producer can write its own cache, not a hand-over.
+//! measures how fast a producer can write its own cache, not a hand-over. A 64-byte record's
+//! "sequence number" reads all eight of its words (and a torn record spoils the sum). The
+//! popped value is not passed through `black_box`: that spilled each record to a stack slot
+//! whose place depended on the build, and in one build, for fastlane only, the slot was not
+//! even 8-byte aligned, so every record was stored across two cache lines and read back.
 //!
 //! Interleaved mode: criterion measures one peer for seconds, then the next, and on this shared
 //! 2-core VM the machine changes between them (the same case moves 2-5x from one minute to the
@@ -81,9 +89,11 @@ impl Item for Rec64 {
     fn make(i: u64) -> Self {
         Rec64([i; 8])
     }
-    /// The last word, so a consumer that checks it has read the record's last byte.
+    /// The last word, plus how far the other words differ from it (zero for a record written
+    /// whole): reads all 64 bytes, and a torn record spoils the checked sum.
     fn seq(&self) -> u64 {
-        self.0[7]
+        let s = self.0[7];
+        s.wrapping_add(self.0.iter().fold(0, |d, &w| d | (w ^ s)))
     }
 }
 
@@ -274,7 +284,7 @@ fn single<T: Item, R: Ring<T>>(n: u64) -> Duration {
         },
         || {
             for _ in 0..n {
-                sum = sum.wrapping_add(black_box(R::pop(&mut rx)).seq());
+                sum = sum.wrapping_add(R::pop(&mut rx).seq());
             }
         },
     );
@@ -531,7 +541,7 @@ fn bare_floor<T: Item, const CHUNK: usize>(n: u64) -> Duration {
                     continue;
                 }
                 for k in 0..CHUNK {
-                    sum = sum.wrapping_add(black_box(rx.read(k)).seq());
+                    sum = sum.wrapping_add(rx.read(k).seq());
                 }
                 rx.release(CHUNK);
                 i += CHUNK as u64;
@@ -590,6 +600,7 @@ fn groups() -> Vec<Group> {
             ("fastlane", batch_fastlane::<T>),
             ("rtrb", batch_rtrb::<T>),
             ("bare", bare_floor::<T, BATCH>),
+            ("bare_x16", bare_floor::<T, { 16 * BATCH }>),
         ]
     }
     let group = |name, reference, throughput, items, cases| Group {
@@ -610,7 +621,7 @@ fn groups() -> Vec<Group> {
             8 * CAPACITY as u64 * 256,
             vec![("fastlane", one_thread::<Fastlane>), ("rtrb", one_thread::<Rtrb>)],
         ),
-        group("tput_rec64_batch", "rtrb", true, 4_000_000, batches::<Rec64>()),
+        group("tput_rec64_batch", "rtrb", true, 4_096_000, batches::<Rec64>()),
         group(
             "pingpong_u64",
             "atomic",

@@ -348,6 +348,9 @@ pub fn channel_with<T>(capacity: usize, strategy: WaitStrategy) -> (Producer<T>,
 ///
 /// - `header` and `slots` come from one `channel_with::<T>` call.
 /// - Each side calls this exactly once, from its `Drop`, after its last access to the ring.
+///
+/// Out of line, so that the two `Drop`s, which are inlined, stay a few instructions.
+#[inline(never)]
 unsafe fn release<T>(header: NonNull<Header>, slots: NonNull<T>) {
     // SAFETY:
     // - The caller still holds its reference, so the allocation is live and `Header` initialised.
@@ -567,6 +570,13 @@ impl<T> Producer<T> {
 }
 
 impl<T> Drop for Producer<T> {
+    /// Inlined (and `release` kept out of line) so that no call ever receives the handle's
+    /// address. When `drop_in_place::<Producer<Rec64>>` was an out-of-line call, the handle had
+    /// escaped, and in the push loop before it the compiler kept `tail`, `head_cache` and the
+    /// mask in memory: the park path's futex call might, for all it knew, read or write them.
+    /// That was loads and a store per push, and 5-15 % of one-at-a-time throughput
+    /// (BENCHMARKS.md, fastlane-ring). The same holds for `Consumer`.
+    #[inline(always)]
     fn drop(&mut self) {
         let h = self.header();
         // Release pairs with the Acquire loads of `producer_gone` in the consumer: whoever sees
@@ -778,6 +788,8 @@ impl<T> Consumer<T> {
 }
 
 impl<T> Drop for Consumer<T> {
+    /// Inlined for the same reason as `Producer`'s.
+    #[inline(always)]
     fn drop(&mut self) {
         let head = self.head;
         let h = self.header();
