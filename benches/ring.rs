@@ -47,6 +47,13 @@
 //! `RING_BENCH_VERBOSE=1` prints every timed run.
 //!
 //! fastlane's channels use `WaitStrategy::BusySpin`, like the peers, which cannot park.
+//! `fastlane` is driven through `push`/`pop` in the same spin loop the harness gives rtrb and
+//! the bare ring (one `spin_loop` hint per failed try): ring against ring. In the
+//! one-at-a-time groups and the ping-pong, two more cases wait with fastlane's own blocking
+//! calls, which pace their looks at the other side's index (spsc module docs, "Settling"), the
+//! way std's channel waits in `send`/`recv`: `fastlane_wait` on both sides
+//! (`push_blocking`/`pop_blocking`), `fastlane_popwait` on the consumer's side only (the
+//! producer spins on `push` as in `fastlane`).
 //!
 //! Every spin loop here is bounded by the number of items it was asked to move.
 
@@ -147,6 +154,44 @@ impl<T: Send + 'static> Ring<T> for Fastlane {
     #[inline(always)]
     fn try_pop(rx: &mut Self::Rx) -> Option<T> {
         rx.pop().ok()
+    }
+}
+
+/// fastlane with its blocking calls: `pop_blocking` always, `push_blocking` when `PUSH`.
+struct FastlaneWait<const PUSH: bool>;
+impl<T: Send + 'static, const PUSH: bool> Ring<T> for FastlaneWait<PUSH> {
+    type Tx = fastlane::ring::spsc::Producer<T>;
+    type Rx = fastlane::ring::spsc::Consumer<T>;
+    fn pair(capacity: usize) -> (Self::Tx, Self::Rx) {
+        fastlane::ring::spsc::channel_with(capacity, SPIN)
+    }
+    #[inline(always)]
+    fn try_push(tx: &mut Self::Tx, v: T) -> Result<(), T> {
+        tx.push(v).map_err(|e| e.into_inner())
+    }
+    #[inline(always)]
+    fn try_pop(rx: &mut Self::Rx) -> Option<T> {
+        rx.pop().ok()
+    }
+    #[inline(always)]
+    fn push(tx: &mut Self::Tx, mut v: T) {
+        if PUSH {
+            if tx.push_blocking(v, None).is_err() {
+                panic!("the consumer is gone");
+            }
+            return;
+        }
+        while let Err(back) = Self::try_push(tx, v) {
+            v = back;
+            std::hint::spin_loop();
+        }
+    }
+    #[inline(always)]
+    fn pop(rx: &mut Self::Rx) -> T {
+        match rx.pop_blocking(None) {
+            Ok(v) => v,
+            Err(e) => panic!("pop_blocking: {e:?}"),
+        }
     }
 }
 
@@ -588,6 +633,8 @@ fn groups() -> Vec<Group> {
     fn singles<T: Item>() -> Vec<Case> {
         vec![
             ("fastlane", single::<T, Fastlane>),
+            ("fastlane_wait", single::<T, FastlaneWait<true>>),
+            ("fastlane_popwait", single::<T, FastlaneWait<false>>),
             ("rtrb", single::<T, Rtrb>),
             ("crossbeam", single::<T, Crossbeam>),
             ("std_sync_channel", single::<T, StdSync>),
@@ -630,6 +677,8 @@ fn groups() -> Vec<Group> {
             vec![
                 ("atomic", pingpong_atomic),
                 ("fastlane", pingpong::<Fastlane>),
+                ("fastlane_wait", pingpong::<FastlaneWait<true>>),
+                ("fastlane_popwait", pingpong::<FastlaneWait<false>>),
                 ("rtrb", pingpong::<Rtrb>),
                 ("fastlane_escaped", pingpong_escaped::<Fastlane>),
                 ("rtrb_escaped", pingpong_escaped::<Rtrb>),
