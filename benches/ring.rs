@@ -49,11 +49,12 @@
 //! fastlane's channels use `WaitStrategy::BusySpin`, like the peers, which cannot park.
 //! `fastlane` is driven through `push`/`pop` in the same spin loop the harness gives rtrb and
 //! the bare ring (one `spin_loop` hint per failed try): ring against ring. In the
-//! one-at-a-time groups and the ping-pong, two more cases wait with fastlane's own blocking
+//! one-at-a-time groups and the ping-pong, three more cases wait with fastlane's own blocking
 //! calls, which pace their looks at the other side's index (spsc module docs, "Settling"), the
 //! way std's channel waits in `send`/`recv`: `fastlane_wait` on both sides
 //! (`push_blocking`/`pop_blocking`), `fastlane_popwait` on the consumer's side only (the
-//! producer spins on `push` as in `fastlane`).
+//! producer spins on `push` as in `fastlane`), and `fastlane_popwait32` the same with a settle
+//! limit of 32 pauses instead of the default 8.
 //!
 //! Every spin loop here is bounded by the number of items it was asked to move.
 
@@ -157,13 +158,19 @@ impl<T: Send + 'static> Ring<T> for Fastlane {
     }
 }
 
-/// fastlane with its blocking calls: `pop_blocking` always, `push_blocking` when `PUSH`.
-struct FastlaneWait<const PUSH: bool>;
-impl<T: Send + 'static, const PUSH: bool> Ring<T> for FastlaneWait<PUSH> {
+/// fastlane with its blocking calls: `pop_blocking` always, `push_blocking` when `PUSH`; with
+/// the default settle limit when `LIMIT` is `u32::MAX`, else that limit.
+struct FastlaneWait<const PUSH: bool, const LIMIT: u32 = { u32::MAX }>;
+impl<T: Send + 'static, const PUSH: bool, const LIMIT: u32> Ring<T> for FastlaneWait<PUSH, LIMIT> {
     type Tx = fastlane::ring::spsc::Producer<T>;
     type Rx = fastlane::ring::spsc::Consumer<T>;
     fn pair(capacity: usize) -> (Self::Tx, Self::Rx) {
-        fastlane::ring::spsc::channel_with(capacity, SPIN)
+        let (mut tx, mut rx) = fastlane::ring::spsc::channel_with(capacity, SPIN);
+        if LIMIT != u32::MAX {
+            tx.set_settle_limit(LIMIT);
+            rx.set_settle_limit(LIMIT);
+        }
+        (tx, rx)
     }
     #[inline(always)]
     fn try_push(tx: &mut Self::Tx, v: T) -> Result<(), T> {
@@ -635,6 +642,7 @@ fn groups() -> Vec<Group> {
             ("fastlane", single::<T, Fastlane>),
             ("fastlane_wait", single::<T, FastlaneWait<true>>),
             ("fastlane_popwait", single::<T, FastlaneWait<false>>),
+            ("fastlane_popwait32", single::<T, FastlaneWait<false, 32>>),
             ("rtrb", single::<T, Rtrb>),
             ("crossbeam", single::<T, Crossbeam>),
             ("std_sync_channel", single::<T, StdSync>),
@@ -679,6 +687,7 @@ fn groups() -> Vec<Group> {
                 ("fastlane", pingpong::<Fastlane>),
                 ("fastlane_wait", pingpong::<FastlaneWait<true>>),
                 ("fastlane_popwait", pingpong::<FastlaneWait<false>>),
+                ("fastlane_popwait32", pingpong::<FastlaneWait<false, 32>>),
                 ("rtrb", pingpong::<Rtrb>),
                 ("fastlane_escaped", pingpong_escaped::<Fastlane>),
                 ("rtrb_escaped", pingpong_escaped::<Rtrb>),
