@@ -49,24 +49,22 @@
 //! A thread that polls an index the other side is busy writing takes that cache line away from
 //! it on every look, and the writer's next store waits for the line to come back. A consumer
 //! that finds the ring empty while the producer streams items one at a time therefore slows the
-//! producer down by looking too often. Measured on a 2-core VM whose vCPUs share a cache, a
-//! consumer in `pop_blocking` moves single u64 items at 1.28-1.32x rtrb's rate, against
-//! 0.92-0.95x for `pop` in a spin loop; when the vCPUs do not share one, settling gains nothing
-//! (BENCHMARKS.md, fastlane-ring).
+//! producer down by looking too often. Measured on a 2-core VM, a consumer in `pop_blocking`
+//! moves single u64 items at 1.09-1.52x rtrb's rate, against 0.82-1.02x for `pop` in a spin
+//! loop (BENCHMARKS.md, fastlane-ring).
 //!
 //! So [`Consumer::pop_blocking`] and [`Producer::push_blocking`], when they find nothing to do,
 //! first wait `settle` `pause`s before looking again (then wait with the channel's strategy as
 //! usual). `settle` adapts to what the call finds when it succeeds: two or more items (or free
 //! slots) at once mean the other side was streaming and we looked too early, so `settle` grows
-//! (1, 3, 7, then at most the handle's limit, [`SETTLE_MAX_PAUSES`] unless changed with
-//! `set_settle_limit`); exactly one means it hands over one item at a
+//! (1, 3, 7, ... up to the handle's limit: [`default_settle_limit`], about
+//! [`SETTLE_BUDGET_NANOS`] worth of pauses, unless changed with `set_settle_limit`); exactly one means it hands over one item at a
 //! time, as a request or an answer does, and `settle` halves, down to zero. A ping-pong thus
 //! never settles and pays nothing in latency; a stream settles at the maximum and its consumer
 //! takes items in batches. The cost: an item that arrives alone during a settle waits for the
-//! rest of it, at most the limit in pauses (8 by default: about 100 ns on that VM; a `pause`
-//! takes from a few to about 140 cycles, depending on the CPU). A limit of 32 moved 64-byte
-//! records faster still there (1.22-1.37x rtrb against 1.07-1.16x) for four times the
-//! worst-case delay; a limit of 0 turns settling off. The non-blocking calls never settle.
+//! rest of it, at most the limit: 400 ns by default ([`SETTLE_BUDGET_NANOS`]; 16 pauses on the
+//! VM above, where a limit of 8 gained nothing when its vCPUs did not share a cache and 32
+//! gained more). A limit of 0 turns settling off. The non-blocking calls never settle.
 //!
 //! A loop around a blocking call contains a call (the out-of-line wait), and where the handle's
 //! address has escaped (a closure dropped on unwinding is enough) the compiler then keeps the
@@ -103,14 +101,57 @@ use std::time::Instant;
 use crate::sync::{spin_loop, AtomicUsize, Ordering};
 use crate::wait::{ParkFlag, Scope, WaitStrategy};
 
-/// The default limit on the `pause`s a blocking call waits before its first look at the other
-/// side's index, when that side streams (see "Settling" above). About 100 ns on the 2-core AMD
-/// VM this was measured on; 4 gave most of the gain for single u64 items.
-#[cfg(not(loom))]
-pub const SETTLE_MAX_PAUSES: u32 = 8;
-/// Loom builds never settle: the pauses would only multiply the interleavings to explore.
-#[cfg(loom)]
-pub const SETTLE_MAX_PAUSES: u32 = 0;
+/// The most `pause`s the default settle limit allows (see "Settling" above). On the 2-core AMD
+/// VM this was measured on, a limit of 32 moved single u64 items at 1.09-1.52x rtrb's rate in
+/// both of its regimes, where 8 gave 0.88-0.96x when its vCPUs did not share a cache.
+pub const SETTLE_MAX_PAUSES: u32 = 32;
+
+/// How long, at most, the default settle limit lets a lone item wait: the limit is as many
+/// `pause`s as this CPU runs in this time (measured once per process), capped at
+/// [`SETTLE_MAX_PAUSES`]. A `pause` takes from a few to about 140 cycles depending on the CPU,
+/// so a limit in pauses alone would bound nothing.
+pub const SETTLE_BUDGET_NANOS: u64 = 400;
+
+/// The settle limit new handles start with: [`SETTLE_BUDGET_NANOS`] worth of `pause`s on this
+/// CPU, at least 1 and at most [`SETTLE_MAX_PAUSES`]. Measured the first time it is asked
+/// for (four timings of 128 pauses, some microseconds) and then cached. A preemption during the
+/// measurement makes pauses look slower and the limit smaller, never larger. Loom builds never
+/// settle: the pauses would only multiply the interleavings to explore.
+pub fn default_settle_limit() -> u32 {
+    #[cfg(loom)]
+    {
+        0
+    }
+    #[cfg(not(loom))]
+    {
+        use std::sync::atomic::{AtomicU32, Ordering as StdOrdering};
+        static LIMIT: AtomicU32 = AtomicU32::new(u32::MAX);
+        // Relaxed: the value is a hint computed the same way by whichever thread gets here
+        // first; nothing else is published through it.
+        let cached = LIMIT.load(StdOrdering::Relaxed);
+        if cached != u32::MAX {
+            return cached;
+        }
+        // The fastest of four timings of 128 pauses: a preemption or a cold start only ever
+        // makes one slower.
+        const SAMPLE: u32 = 128;
+        let elapsed = (0..4)
+            .map(|_| {
+                let start = Instant::now();
+                for _ in 0..SAMPLE {
+                    std::hint::spin_loop();
+                }
+                u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+            })
+            .min()
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let fit = SETTLE_BUDGET_NANOS * u64::from(SAMPLE) / elapsed;
+        let limit = fit.clamp(1, u64::from(SETTLE_MAX_PAUSES)) as u32;
+        LIMIT.store(limit, StdOrdering::Relaxed);
+        limit
+    }
+}
 
 /// The next `settle` after a blocking call that waited found `batch` items (or free slots).
 fn next_settle(settle: u32, batch: usize, limit: u32) -> u32 {
@@ -412,6 +453,7 @@ pub fn channel_with<T>(capacity: usize, strategy: WaitStrategy) -> (Producer<T>,
     let slots = unsafe { base.add(slots_offset) }.cast::<T>();
     let mask = capacity - 1;
     let parks = matches!(strategy, WaitStrategy::SpinYieldPark { .. });
+    let settle_limit = default_settle_limit();
     let producer = Producer {
         header,
         slots,
@@ -420,7 +462,7 @@ pub fn channel_with<T>(capacity: usize, strategy: WaitStrategy) -> (Producer<T>,
         head_cache: 0,
         strategy,
         settle: 0,
-        settle_limit: SETTLE_MAX_PAUSES,
+        settle_limit,
         parks,
         _owns: PhantomData,
     };
@@ -432,7 +474,7 @@ pub fn channel_with<T>(capacity: usize, strategy: WaitStrategy) -> (Producer<T>,
         tail_cache: 0,
         strategy,
         settle: 0,
-        settle_limit: SETTLE_MAX_PAUSES,
+        settle_limit,
         parks,
         _owns: PhantomData,
     };
@@ -536,7 +578,7 @@ impl<T> Producer<T> {
 
     /// The most `pause`s `push_blocking` waits before its first look at a full ring when the
     /// consumer frees slots in batches (module docs, "Settling"); 0 never settles. Defaults to
-    /// [`SETTLE_MAX_PAUSES`].
+    /// [`default_settle_limit`].
     pub fn set_settle_limit(&mut self, pauses: u32) {
         self.settle_limit = pauses;
         self.settle = self.settle.min(pauses);
@@ -724,6 +766,7 @@ impl<T> fmt::Debug for Producer<T> {
             .field("head_cache", &self.head_cache)
             .field("strategy", &self.strategy)
             .field("settle", &self.settle)
+            .field("settle_limit", &self.settle_limit)
             .finish_non_exhaustive()
     }
 }
@@ -779,7 +822,7 @@ impl<T> Consumer<T> {
     /// The most `pause`s `pop_blocking` waits before its first look at an empty ring when the
     /// producer streams (module docs, "Settling"); 0 never settles, for a consumer that would
     /// rather poll than delay a lone item by up to that many pauses. Defaults to
-    /// [`SETTLE_MAX_PAUSES`].
+    /// [`default_settle_limit`].
     pub fn set_settle_limit(&mut self, pauses: u32) {
         self.settle_limit = pauses;
         self.settle = self.settle.min(pauses);
@@ -953,6 +996,7 @@ impl<T> fmt::Debug for Consumer<T> {
             .field("tail_cache", &self.tail_cache)
             .field("strategy", &self.strategy)
             .field("settle", &self.settle)
+            .field("settle_limit", &self.settle_limit)
             .finish_non_exhaustive()
     }
 }
@@ -1237,18 +1281,41 @@ mod tests {
         let mut settle = 0;
         let mut seen = Vec::new();
         for _ in 0..6 {
-            settle = next_settle(settle, 5, SETTLE_MAX_PAUSES);
+            settle = next_settle(settle, 5, 8);
             seen.push(settle);
         }
         assert_eq!(seen, [1, 3, 7, 8, 8, 8][..]);
-        assert_eq!(SETTLE_MAX_PAUSES, 8);
         for expect in [4, 2, 1, 0, 0] {
-            settle = next_settle(settle, 1, SETTLE_MAX_PAUSES);
+            settle = next_settle(settle, 1, 8);
             assert_eq!(settle, expect);
         }
         assert_eq!(next_settle(u32::MAX, 2, 32), 32, "no overflow");
         assert_eq!(next_settle(0, 100, 0), 0, "a limit of 0 never settles");
         assert_eq!(next_settle(7, 100, 32), 15);
+    }
+
+    /// The default limit is a number of pauses that fits the time budget on this CPU: between
+    /// 1 and the cap, the same on every call, and the fastest of 64 timings of that many pauses
+    /// is within a few budgets (a preempted calibration only makes the limit smaller).
+    #[test]
+    fn default_settle_limit_fits_the_budget() {
+        let limit = default_settle_limit();
+        assert!((1..=SETTLE_MAX_PAUSES).contains(&limit), "limit {limit}");
+        assert_eq!(default_settle_limit(), limit, "cached");
+        let (tx, rx) = channel::<u8>(4);
+        assert_eq!((tx.settle_limit, rx.settle_limit), (limit, limit));
+        let best = (0..64)
+            .map(|_| {
+                let start = Instant::now();
+                settle_for(limit);
+                start.elapsed()
+            })
+            .min()
+            .expect("64 timings");
+        assert!(
+            best.as_nanos() <= u128::from(SETTLE_BUDGET_NANOS) * 4 + 1_000,
+            "{limit} pauses took {best:?}"
+        );
     }
 
     /// A consumer that waits and then finds a batch settles; one that finds a single item
