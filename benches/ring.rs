@@ -53,10 +53,10 @@
 //! calls, which pace their looks at the other side's index (spsc module docs, "Settling"), the
 //! way std's channel waits in `send`/`recv`: `fastlane_wait` on both sides
 //! (`push_blocking`/`pop_blocking`), `fastlane_popwait` on the consumer's side only (the
-//! producer spins on `push` as in `fastlane`), and `fastlane_popwait8`, `fastlane_popwait32`
-//! the same with a settle limit of 8 or 32 pauses instead of the default
-//! (`spsc::default_settle_limit()`: 400 ns worth of pauses, at most 32; 16 on the VM these
-//! numbers come from).
+//! producer spins on `push` as in `fastlane`), and `fastlane_popwait8`, `fastlane_popwait16`
+//! the same with a settle limit of 8 or 16 pauses instead of the default
+//! (`spsc::default_settle_limit()`: 1 µs worth of pauses, at most 32; 32 on the VM these
+//! numbers come from; the benchmark prints it).
 //!
 //! Every spin loop here is bounded by the number of items it was asked to move.
 
@@ -645,7 +645,7 @@ fn groups() -> Vec<Group> {
             ("fastlane_wait", single::<T, FastlaneWait<true>>),
             ("fastlane_popwait", single::<T, FastlaneWait<false>>),
             ("fastlane_popwait8", single::<T, FastlaneWait<false, 8>>),
-            ("fastlane_popwait32", single::<T, FastlaneWait<false, 32>>),
+            ("fastlane_popwait16", single::<T, FastlaneWait<false, 16>>),
             ("rtrb", single::<T, Rtrb>),
             ("crossbeam", single::<T, Crossbeam>),
             ("std_sync_channel", single::<T, StdSync>),
@@ -691,7 +691,7 @@ fn groups() -> Vec<Group> {
                 ("fastlane_wait", pingpong::<FastlaneWait<true>>),
                 ("fastlane_popwait", pingpong::<FastlaneWait<false>>),
                 ("fastlane_popwait8", pingpong::<FastlaneWait<false, 8>>),
-                ("fastlane_popwait32", pingpong::<FastlaneWait<false, 32>>),
+                ("fastlane_popwait16", pingpong::<FastlaneWait<false, 16>>),
                 ("rtrb", pingpong::<Rtrb>),
                 ("fastlane_escaped", pingpong_escaped::<Fastlane>),
                 ("rtrb_escaped", pingpong_escaped::<Rtrb>),
@@ -732,6 +732,10 @@ fn interleaved(rounds: usize, filter: Option<&str>) {
     let mut json = Vec::new();
     let mut rng = 0x5EED_u64;
     let verbose = std::env::var_os("RING_BENCH_VERBOSE").is_some();
+    println!(
+        "fastlane's default settle limit on this CPU: {} pauses",
+        fastlane::ring::spsc::default_settle_limit()
+    );
     for grp in groups() {
         if filter.is_some_and(|f| !grp.name.contains(f)) {
             continue;

@@ -57,14 +57,15 @@
 //! first wait `settle` `pause`s before looking again (then wait with the channel's strategy as
 //! usual). `settle` adapts to what the call finds when it succeeds: two or more items (or free
 //! slots) at once mean the other side was streaming and we looked too early, so `settle` grows
-//! (1, 3, 7, ... up to the handle's limit: [`default_settle_limit`], about
-//! [`SETTLE_BUDGET_NANOS`] worth of pauses, unless changed with `set_settle_limit`); exactly one means it hands over one item at a
-//! time, as a request or an answer does, and `settle` halves, down to zero. A ping-pong thus
-//! never settles and pays nothing in latency; a stream settles at the maximum and its consumer
-//! takes items in batches. The cost: an item that arrives alone during a settle waits for the
-//! rest of it, at most the limit: 400 ns by default ([`SETTLE_BUDGET_NANOS`]; 16 pauses on the
-//! VM above, where a limit of 8 gained nothing when its vCPUs did not share a cache and 32
-//! gained more). A limit of 0 turns settling off. The non-blocking calls never settle.
+//! (1, 3, 7, ... up to the handle's limit, [`default_settle_limit`] unless changed with
+//! `set_settle_limit`); exactly one means it hands over one item at a time, as a request or an
+//! answer does, and `settle` halves, down to zero. A ping-pong thus never settles and pays
+//! nothing in latency; a stream settles at the limit and its consumer takes items in batches.
+//! The cost: an item that arrives alone during a settle waits for the rest of it, at most the
+//! limit: by default [`SETTLE_BUDGET_NANOS`] (1 µs) worth of pauses, at most
+//! [`SETTLE_MAX_PAUSES`] (32: the limit on the VM above, where 8 and 16 gained nothing when its
+//! vCPUs did not share a cache, and 32 did). A limit of 0 turns settling off; a consumer that
+//! must never delay a lone item sets it. The non-blocking calls never settle.
 //!
 //! A loop around a blocking call contains a call (the out-of-line wait), and where the handle's
 //! address has escaped (a closure dropped on unwinding is enough) the compiler then keeps the
@@ -102,15 +103,15 @@ use crate::sync::{spin_loop, AtomicUsize, Ordering};
 use crate::wait::{ParkFlag, Scope, WaitStrategy};
 
 /// The most `pause`s the default settle limit allows (see "Settling" above). On the 2-core AMD
-/// VM this was measured on, a limit of 32 moved single u64 items at 1.09-1.52x rtrb's rate in
-/// both of its regimes, where 8 gave 0.88-0.96x when its vCPUs did not share a cache.
+/// VM this was measured on, a limit of 32 moved single u64 items at 1.05-1.52x rtrb's rate in
+/// both of its regimes, where 8 and 16 gave 0.57-0.96x when its vCPUs did not share a cache.
 pub const SETTLE_MAX_PAUSES: u32 = 32;
 
 /// How long, at most, the default settle limit lets a lone item wait: the limit is as many
 /// `pause`s as this CPU runs in this time (measured once per process), capped at
 /// [`SETTLE_MAX_PAUSES`]. A `pause` takes from a few to about 140 cycles depending on the CPU,
 /// so a limit in pauses alone would bound nothing.
-pub const SETTLE_BUDGET_NANOS: u64 = 400;
+pub const SETTLE_BUDGET_NANOS: u64 = 1_000;
 
 /// The settle limit new handles start with: [`SETTLE_BUDGET_NANOS`] worth of `pause`s on this
 /// CPU, at least 1 and at most [`SETTLE_MAX_PAUSES`]. Measured the first time it is asked
