@@ -167,7 +167,7 @@ impl<T: Send + 'static, const PUSH: bool, const LIMIT: u32> Ring<T> for Fastlane
     type Tx = fastlane::ring::spsc::Producer<T>;
     type Rx = fastlane::ring::spsc::Consumer<T>;
     fn pair(capacity: usize) -> (Self::Tx, Self::Rx) {
-        let (mut tx, mut rx) = fastlane::ring::spsc::channel_with(capacity, SPIN);
+        let (mut tx, mut rx) = <Fastlane as Ring<T>>::pair(capacity);
         if LIMIT != u32::MAX {
             tx.set_settle_limit(LIMIT);
             rx.set_settle_limit(LIMIT);
@@ -176,23 +176,19 @@ impl<T: Send + 'static, const PUSH: bool, const LIMIT: u32> Ring<T> for Fastlane
     }
     #[inline(always)]
     fn try_push(tx: &mut Self::Tx, v: T) -> Result<(), T> {
-        tx.push(v).map_err(|e| e.into_inner())
+        Fastlane::try_push(tx, v)
     }
     #[inline(always)]
     fn try_pop(rx: &mut Self::Rx) -> Option<T> {
-        rx.pop().ok()
+        Fastlane::try_pop(rx)
     }
     #[inline(always)]
-    fn push(tx: &mut Self::Tx, mut v: T) {
-        if PUSH {
-            if tx.push_blocking(v, None).is_err() {
-                panic!("the consumer is gone");
-            }
-            return;
+    fn push(tx: &mut Self::Tx, v: T) {
+        if !PUSH {
+            return Fastlane::push(tx, v);
         }
-        while let Err(back) = Self::try_push(tx, v) {
-            v = back;
-            std::hint::spin_loop();
+        if tx.push_blocking(v, None).is_err() {
+            panic!("the consumer is gone");
         }
     }
     #[inline(always)]

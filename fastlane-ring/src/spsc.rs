@@ -50,7 +50,7 @@
 //! it on every look, and the writer's next store waits for the line to come back. A consumer
 //! that finds the ring empty while the producer streams items one at a time therefore slows the
 //! producer down by looking too often. Measured on a 2-core VM, a consumer in `pop_blocking`
-//! moves single u64 items at 1.09-1.52x rtrb's rate, against 0.82-1.02x for `pop` in a spin
+//! moves single u64 items at 1.05-1.52x rtrb's rate, against 0.82-1.05x for `pop` in a spin
 //! loop (BENCHMARKS.md, fastlane-ring).
 //!
 //! So [`Consumer::pop_blocking`] and [`Producer::push_blocking`], when they find nothing to do,
@@ -139,9 +139,7 @@ pub fn default_settle_limit() -> u32 {
         let elapsed = (0..4)
             .map(|_| {
                 let start = Instant::now();
-                for _ in 0..SAMPLE {
-                    std::hint::spin_loop();
-                }
+                settle_for(SAMPLE);
                 u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
             })
             .min()
@@ -690,7 +688,8 @@ impl<T> Producer<T> {
         if free >= 2 * n {
             // The next chunk's lines were last read by the consumer, a lap ago: ask for them
             // now, owned, so that their transfer overlaps this chunk's writes (BENCHMARKS.md,
-            // fastlane-ring: +5-10 % chunk throughput between cores).
+            // fastlane-ring: a few per cent of chunk throughput between cores, mostly for
+            // records).
             prefetch_slots_for_write(self.slots, self.mask, self.tail.wrapping_add(n), n);
         }
         for i in 0..n {
