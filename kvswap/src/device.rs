@@ -214,6 +214,31 @@ impl DeviceAllocator {
         Ok(())
     }
 
+    /// Gives the named free blocks to `seq` (for an owner that runs its own block manager
+    /// over the pool and hands the engine only what a transfer touches). All or nothing:
+    /// refused when a block is outside the pool, not free, or named twice.
+    pub fn adopt(&mut self, seq: SeqId, blocks: &[BlockId]) -> Result<(), KvSwapError> {
+        for (i, b) in blocks.iter().enumerate() {
+            match self.owner.get(b.0 as usize) {
+                None => {
+                    return Err(KvSwapError::BadConfig {
+                        detail: format!("block {b} outside the pool of {}", self.owner.len()),
+                    })
+                }
+                Some(&o) if o != FREE => return Err(KvSwapError::BlockNotOwned { block: *b, seq }),
+                Some(_) => {}
+            }
+            if blocks[..i].contains(b) {
+                return Err(KvSwapError::DuplicateBlock { block: *b });
+            }
+        }
+        for b in blocks {
+            self.owner[b.0 as usize] = seq.0;
+        }
+        self.free.retain(|f| self.owner[*f as usize] == FREE);
+        Ok(())
+    }
+
     /// Checks that every block exists, belongs to `seq`, and appears once.
     pub fn check_owned(&self, seq: SeqId, blocks: &[BlockId]) -> Result<(), KvSwapError> {
         for (i, b) in blocks.iter().enumerate() {
@@ -384,6 +409,24 @@ mod tests {
         assert!(matches!(a.free(SeqId(2), &blocks), Err(KvSwapError::BlockNotOwned { .. })));
         a.unpin(&blocks);
         a.free(SeqId(1), &blocks).unwrap();
+        assert_eq!(a.free_count(), 2);
+    }
+
+    #[test]
+    fn adopt_takes_exactly_the_named_free_blocks() {
+        let mut a = DeviceAllocator::new(6);
+        a.adopt(SeqId(1), &[BlockId(4), BlockId(1)]).unwrap();
+        assert_eq!(a.free_count(), 4);
+        assert_eq!(a.owner(BlockId(4)), Some(SeqId(1)));
+        // Taken, duplicated or outside the pool: refused, nothing taken.
+        assert!(a.adopt(SeqId(2), &[BlockId(0), BlockId(1)]).is_err());
+        assert!(a.adopt(SeqId(2), &[BlockId(0), BlockId(0)]).is_err());
+        assert!(a.adopt(SeqId(2), &[BlockId(9)]).is_err());
+        assert_eq!(a.free_count(), 4);
+        let mut got = Vec::new();
+        a.alloc(SeqId(3), 4, &mut got).unwrap();
+        assert!(!got.contains(&BlockId(4)) && !got.contains(&BlockId(1)));
+        a.free(SeqId(1), &[BlockId(4), BlockId(1)]).unwrap();
         assert_eq!(a.free_count(), 2);
     }
 }

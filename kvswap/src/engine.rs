@@ -456,6 +456,20 @@ impl SwapEngine {
         Ok(())
     }
 
+    /// Hands the named free device blocks to `seq` (creating it under tenant 0 if new), for
+    /// an owner whose own block manager decides which blocks a sequence holds (the inference
+    /// engine's scheduler): it adopts a sequence's blocks for one transfer and frees them in
+    /// the engine when the ticket is done. All or nothing.
+    pub fn adopt_blocks(&mut self, seq: SeqId, blocks: &[BlockId]) -> Result<(), KvSwapError> {
+        let clock = self.tick();
+        if self.seqs.get(&seq).is_some_and(|s| s.dropped) {
+            return Err(KvSwapError::UnknownSequence { seq });
+        }
+        self.alloc.adopt(seq, blocks)?;
+        self.seqs.entry(seq).or_insert_with(|| Seq::new(TenantId(0), clock));
+        Ok(())
+    }
+
     /// Gives device blocks of `seq` back to the pool. Refused (nothing freed) with
     /// `BlockPinned` while a transfer reads or writes one of them, and with `BlockNotOwned`
     /// for a block that is not `seq`'s.

@@ -377,6 +377,13 @@ pub enum SchedEvent {
     },
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Done,
+    Fenced,
+    Aborted,
+}
+
 #[derive(Debug)]
 enum State {
     /// Admitted, waiting to start (or to restart after a recompute preemption).
@@ -402,6 +409,8 @@ struct Seq {
     last_token_ns: Option<u64>,
     /// Order of (re)starting; larger = newer (victims are chosen newest first).
     start_order: u64,
+    /// Aborted while a swap was in flight: finished when the swap completes.
+    abort_pending: bool,
 }
 
 impl Seq {
@@ -677,6 +686,7 @@ impl<P: SwapPort> Scheduler<P> {
                 state: State::Waiting,
                 last_token_ns: None,
                 start_order: 0,
+                abort_pending: false,
             },
         );
         if self.cfg.policy == Policy::Fifo {
@@ -792,6 +802,11 @@ impl<P: SwapPort> Scheduler<P> {
                     }
                 }
                 (_, other) => seq.state = other,
+            }
+            if self.seqs.get(&d.seq).is_some_and(|s| {
+                s.abort_pending && !matches!(s.state, State::SwappingOut(_) | State::SwappingIn)
+            }) {
+                self.finish_as(d.seq, Ending::Aborted);
             }
         }
         self.done = done;
@@ -1283,6 +1298,74 @@ impl<P: SwapPort> Scheduler<P> {
         starts_blocked
     }
 
+    /// Ends a request before its last token (client gone, stop string, end-of-sequence
+    /// token), at a step boundary: frees its slot and blocks and drops its swapped-out copy.
+    /// A request still at the router leaves the queue. One whose swap is in flight ends when
+    /// the swap completes (its blocks are pinned until then). Returns whether the request was
+    /// known. Counted in [`TenantStats::aborted`]; emits `Finished { fenced: false }`.
+    pub fn abort(&mut self, seq: SeqId) -> Result<bool, SchedError> {
+        if self.planned {
+            return Err(SchedError::Protocol {
+                reason: "abort() between schedule() and complete_step()",
+            });
+        }
+        for ts in &mut self.tenants {
+            if let Some(i) = ts.router.iter().position(|r| r.seq == seq) {
+                ts.router.remove(i);
+                ts.stats.aborted += 1;
+                return Ok(true);
+            }
+        }
+        let Some(s) = self.seqs.get_mut(&seq) else { return Ok(false) };
+        if matches!(s.state, State::SwappingOut(_) | State::SwappingIn) {
+            s.abort_pending = true;
+        } else {
+            self.finish_as(seq, Ending::Aborted);
+        }
+        Ok(true)
+    }
+
+    /// Preempts a running sequence now, at a step boundary, by `mode` (`None`: the cost
+    /// model decides, as for any preemption). For operators and tests that force preemption
+    /// at chosen boundaries. Returns whether the sequence was running.
+    pub fn preempt_now(
+        &mut self,
+        now_ns: u64,
+        seq: SeqId,
+        mode: Option<PreemptMode>,
+    ) -> Result<bool, SchedError> {
+        if self.planned {
+            return Err(SchedError::Protocol { reason: "preempt_now() inside a step" });
+        }
+        if !self.running.contains(&seq)
+            || !self.seqs.get(&seq).is_some_and(|s| matches!(s.state, State::Running))
+        {
+            return Ok(false);
+        }
+        let saved = self.cfg.preempt;
+        match mode {
+            Some(PreemptMode::Swap) => {
+                self.cfg.preempt.prefill_ns_per_token = f64::MAX / 1e6;
+            }
+            Some(PreemptMode::Recompute) => self.cfg.preempt.prefill_ns_per_token = 0.0,
+            None => {}
+        }
+        self.preempt(now_ns, seq);
+        self.cfg.preempt = saved;
+        Ok(true)
+    }
+
+    /// Replaces the swap-or-recompute cost model (an engine that measures its own costs
+    /// while it runs).
+    pub fn set_preempt_costs(&mut self, costs: PreemptCosts) {
+        self.cfg.preempt = costs;
+    }
+
+    /// Whether `seq` is live (admitted and not finished).
+    pub fn is_live(&self, seq: SeqId) -> bool {
+        self.seqs.contains_key(&seq)
+    }
+
     /// The step planned by [`schedule`](Self::schedule) finished at `now_ns`: emit tokens,
     /// finish streams, record latencies. Returns the events.
     pub fn complete_step(&mut self, now_ns: u64) -> Result<&[SchedEvent], SchedError> {
@@ -1340,6 +1423,11 @@ impl<P: SwapPort> Scheduler<P> {
     }
 
     fn finish(&mut self, id: SeqId, fenced: bool) {
+        self.finish_as(id, if fenced { Ending::Fenced } else { Ending::Done });
+    }
+
+    fn finish_as(&mut self, id: SeqId, how: Ending) {
+        let fenced = how == Ending::Fenced;
         let Some(s) = self.seqs.remove(&id) else { return };
         self.blocks.release(id);
         self.running.retain(|&r| r != id);
@@ -1353,10 +1441,10 @@ impl<P: SwapPort> Scheduler<P> {
         }
         let ts = &mut self.tenants[s.req.tenant];
         ts.inflight -= 1;
-        if fenced {
-            ts.stats.fenced += 1;
-        } else {
-            ts.stats.completed += 1;
+        match how {
+            Ending::Fenced => ts.stats.fenced += 1,
+            Ending::Done => ts.stats.completed += 1,
+            Ending::Aborted => ts.stats.aborted += 1,
         }
         self.events.push(SchedEvent::Finished { seq: id, tenant: s.req.tenant, fenced });
     }

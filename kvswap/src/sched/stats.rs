@@ -36,6 +36,9 @@ pub struct TenantStats {
     pub completed: u64,
     /// Streams ended by the max-stream-duration fence.
     pub fenced: u64,
+    /// Requests the caller aborted ([`Scheduler::abort`](super::Scheduler::abort)): a client
+    /// gone, a stop string or an end-of-sequence token before `output_tokens`.
+    pub aborted: u64,
     /// Preemptions by swap.
     pub preempted_swap: u64,
     /// Preemptions by recompute.
@@ -61,6 +64,7 @@ impl Default for TenantStats {
             rejected: 0,
             completed: 0,
             fenced: 0,
+            aborted: 0,
             preempted_swap: 0,
             preempted_recompute: 0,
             swap_out_bytes: 0,

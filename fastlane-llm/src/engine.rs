@@ -1,0 +1,905 @@
+//! The engine loop: one thread runs `Scheduler::schedule` → one batched forward pass over
+//! the plan's decodes and prefill chunks → sampling → `complete_step`, on the wall clock.
+//! Requests come in and tokens go out over channels; preemption goes through a real
+//! [`kvswap::SwapEngine`] on the model's KV pool ([`crate::port::EnginePort`]) or by
+//! recompute, chosen with costs measured on this engine.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kvswap::sched::{
+    Admission, Overflow, Policy, PreemptCosts, PreemptMode, Request, SchedConfig, SchedEvent,
+    Scheduler, StepKind, TenantConfig, Tier,
+};
+use kvswap::{ChecksumMode, SeqId, SwapEngine};
+use rand::{Rng, SeedableRng};
+
+use crate::error::LlmError;
+use crate::kv::KvPool;
+use crate::model::{BatchItem, Model, Scratch, TOKENS_PER_BLOCK};
+use crate::port::{EnginePort, PortStats};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::tokenizer::TextStream;
+
+/// How a preempted sequence gives up its blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreemptChoice {
+    /// Swap or recompute, whichever the measured costs say is cheaper.
+    Auto,
+    /// Always swap (when the tiers have room).
+    Swap,
+    /// Always recompute.
+    Recompute,
+}
+
+impl std::str::FromStr for PreemptChoice {
+    type Err = LlmError;
+    fn from_str(s: &str) -> Result<Self, LlmError> {
+        match s {
+            "auto" => Ok(PreemptChoice::Auto),
+            "swap" => Ok(PreemptChoice::Swap),
+            "recompute" => Ok(PreemptChoice::Recompute),
+            o => Err(LlmError::BadRequest {
+                reason: format!("preempt mode {o:?}: auto, swap or recompute"),
+            }),
+        }
+    }
+}
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Scheduling policy.
+    pub policy: Policy,
+    /// KV blocks in the device pool ([`TOKENS_PER_BLOCK`] tokens each).
+    pub device_blocks: u32,
+    /// Prefill chunk in tokens (`None`: whole prompts).
+    pub chunk_tokens: Option<u32>,
+    /// Token budget of a step.
+    pub batch_tokens_max: u32,
+    /// Sequences in a step at most.
+    pub batch_seqs_max: u32,
+    /// Blocks kept free when a sequence starts.
+    pub watermark_blocks: u32,
+    /// The swap tiers (host bytes, NVMe file, remote pool); its checksum mode guards blocks.
+    pub swap: kvswap::EngineConfig,
+    /// Tenants; empty: one interactive tenant `default` with no rate limit.
+    pub tenants: Vec<TenantConfig>,
+    /// Swap, recompute, or measured choice.
+    pub preempt: PreemptChoice,
+    /// Streams longer than this are ended (the fence).
+    pub stream_ns_max: Option<u64>,
+    /// Test and operator hook: at each step boundary, with this probability, preempt one
+    /// running sequence chosen by a generator seeded with `.1`.
+    pub chaos: Option<(f64, u64)>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            policy: Policy::Fifo,
+            device_blocks: 512,
+            chunk_tokens: Some(256),
+            batch_tokens_max: 512,
+            batch_seqs_max: 256,
+            watermark_blocks: 1,
+            swap: kvswap::EngineConfig {
+                host_bytes: 256 << 20,
+                checksum: ChecksumMode::Fast,
+                ..kvswap::EngineConfig::default()
+            },
+            tenants: Vec::new(),
+            preempt: PreemptChoice::Auto,
+            stream_ns_max: None,
+            chaos: None,
+        }
+    }
+}
+
+/// One generation request.
+#[derive(Debug, Clone)]
+pub struct GenRequest {
+    /// Prompt token ids (BOS included if the model wants one).
+    pub prompt: Vec<u32>,
+    /// Tokens to generate at most.
+    pub max_tokens: u32,
+    /// Greedy or sampled.
+    pub sampling: SamplingParams,
+    /// Stop when the text contains one of these (the stop string is not returned).
+    pub stop: Vec<String>,
+    /// Stop after one of these token ids (it is returned).
+    pub stop_token_ids: Vec<u32>,
+    /// Do not stop at the model's end-of-sequence token.
+    pub ignore_eos: bool,
+    /// Tenant index (into [`EngineConfig::tenants`]).
+    pub tenant: usize,
+}
+
+impl GenRequest {
+    /// A greedy request for `max_tokens` tokens.
+    pub fn greedy(prompt: Vec<u32>, max_tokens: u32) -> GenRequest {
+        GenRequest {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: true,
+            tenant: 0,
+        }
+    }
+}
+
+/// Why a stream ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// `max_tokens` reached.
+    Length,
+    /// A stop string, stop token or end-of-sequence token.
+    Stop,
+    /// Aborted by the caller.
+    Abort,
+    /// Ended by the max-stream-duration fence.
+    Fenced,
+    /// Refused at admission (rate limit, queue full).
+    Rejected,
+    /// The engine failed or shut down.
+    Error,
+}
+
+/// The end of a stream.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Finished {
+    /// Why.
+    pub reason: FinishReason,
+    /// Every generated token id.
+    pub token_ids: Vec<u32>,
+    /// Their text (a stop string and what follows it removed).
+    pub text: String,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Submission → first token, ns (`None` if none came).
+    pub ttft_ns: Option<u64>,
+    /// Times this request was preempted.
+    pub preemptions: u32,
+}
+
+/// What a stream receives.
+#[derive(Debug, Clone)]
+pub enum StreamEvent {
+    /// A new token and the text it completes (may be empty mid-UTF-8).
+    Token {
+        /// Token id.
+        id: u32,
+        /// New text.
+        text: String,
+    },
+    /// The last event.
+    Done(Finished),
+}
+
+/// A submitted request's stream.
+#[derive(Debug)]
+pub struct Stream {
+    /// Request id (for [`Engine::abort`]).
+    pub id: u64,
+    rx: Receiver<StreamEvent>,
+}
+
+impl Stream {
+    /// The next event, waiting at most `timeout`.
+    pub fn next(&self, timeout: Duration) -> Option<StreamEvent> {
+        self.rx.recv_timeout(timeout).ok()
+    }
+
+    /// Waits for the end (at most `timeout`), dropping token events.
+    pub fn wait(&self, timeout: Duration) -> Result<Finished, LlmError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(StreamEvent::Done(f)) => return Ok(f),
+                Ok(StreamEvent::Token { .. }) => {}
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(LlmError::Stopped {
+                        reason: format!("request {} timed out", self.id),
+                    })
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(LlmError::Stopped { reason: "engine thread exited".into() })
+                }
+            }
+        }
+    }
+}
+
+/// The engine's counters.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct EngineCounters {
+    /// Steps run.
+    pub steps: u64,
+    /// Rows computed (prefill + decode tokens).
+    pub rows: u64,
+    /// Prefill tokens computed (recomputation included).
+    pub prefill_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Preemptions by swap.
+    pub preempt_swap: u64,
+    /// Preemptions by recompute.
+    pub preempt_recompute: u64,
+    /// Bytes swapped out / in (all tiers).
+    pub swap_out_bytes: u64,
+    /// See `swap_out_bytes`.
+    pub swap_in_bytes: u64,
+    /// Swapped-out bytes per tier: host, NVMe, remote (blocks that spilled count in the tier
+    /// they reached).
+    pub tier_used_bytes: [u64; 3],
+    /// Bytes spilled from host to NVMe or remote.
+    pub spilled_bytes: u64,
+    /// Swaps that failed (sequence recomputed).
+    pub swap_failures: u64,
+    /// KV blocks whose checksum did not match on the way back (sequence recomputed).
+    pub checksum_mismatches: u64,
+    /// Requests finished, by reason.
+    pub finished: u64,
+    /// Requests aborted.
+    pub aborted: u64,
+    /// Requests rejected at admission.
+    pub rejected: u64,
+    /// Time in forward passes, ns.
+    pub forward_ns: u64,
+    /// KV blocks free in the pool now.
+    pub blocks_free: u32,
+    /// KV blocks in the pool.
+    pub blocks_total: u32,
+    /// Sequences live now.
+    pub live: u64,
+    /// Prefill cost per token the cost model uses now, ns.
+    pub prefill_ns_per_token: f64,
+    /// Swap cost per byte the cost model uses now, ns.
+    pub swap_ns_per_byte: f64,
+}
+
+enum Command {
+    Submit { id: u64, req: GenRequest, tx: Sender<StreamEvent>, at: Instant },
+    Abort { id: u64 },
+    Shutdown,
+}
+
+/// A running engine.
+#[derive(Debug)]
+pub struct Engine {
+    tx: Sender<Command>,
+    thread: Option<JoinHandle<Result<(), LlmError>>>,
+    next_id: AtomicU64,
+    counters: Arc<Mutex<EngineCounters>>,
+    model: Arc<Model>,
+}
+
+struct Live {
+    req: GenRequest,
+    generated: Vec<u32>,
+    sampler: Sampler,
+    tx: Sender<StreamEvent>,
+    text: String,
+    stream: TextStream,
+    arrived: Instant,
+    ttft_ns: Option<u64>,
+    preemptions: u32,
+}
+
+impl Engine {
+    /// Starts the engine thread on `model` (measures the preemption costs first).
+    pub fn start(model: Arc<Model>, cfg: EngineConfig) -> Result<Engine, LlmError> {
+        let geom = model.kv_geometry();
+        let pool = KvPool::new(&geom, cfg.device_blocks)?;
+        let swap = SwapEngine::new(cfg.swap.clone(), pool.memory().clone())?;
+        let tenants = if cfg.tenants.is_empty() {
+            vec![TenantConfig {
+                name: "default".into(),
+                tier: Tier::Interactive,
+                bucket_capacity: 1e12,
+                rpm: 1e12,
+                concurrency_max: u32::MAX,
+                overflow: Overflow::Queue { depth_max: 1 << 20 },
+            }]
+        } else {
+            cfg.tenants.clone()
+        };
+        let mut scratch = Scratch::default();
+        let prefill_ns = measure_prefill_ns_per_token(&model, &pool, &mut scratch)?;
+        let swap_ns = measure_swap_ns_per_byte(crate::kv::block_bytes(&geom));
+        let costs = costs_for(cfg.preempt, prefill_ns, swap_ns, crate::kv::block_bytes(&geom));
+        log::info!(
+            "engine: model {} ({} parameters), {} KV blocks of {} bytes, policy {}, prefill {:.0} ns/token, swap {:.3} ns/byte (measured)",
+            model.name(),
+            model.config().parameters(),
+            cfg.device_blocks,
+            crate::kv::block_bytes(&geom),
+            cfg.policy,
+            prefill_ns,
+            swap_ns
+        );
+        let sched_cfg = SchedConfig {
+            policy: cfg.policy,
+            kv_blocks: cfg.device_blocks,
+            watermark_blocks: cfg.watermark_blocks,
+            chunk_tokens: cfg.chunk_tokens,
+            batch_tokens_max: cfg.batch_tokens_max,
+            batch_seqs_max: cfg.batch_seqs_max,
+            drr_quantum_tokens: u64::from(cfg.chunk_tokens.unwrap_or(256)),
+            stream_ns_max: cfg.stream_ns_max,
+            preempt: costs,
+            protect: None,
+        };
+        let sched = Scheduler::new(sched_cfg, tenants, EnginePort::new(swap))?;
+        let (tx, rx) = mpsc::channel();
+        let counters = Arc::new(Mutex::new(EngineCounters {
+            blocks_total: cfg.device_blocks,
+            blocks_free: cfg.device_blocks,
+            prefill_ns_per_token: prefill_ns,
+            swap_ns_per_byte: swap_ns,
+            ..EngineCounters::default()
+        }));
+        let mut lp = Loop {
+            model: model.clone(),
+            pool,
+            sched,
+            scratch,
+            rx,
+            live: HashMap::new(),
+            counters: counters.clone(),
+            local: EngineCounters::default(),
+            start: Instant::now(),
+            cfg,
+            prefill_ns,
+            swap_ns,
+            eos: model.config().eos_ids(),
+            chaos: None,
+        };
+        lp.local.prefill_ns_per_token = prefill_ns;
+        lp.local.swap_ns_per_byte = swap_ns;
+        lp.chaos = lp.cfg.chaos.map(|(_, seed)| rand_chacha::ChaCha8Rng::seed_from_u64(seed));
+        let thread = std::thread::Builder::new()
+            .name("fastlane-llm-engine".into())
+            .spawn(move || lp.run())
+            .map_err(|e| LlmError::Stopped { reason: format!("spawn: {e}") })?;
+        Ok(Engine { tx, thread: Some(thread), next_id: AtomicU64::new(1), counters, model })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// Submits a request; its tokens arrive on the returned stream.
+    pub fn submit(&self, req: GenRequest) -> Result<Stream, LlmError> {
+        req.sampling.validate()?;
+        let max_pos = self.model.max_positions();
+        if req.prompt.is_empty() {
+            return Err(LlmError::BadRequest { reason: "empty prompt".into() });
+        }
+        if req.max_tokens == 0 {
+            return Err(LlmError::BadRequest { reason: "max_tokens must be at least 1".into() });
+        }
+        let total = req.prompt.len() + req.max_tokens as usize;
+        if total > max_pos {
+            return Err(LlmError::BadRequest {
+                reason: format!(
+                    "prompt of {} tokens + max_tokens {} exceeds the context window of {max_pos}",
+                    req.prompt.len(),
+                    req.max_tokens
+                ),
+            });
+        }
+        if let Some(t) = req.prompt.iter().find(|&&t| t as usize >= self.model.vocab()) {
+            return Err(LlmError::BadRequest {
+                reason: format!("token id {t} ≥ vocab {}", self.model.vocab()),
+            });
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        self.tx
+            .send(Command::Submit { id, req, tx, at: Instant::now() })
+            .map_err(|_| LlmError::Stopped { reason: "engine thread exited".into() })?;
+        Ok(Stream { id, rx })
+    }
+
+    /// Aborts a request (its stream ends with [`FinishReason::Abort`]); within one step.
+    pub fn abort(&self, id: u64) {
+        let _ = self.tx.send(Command::Abort { id });
+    }
+
+    /// A snapshot of the counters (updated after every step).
+    pub fn counters(&self) -> EngineCounters {
+        self.counters.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    /// Stops the engine (live requests end with [`FinishReason::Abort`]) and returns the
+    /// final counters.
+    pub fn shutdown(mut self) -> Result<EngineCounters, LlmError> {
+        self.stop()?;
+        Ok(self.counters())
+    }
+
+    fn stop(&mut self) -> Result<(), LlmError> {
+        let _ = self.tx.send(Command::Shutdown);
+        match self.thread.take() {
+            Some(t) => t
+                .join()
+                .map_err(|_| LlmError::Stopped { reason: "engine thread panicked".into() })?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+fn costs_for(
+    choice: PreemptChoice,
+    prefill_ns: f64,
+    swap_ns: f64,
+    block_bytes: usize,
+) -> PreemptCosts {
+    let kv_bytes_per_token = (block_bytes / TOKENS_PER_BLOCK) as u64;
+    let (prefill, swap) = match choice {
+        PreemptChoice::Auto => (prefill_ns, swap_ns),
+        // A recompute that costs "forever" / a swap that does.
+        PreemptChoice::Swap => (1e15, swap_ns),
+        PreemptChoice::Recompute => (0.0, 1e15),
+    };
+    PreemptCosts {
+        prefill_ns_per_token: prefill,
+        swap_ns_per_byte: swap,
+        swap_fixed_ns: 20_000,
+        kv_bytes_per_token,
+    }
+}
+
+/// One 64-token prefill (after a warm-up) into scratch blocks of the pool, timed.
+fn measure_prefill_ns_per_token(
+    model: &Model,
+    pool: &KvPool,
+    s: &mut Scratch,
+) -> Result<f64, LlmError> {
+    let n = 64usize.min(model.max_positions());
+    let blocks: Vec<kvswap::BlockId> = (0
+        ..n.div_ceil(TOKENS_PER_BLOCK).min(pool.blocks() as usize) as u32)
+        .map(kvswap::BlockId)
+        .collect();
+    let n = n.min(blocks.len() * TOKENS_PER_BLOCK);
+    let tokens: Vec<u32> = (0..n as u32).map(|i| i % model.vocab() as u32).collect();
+    let item = [BatchItem { tokens: &tokens, start_pos: 0, blocks: &blocks, want_logits: true }];
+    model.forward(&item, pool, s)?;
+    let t0 = Instant::now();
+    model.forward(&item, pool, s)?;
+    Ok(t0.elapsed().as_nanos() as f64 / n as f64)
+}
+
+/// The host tier's copy cost on this machine (kvswap's calibration, 8 blocks, 3 rounds).
+fn measure_swap_ns_per_byte(block_bytes: usize) -> f64 {
+    match kvswap::sim::calibrate_host_tier(block_bytes, 8, 3) {
+        Ok(c) => c.ns_per_byte(),
+        Err(e) => {
+            log::warn!("engine: host tier calibration failed ({e}); assuming 0.1 ns/byte");
+            0.1
+        }
+    }
+}
+
+struct Loop {
+    model: Arc<Model>,
+    pool: KvPool,
+    sched: Scheduler<EnginePort>,
+    scratch: Scratch,
+    rx: Receiver<Command>,
+    live: HashMap<u64, Live>,
+    counters: Arc<Mutex<EngineCounters>>,
+    local: EngineCounters,
+    start: Instant,
+    cfg: EngineConfig,
+    prefill_ns: f64,
+    swap_ns: f64,
+    eos: Vec<u32>,
+    chaos: Option<rand_chacha::ChaCha8Rng>,
+}
+
+impl Loop {
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    fn run(mut self) -> Result<(), LlmError> {
+        let result = self.serve();
+        // Whatever ended the loop, every open stream gets its end.
+        let reason = if result.is_ok() { FinishReason::Abort } else { FinishReason::Error };
+        let ids: Vec<u64> = self.live.keys().copied().collect();
+        for id in ids {
+            let _ = self.sched.abort(SeqId(id));
+            self.end(id, reason);
+        }
+        self.publish();
+        if let Err(e) = &result {
+            log::error!("engine stopped: {e}");
+        }
+        result
+    }
+
+    fn serve(&mut self) -> Result<(), LlmError> {
+        // Bounded: each turn either runs a step or waits on the channel with a timeout.
+        loop {
+            let idle = self.live.is_empty();
+            let first = if idle {
+                match self.rx.recv() {
+                    Ok(c) => Some(c),
+                    Err(_) => return Ok(()),
+                }
+            } else {
+                None
+            };
+            if let Some(c) = first {
+                if !self.command(c)? {
+                    return Ok(());
+                }
+            }
+            loop {
+                match self.rx.try_recv() {
+                    Ok(c) => {
+                        if !self.command(c)? {
+                            return Ok(());
+                        }
+                    }
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => return Ok(()),
+                }
+            }
+            self.maybe_chaos()?;
+            let now = self.now();
+            let ran = self.step(now)?;
+            if !ran && !self.live.is_empty() {
+                // Waiting for a swap, the bucket, or nothing to do: sleep until the next
+                // event the scheduler knows of, a command, or 200 µs.
+                let wake = self
+                    .sched
+                    .next_wakeup_ns(now)
+                    .map(|t| t.saturating_sub(now))
+                    .unwrap_or(200_000);
+                let wait = Duration::from_nanos(wake.clamp(20_000, 200_000));
+                match self.rx.recv_timeout(wait) {
+                    Ok(c) => {
+                        if !self.command(c)? {
+                            return Ok(());
+                        }
+                    }
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return Ok(()),
+                }
+            }
+        }
+    }
+
+    /// Handles one command; `false` on shutdown.
+    fn command(&mut self, c: Command) -> Result<bool, LlmError> {
+        match c {
+            Command::Shutdown => return Ok(false),
+            Command::Abort { id } => {
+                if self.live.contains_key(&id) {
+                    self.sched.abort(SeqId(id))?;
+                    self.end(id, FinishReason::Abort);
+                }
+            }
+            Command::Submit { id, req, tx, at } => {
+                let tenant = req.tenant;
+                let arrival_ns = at.saturating_duration_since(self.start).as_nanos() as u64;
+                let r = Request {
+                    seq: SeqId(id),
+                    tenant,
+                    prompt_tokens: req.prompt.len() as u32,
+                    output_tokens: req.max_tokens,
+                    arrival_ns,
+                };
+                let live = Live {
+                    sampler: Sampler::new(req.sampling),
+                    req,
+                    generated: Vec::new(),
+                    tx,
+                    text: String::new(),
+                    stream: TextStream::default(),
+                    arrived: at,
+                    ttft_ns: None,
+                    preemptions: 0,
+                };
+                match self.sched.submit(self.now().max(arrival_ns), r) {
+                    Ok(Admission::Admitted | Admission::Queued) => {
+                        self.live.insert(id, live);
+                    }
+                    Ok(Admission::Rejected) => {
+                        self.local.rejected += 1;
+                        self.live.insert(id, live);
+                        self.end(id, FinishReason::Rejected);
+                    }
+                    Err(e) => {
+                        // A request the scheduler can never run (bigger than the pool, unknown
+                        // tenant): the stream ends with the reason as its text.
+                        log::warn!("request {id} refused: {e}");
+                        let _ = live.tx.send(StreamEvent::Done(Finished {
+                            reason: FinishReason::Rejected,
+                            token_ids: Vec::new(),
+                            text: e.to_string(),
+                            prompt_tokens: live.req.prompt.len() as u32,
+                            ttft_ns: None,
+                            preemptions: 0,
+                        }));
+                        self.local.rejected += 1;
+                    }
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn maybe_chaos(&mut self) -> Result<(), LlmError> {
+        let Some((p, _)) = self.cfg.chaos else { return Ok(()) };
+        let Some(rng) = self.chaos.as_mut() else { return Ok(()) };
+        if rng.random::<f64>() >= p || self.live.is_empty() {
+            return Ok(());
+        }
+        let mut ids: Vec<u64> = self.live.keys().copied().collect();
+        ids.sort_unstable();
+        let pick = ids[rng.random_range(0..ids.len())];
+        let mode = match self.cfg.preempt {
+            PreemptChoice::Swap => Some(PreemptMode::Swap),
+            PreemptChoice::Recompute => Some(PreemptMode::Recompute),
+            PreemptChoice::Auto => None,
+        };
+        let now = self.now();
+        self.sched.preempt_now(now, SeqId(pick), mode)?;
+        Ok(())
+    }
+
+    /// Plans and runs one step; `false` when there was nothing to run.
+    fn step(&mut self, now: u64) -> Result<bool, LlmError> {
+        let plan = self.sched.schedule(now)?.clone();
+        self.absorb_events();
+        if plan.is_empty() {
+            self.publish();
+            return Ok(false);
+        }
+        // Inputs: all tokens of a sequence are prompt ++ generated; a step item covers
+        // positions context..context+n of them.
+        let mut inputs: Vec<(u64, Vec<u32>, usize, bool)> = Vec::with_capacity(plan.items.len());
+        for it in &plan.items {
+            let id = it.seq.0;
+            let live = self.live.get(&id).ok_or_else(|| LlmError::Stopped {
+                reason: format!("scheduler planned unknown sequence {id}"),
+            })?;
+            let ctx = it.context_tokens as usize;
+            let n = match it.kind {
+                StepKind::Decode => 1,
+                StepKind::Prefill { tokens } => tokens as usize,
+            };
+            let plen = live.req.prompt.len();
+            let all =
+                |i: usize| if i < plen { live.req.prompt[i] } else { live.generated[i - plen] };
+            if ctx + n > plen + live.generated.len() {
+                return Err(LlmError::Stopped {
+                    reason: format!("step for sequence {id} runs past its tokens ({ctx}+{n})"),
+                });
+            }
+            let toks: Vec<u32> = (ctx..ctx + n).map(all).collect();
+            let want = match it.kind {
+                StepKind::Decode => true,
+                StepKind::Prefill { .. } => live.generated.is_empty() && ctx + n >= plen,
+            };
+            inputs.push((id, toks, ctx, want));
+        }
+        let tables: Vec<Vec<kvswap::BlockId>> = inputs
+            .iter()
+            .map(|(id, ..)| {
+                self.sched.blocks().table(SeqId(*id)).map(<[_]>::to_vec).unwrap_or_default()
+            })
+            .collect();
+        let items: Vec<BatchItem<'_>> = inputs
+            .iter()
+            .zip(&tables)
+            .map(|((_, toks, ctx, want), blocks)| BatchItem {
+                tokens: toks,
+                start_pos: *ctx,
+                blocks,
+                want_logits: *want,
+            })
+            .collect();
+        let t0 = Instant::now();
+        self.model.forward(&items, &self.pool, &mut self.scratch)?;
+        let fwd_ns = t0.elapsed().as_nanos() as u64;
+        let vocab = self.model.vocab();
+        let mut sampled: HashMap<u64, u32> = HashMap::new();
+        let mut row = 0;
+        for (id, _, _, want) in &inputs {
+            if *want {
+                let logits = &self.scratch.logits[row * vocab..(row + 1) * vocab];
+                let live = self.live.get_mut(id).expect("checked above");
+                sampled.insert(*id, live.sampler.sample(logits));
+                row += 1;
+            }
+        }
+        // Measured costs: prefill ns/token from this step when it was mostly prefill.
+        let rows: u64 = inputs.iter().map(|i| i.1.len() as u64).sum();
+        if plan.prefill_tokens >= 16 && plan.prefill_tokens as u64 * 2 >= rows {
+            let per = fwd_ns as f64 / rows as f64;
+            self.prefill_ns = 0.9 * self.prefill_ns + 0.1 * per;
+        }
+        if let Some(sw) = self.sched.port().stats().ns_per_byte() {
+            self.swap_ns = sw;
+        }
+        let bb = crate::kv::block_bytes(&self.model.kv_geometry());
+        self.sched.set_preempt_costs(costs_for(
+            self.cfg.preempt,
+            self.prefill_ns,
+            self.swap_ns,
+            bb,
+        ));
+        self.local.steps += 1;
+        self.local.rows += rows;
+        self.local.prefill_tokens += u64::from(plan.prefill_tokens);
+        self.local.forward_ns += fwd_ns;
+        let done_ns = self.now();
+        let events: Vec<SchedEvent> = self.sched.complete_step(done_ns)?.to_vec();
+        self.sched.clear_events();
+        let mut to_stop = Vec::new();
+        for ev in events {
+            match ev {
+                SchedEvent::Token { seq, .. } => {
+                    let Some(tok) = sampled.remove(&seq.0) else {
+                        return Err(LlmError::Stopped {
+                            reason: format!(
+                                "scheduler emitted a token for {} that was not sampled",
+                                seq.0
+                            ),
+                        });
+                    };
+                    if self.token(seq.0, tok) {
+                        to_stop.push(seq.0);
+                    }
+                }
+                SchedEvent::Finished { seq, fenced: false, .. } if to_stop.contains(&seq.0) => {
+                    self.end(seq.0, FinishReason::Stop);
+                }
+                other => self.event(other),
+            }
+        }
+        if let Some((id, _)) = sampled.into_iter().next() {
+            return Err(LlmError::Stopped {
+                reason: format!("sampled a token for {id} the scheduler did not emit"),
+            });
+        }
+        for id in to_stop {
+            if self.live.contains_key(&id) {
+                self.sched.abort(SeqId(id))?;
+                self.sched.clear_events();
+                self.end(id, FinishReason::Stop);
+            }
+        }
+        self.publish();
+        Ok(true)
+    }
+
+    /// Events outside a step's tokens (preemptions at schedule time, fences, aborts that
+    /// completed with a swap).
+    fn absorb_events(&mut self) {
+        let events: Vec<SchedEvent> = self.sched.events().to_vec();
+        self.sched.clear_events();
+        for ev in events {
+            self.event(ev);
+        }
+    }
+
+    fn event(&mut self, ev: SchedEvent) {
+        match ev {
+            SchedEvent::Preempted { seq, mode, .. } => {
+                match mode {
+                    PreemptMode::Swap => self.local.preempt_swap += 1,
+                    PreemptMode::Recompute => self.local.preempt_recompute += 1,
+                }
+                if let Some(l) = self.live.get_mut(&seq.0) {
+                    l.preemptions += 1;
+                }
+            }
+            SchedEvent::Finished { seq, fenced, .. } => {
+                if self.live.contains_key(&seq.0) {
+                    self.end(
+                        seq.0,
+                        if fenced { FinishReason::Fenced } else { FinishReason::Length },
+                    );
+                }
+            }
+            SchedEvent::Token { .. } => {}
+        }
+    }
+
+    /// Delivers a token; `true` when the request must stop here.
+    fn token(&mut self, id: u64, tok: u32) -> bool {
+        let now = Instant::now();
+        let Some(l) = self.live.get_mut(&id) else { return false };
+        l.generated.push(tok);
+        self.local.generated_tokens += 1;
+        if l.ttft_ns.is_none() {
+            l.ttft_ns = Some(now.saturating_duration_since(l.arrived).as_nanos() as u64);
+        }
+        let piece = l.stream.push(&self.model.tokenizer().token_bytes(tok));
+        let before = l.text.len();
+        l.text.push_str(&piece);
+        // A stop string may straddle tokens: search the new text with enough of the old.
+        let longest = l.req.stop.iter().map(String::len).max().unwrap_or(0);
+        let mut from = before.saturating_sub(longest);
+        while !l.text.is_char_boundary(from) {
+            from -= 1;
+        }
+        if let Some(cut) = l
+            .req
+            .stop
+            .iter()
+            .filter_map(|s| l.text[from..].find(s.as_str()).map(|i| from + i))
+            .min()
+        {
+            l.text.truncate(cut);
+            let visible = if cut > before { l.text[before..].to_string() } else { String::new() };
+            let _ = l.tx.send(StreamEvent::Token { id: tok, text: visible });
+            return true;
+        }
+        let _ = l.tx.send(StreamEvent::Token { id: tok, text: piece });
+        l.req.stop_token_ids.contains(&tok) || (!l.req.ignore_eos && self.eos.contains(&tok))
+    }
+
+    fn end(&mut self, id: u64, reason: FinishReason) {
+        let Some(mut l) = self.live.remove(&id) else { return };
+        let tail = l.stream.finish();
+        if reason != FinishReason::Stop {
+            l.text.push_str(&tail);
+        }
+        match reason {
+            FinishReason::Abort => self.local.aborted += 1,
+            FinishReason::Rejected => {}
+            _ => self.local.finished += 1,
+        }
+        let _ = l.tx.send(StreamEvent::Done(Finished {
+            reason,
+            token_ids: l.generated,
+            text: l.text,
+            prompt_tokens: l.req.prompt.len() as u32,
+            ttft_ns: l.ttft_ns,
+            preemptions: l.preemptions,
+        }));
+    }
+
+    fn publish(&mut self) {
+        let port: PortStats = self.sched.port().stats();
+        let es = self.sched.port().engine().stats();
+        self.local.swap_out_bytes = port.out_bytes;
+        self.local.swap_in_bytes = port.in_bytes;
+        self.local.swap_failures = port.failures;
+        self.local.checksum_mismatches = port.checksum_mismatches;
+        self.local.spilled_bytes = es.bytes_spilled;
+        for (i, t) in es.tiers.iter().enumerate() {
+            self.local.tier_used_bytes[i] = t.used_bytes;
+        }
+        self.local.blocks_free = self.sched.blocks().free();
+        self.local.blocks_total = self.sched.blocks().total();
+        self.local.live = self.live.len() as u64;
+        self.local.prefill_ns_per_token = self.prefill_ns;
+        self.local.swap_ns_per_byte = self.swap_ns;
+        if let Ok(mut c) = self.counters.lock() {
+            *c = self.local.clone();
+        }
+    }
+}

@@ -1,0 +1,46 @@
+//! fastlane-llm: a small, real inference engine under kvswap's scheduler.
+//!
+//! # What it does
+//!
+//! - [`model`]: a Llama-architecture decoder (RMSNorm, rotary embeddings, grouped-query
+//!   attention, SwiGLU MLP; Llama 2/3 without RoPE scaling, TinyLlama, SmolLM, Mistral
+//!   without sliding window) loaded from a Hugging Face directory (`config.json`,
+//!   `*.safetensors` single or sharded, f32/bf16/f16) or generated from a seed
+//!   (`random:tiny`, `random:small`: not language models, real compute and memory traffic).
+//! - [`kernels`]: batch-invariant f32 kernels (AVX-512 with a bit-identical portable
+//!   fallback): a row's result does not depend on the rest of the batch, so preemption,
+//!   recompute and batching cannot change a sequence's tokens.
+//! - [`kv`]: the paged KV cache in kvswap's device pool, 16-token blocks, one block table per
+//!   sequence (the scheduler's).
+//! - [`engine`]: the loop that executes `kvswap::sched` plans — continuous batching, chunked
+//!   prefill, policies `fifo`, `drr`, `drr+preempt` — with preemption by swap through a real
+//!   [`kvswap::SwapEngine`] ([`port`]) or by recompute, chosen with costs measured on this
+//!   engine. Greedy and sampled decoding, stop strings and ids, abort.
+//!
+//! # What it does not do (yet)
+//!
+//! - No `tokenizer.json`: the byte tokenizer of the random models only (a real checkpoint
+//!   is driven with token ids).
+//! - No GPU path: K/V and compute are f32 on the CPU.
+//! - No RoPE scaling, attention biases or sliding windows (refused with a clear error).
+
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod kernels;
+pub mod kv;
+pub mod model;
+pub mod port;
+pub mod sampling;
+pub mod tokenizer;
+pub mod weights;
+
+pub use config::LlamaConfig;
+pub use engine::{
+    Engine, EngineConfig, EngineCounters, FinishReason, Finished, GenRequest, PreemptChoice,
+    Stream, StreamEvent,
+};
+pub use error::LlmError;
+pub use model::{BatchItem, Model, Scratch, TOKENS_PER_BLOCK};
+pub use sampling::SamplingParams;
+pub use weights::{RandomPreset, RandomWeights};

@@ -1,0 +1,408 @@
+//! The Llama-architecture decoder: RMSNorm, rotary embeddings, grouped-query attention over
+//! the paged KV pool, SwiGLU MLP. One forward pass runs a whole step: decode tokens and
+//! prefill chunks of different sequences as rows of one batch.
+
+use std::cell::RefCell;
+use std::path::Path;
+
+use kvswap::{BlockId, DType, KvGeometry};
+use rayon::prelude::*;
+
+use crate::config::LlamaConfig;
+use crate::error::LlmError;
+use crate::kernels::{self, matmul, rms_norm, silu_mul, PackedMatrix, Rope};
+use crate::kv::KvPool;
+use crate::tokenizer::Tokenizer;
+use crate::weights::{tensor_shapes, RandomPreset, RandomWeights, SafetensorsDir, TensorSource};
+
+/// Tokens per KV block (the scheduler's block size).
+pub const TOKENS_PER_BLOCK: usize = kvswap::sched::BLOCK_TOKENS as usize;
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    /// Q | K | V stacked.
+    qkv: PackedMatrix,
+    o: PackedMatrix,
+    mlp_norm: Vec<f32>,
+    /// gate | up stacked.
+    gate_up: PackedMatrix,
+    down: PackedMatrix,
+}
+
+/// A loaded model.
+pub struct Model {
+    cfg: LlamaConfig,
+    name: String,
+    random: bool,
+    embed: Vec<f32>,
+    layers: Vec<Layer>,
+    norm: Vec<f32>,
+    lm_head: PackedMatrix,
+    rope: Rope,
+    tokenizer: Tokenizer,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("name", &self.name)
+            .field("layers", &self.layers.len())
+            .finish()
+    }
+}
+
+/// One sequence's rows in a step.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchItem<'a> {
+    /// Input token ids (a prefill chunk, or the one token of a decode).
+    pub tokens: &'a [u32],
+    /// Position of the first of them (tokens before it are in the KV cache).
+    pub start_pos: usize,
+    /// The sequence's block table (covers `start_pos + tokens.len()` positions).
+    pub blocks: &'a [BlockId],
+    /// Whether the logits of the last row are wanted (a token is sampled from them).
+    pub want_logits: bool,
+}
+
+/// Reusable buffers of the forward pass (grown to the largest step seen, then reused).
+#[derive(Debug, Default)]
+pub struct Scratch {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    qkv: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gu: Vec<f32>,
+    act: Vec<f32>,
+    rows_item: Vec<usize>,
+    rows_pos: Vec<usize>,
+    last_rows: Vec<usize>,
+    /// Logits of the rows that wanted them, `[rows][vocab]`, in item order.
+    pub logits: Vec<f32>,
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+}
+
+thread_local! {
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Model {
+    /// Loads `random:tiny` / `random:small` (seeded) or a model directory.
+    pub fn load(spec: &str, seed: u64) -> Result<Model, LlmError> {
+        if let Some(p) = RandomPreset::parse(spec) {
+            let w = RandomWeights::new(p.config(), seed);
+            return Model::from_source(w.config().clone(), &w, spec.to_string(), true);
+        }
+        if spec.starts_with("random:") {
+            return Err(LlmError::UnknownModel { name: spec.to_string() });
+        }
+        Model::load_dir(Path::new(spec))
+    }
+
+    /// Loads a Hugging Face model directory.
+    pub fn load_dir(dir: &Path) -> Result<Model, LlmError> {
+        let cfg = LlamaConfig::from_dir(dir)?;
+        let src = SafetensorsDir::open(dir)?;
+        // A directory written by `fastlane llm make-random` carries the byte vocabulary.
+        let random = cfg.vocab_size >= 258 && cfg.bos_token_id == Some(crate::tokenizer::BOS);
+        Model::from_source(cfg, &src, dir.display().to_string(), random)
+    }
+
+    /// Builds the model from any tensor source; every tensor is checked against the shape
+    /// the config implies.
+    pub fn from_source(
+        cfg: LlamaConfig,
+        src: &dyn TensorSource,
+        name: String,
+        random: bool,
+    ) -> Result<Model, LlmError> {
+        cfg.validate().map_err(|reason| LlmError::Config { path: src.origin(), reason })?;
+        let shapes = tensor_shapes(&cfg);
+        let get = |n: &str| -> Result<Vec<f32>, LlmError> {
+            let want = &shapes[n];
+            let t = src.tensor(n)?.ok_or_else(|| LlmError::Tensor {
+                path: src.origin(),
+                tensor: n.to_string(),
+                reason: "missing".into(),
+            })?;
+            if &t.shape != want {
+                return Err(LlmError::Tensor {
+                    path: src.origin(),
+                    tensor: n.to_string(),
+                    reason: format!("shape {:?}, config.json implies {:?}", t.shape, want),
+                });
+            }
+            Ok(t.data)
+        };
+        let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+        let hd = cfg.head_dim();
+        let (q, kv) = (cfg.num_attention_heads * hd, cfg.kv_heads() * hd);
+        let embed = get("model.embed_tokens.weight")?;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for l in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{l}");
+            let wq = get(&format!("{p}.self_attn.q_proj.weight"))?;
+            let wk = get(&format!("{p}.self_attn.k_proj.weight"))?;
+            let wv = get(&format!("{p}.self_attn.v_proj.weight"))?;
+            let wg = get(&format!("{p}.mlp.gate_proj.weight"))?;
+            let wu = get(&format!("{p}.mlp.up_proj.weight"))?;
+            layers.push(Layer {
+                attn_norm: get(&format!("{p}.input_layernorm.weight"))?,
+                qkv: PackedMatrix::pack_stacked(&[(&wq, q), (&wk, kv), (&wv, kv)], h),
+                o: PackedMatrix::pack(&get(&format!("{p}.self_attn.o_proj.weight"))?, h, q),
+                mlp_norm: get(&format!("{p}.post_attention_layernorm.weight"))?,
+                gate_up: PackedMatrix::pack_stacked(&[(&wg, inter), (&wu, inter)], h),
+                down: PackedMatrix::pack(&get(&format!("{p}.mlp.down_proj.weight"))?, h, inter),
+            });
+        }
+        let lm = if cfg.tie_word_embeddings { embed.clone() } else { get("lm_head.weight")? };
+        let lm_head = PackedMatrix::pack(&lm, cfg.vocab_size, h);
+        let rope = Rope::new(hd, cfg.rope_theta, cfg.max_position_embeddings);
+        Ok(Model {
+            norm: get("model.norm.weight")?,
+            embed,
+            layers,
+            lm_head,
+            rope,
+            tokenizer: Tokenizer::Bytes,
+            name,
+            random,
+            cfg,
+        })
+    }
+
+    /// The config.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    /// The name it was loaded by (`random:tiny` or the directory).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether it is a random-weight model (not a language model: its text means nothing).
+    pub fn is_random(&self) -> bool {
+        self.random
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// Vocabulary size.
+    pub fn vocab(&self) -> usize {
+        self.cfg.vocab_size
+    }
+
+    /// Context window.
+    pub fn max_positions(&self) -> usize {
+        self.cfg.max_position_embeddings
+    }
+
+    /// Bytes of weights one decode step reads (every matrix once, plus the norms).
+    pub fn weight_bytes(&self) -> u64 {
+        let mut b = self.lm_head.bytes() as u64 + 4 * self.norm.len() as u64;
+        for l in &self.layers {
+            b += (l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes()) as u64;
+            b += 4 * (l.attn_norm.len() + l.mlp_norm.len()) as u64;
+        }
+        b
+    }
+
+    /// Multiply-adds of the matrices per token (for FLOP counts: ×2).
+    pub fn matmul_fmas_per_token(&self) -> u64 {
+        let mut f = (self.lm_head.n() * self.lm_head.k()) as u64;
+        for l in &self.layers {
+            for m in [&l.qkv, &l.o, &l.gate_up, &l.down] {
+                f += (m.n() * m.k()) as u64;
+            }
+        }
+        f
+    }
+
+    /// The paged KV geometry this model needs (f32 K and V, [`TOKENS_PER_BLOCK`] tokens a
+    /// block).
+    pub fn kv_geometry(&self) -> KvGeometry {
+        KvGeometry {
+            layers: self.cfg.num_hidden_layers as u32,
+            kv_heads: self.cfg.kv_heads() as u32,
+            head_dim: self.cfg.head_dim() as u32,
+            dtype: DType::F32,
+            tokens_per_block: TOKENS_PER_BLOCK as u32,
+        }
+    }
+
+    /// The matrices as (name, n, k) for benchmarks of the same shapes.
+    pub fn matrix_shapes(&self) -> Vec<(&'static str, usize, usize)> {
+        let l = &self.layers[0];
+        vec![
+            ("qkv", l.qkv.n(), l.qkv.k()),
+            ("o", l.o.n(), l.o.k()),
+            ("gate_up", l.gate_up.n(), l.gate_up.k()),
+            ("down", l.down.n(), l.down.k()),
+            ("lm_head", self.lm_head.n(), self.lm_head.k()),
+        ]
+    }
+
+    /// Runs one step. K and V of every input row are written into the pool at the row's
+    /// position; the logits of the last row of each item with `want_logits` land in
+    /// `scratch.logits`, in item order. Returns the number of logit rows.
+    ///
+    /// Batch-invariant: a row's K, V and logits are bit-identical whatever else is in the
+    /// batch, and whether its context was written by a prefill chunk, a decode or a
+    /// recompute (kernels docs).
+    pub fn forward(
+        &self,
+        items: &[BatchItem<'_>],
+        pool: &KvPool,
+        s: &mut Scratch,
+    ) -> Result<usize, LlmError> {
+        let cfg = &self.cfg;
+        let (hd, nh, nkv) = (cfg.head_dim(), cfg.num_attention_heads, cfg.kv_heads());
+        let (h, inter, vocab) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let qkv_w = (nh + 2 * nkv) * hd;
+        s.rows_item.clear();
+        s.rows_pos.clear();
+        s.last_rows.clear();
+        for (i, it) in items.iter().enumerate() {
+            let end = it.start_pos + it.tokens.len();
+            if it.tokens.is_empty() || end > self.rope.positions() {
+                return Err(LlmError::BadRequest {
+                    reason: format!("positions {}..{end} outside the context window", it.start_pos),
+                });
+            }
+            if it.blocks.len() * TOKENS_PER_BLOCK < end {
+                return Err(LlmError::BadRequest {
+                    reason: format!("{} blocks cannot hold {end} positions", it.blocks.len()),
+                });
+            }
+            if let Some(&bad) = it.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(LlmError::BadRequest {
+                    reason: format!("token id {bad} ≥ vocab {vocab}"),
+                });
+            }
+            pool.check_blocks(it.blocks)?;
+            for (j, _) in it.tokens.iter().enumerate() {
+                s.rows_item.push(i);
+                s.rows_pos.push(it.start_pos + j);
+            }
+            if it.want_logits {
+                s.last_rows.push(s.rows_item.len() - 1);
+            }
+        }
+        let t = s.rows_item.len();
+        grow(&mut s.x, t * h);
+        grow(&mut s.h, t * h);
+        grow(&mut s.qkv, t * qkv_w);
+        grow(&mut s.attn, t * nh * hd);
+        grow(&mut s.proj, t * h);
+        grow(&mut s.gu, t * 2 * inter);
+        grow(&mut s.act, t * inter);
+        let mut r = 0;
+        for it in items {
+            for &tok in it.tokens {
+                let tok = tok as usize;
+                s.x[r * h..(r + 1) * h].copy_from_slice(&self.embed[tok * h..(tok + 1) * h]);
+                r += 1;
+            }
+        }
+        for (li, layer) in self.layers.iter().enumerate() {
+            rms_norm(&s.x, &layer.attn_norm, cfg.rms_norm_eps as f32, t, &mut s.h);
+            matmul(&s.h, t, &layer.qkv, &mut s.qkv);
+            // RoPE on the query and key heads, then K and V into the pool.
+            for r in 0..t {
+                let pos = s.rows_pos[r];
+                let row = &mut s.qkv[r * qkv_w..(r + 1) * qkv_w];
+                for head in 0..nh + nkv {
+                    self.rope.apply(&mut row[head * hd..(head + 1) * hd], pos);
+                }
+                let it = &items[s.rows_item[r]];
+                for kvh in 0..nkv {
+                    let k = &row[(nh + kvh) * hd..(nh + kvh + 1) * hd];
+                    let v = &row[(nh + nkv + kvh) * hd..(nh + nkv + kvh + 1) * hd];
+                    pool.write(it.blocks, li, kvh, pos, k, v);
+                }
+            }
+            self.attention(li, items, pool, s);
+            matmul(&s.attn, t, &layer.o, &mut s.proj);
+            for (x, p) in s.x[..t * h].iter_mut().zip(&s.proj[..t * h]) {
+                *x += p;
+            }
+            rms_norm(&s.x, &layer.mlp_norm, cfg.rms_norm_eps as f32, t, &mut s.h);
+            matmul(&s.h, t, &layer.gate_up, &mut s.gu);
+            silu_mul(&s.gu, t, inter, &mut s.act);
+            matmul(&s.act, t, &layer.down, &mut s.proj);
+            for (x, p) in s.x[..t * h].iter_mut().zip(&s.proj[..t * h]) {
+                *x += p;
+            }
+        }
+        let n = s.last_rows.len();
+        // Gather the rows that sample into h, final norm, output head.
+        for (i, &r) in s.last_rows.iter().enumerate() {
+            s.proj[i * h..(i + 1) * h].copy_from_slice(&s.x[r * h..(r + 1) * h]);
+        }
+        rms_norm(&s.proj, &self.norm, cfg.rms_norm_eps as f32, n, &mut s.h);
+        grow(&mut s.logits, n * vocab);
+        matmul(&s.h, n, &self.lm_head, &mut s.logits);
+        Ok(n)
+    }
+
+    /// Causal attention of every row over its sequence's cached positions `0..=pos`, one
+    /// task per (row, head), keys in ascending position (fixed order: batch-invariant).
+    fn attention(&self, layer: usize, items: &[BatchItem<'_>], pool: &KvPool, s: &mut Scratch) {
+        let cfg = &self.cfg;
+        let (hd, nh, nkv) = (cfg.head_dim(), cfg.num_attention_heads, cfg.kv_heads());
+        let qkv_w = (nh + 2 * nkv) * hd;
+        let group = nh / nkv;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let t = s.rows_item.len();
+        let (qkv, rows_item, rows_pos) = (&s.qkv, &s.rows_item, &s.rows_pos);
+        let work = |idx: usize, out: &mut [f32]| {
+            let (r, head) = (idx / nh, idx % nh);
+            let pos = rows_pos[r];
+            let blocks = items[rows_item[r]].blocks;
+            let q = &qkv[r * qkv_w + head * hd..r * qkv_w + (head + 1) * hd];
+            let kvh = head / group;
+            kernels::with_isa(|| {
+                SCORES.with(|sc| {
+                    let mut sc = sc.borrow_mut();
+                    sc.clear();
+                    let mut max = f32::NEG_INFINITY;
+                    for j in 0..=pos {
+                        let k = pool.key(blocks, layer, kvh, j);
+                        let v = kernels::dot(q, k) * scale;
+                        max = max.max(v);
+                        sc.push(v);
+                    }
+                    let mut sum = 0.0f32;
+                    for v in sc.iter_mut() {
+                        *v = (*v - max).exp();
+                        sum += *v;
+                    }
+                    out.fill(0.0);
+                    for (j, &e) in sc.iter().enumerate() {
+                        kernels::axpy(out, e, pool.value(blocks, layer, kvh, j));
+                    }
+                    let inv = 1.0 / sum;
+                    for o in out.iter_mut() {
+                        *o *= inv;
+                    }
+                })
+            })
+        };
+        let attn = &mut s.attn[..t * nh * hd];
+        let ctx: usize = rows_pos.iter().map(|p| p + 1).sum();
+        if ctx * nh * hd < 1 << 16 {
+            attn.chunks_mut(hd).enumerate().for_each(|(i, o)| work(i, o));
+        } else {
+            attn.par_chunks_mut(hd).enumerate().for_each(|(i, o)| work(i, o));
+        }
+    }
+}
