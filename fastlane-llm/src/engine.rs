@@ -117,6 +117,9 @@ pub struct GenRequest {
     pub ignore_eos: bool,
     /// Tenant index (into [`EngineConfig::tenants`]).
     pub tenant: usize,
+    /// Fold the bits of every logits row a token was sampled from into
+    /// [`Finished::logits_digest`] (tests: batch invariance down to the last bit).
+    pub digest_logits: bool,
 }
 
 impl GenRequest {
@@ -130,6 +133,7 @@ impl GenRequest {
             stop_token_ids: Vec::new(),
             ignore_eos: true,
             tenant: 0,
+            digest_logits: false,
         }
     }
 }
@@ -167,6 +171,8 @@ pub struct Finished {
     pub ttft_ns: Option<u64>,
     /// Times this request was preempted.
     pub preemptions: u32,
+    /// FNV-1a of the logits bits (when [`GenRequest::digest_logits`]).
+    pub logits_digest: Option<u64>,
 }
 
 /// What a stream receives.
@@ -292,14 +298,36 @@ struct Live {
     arrived: Instant,
     ttft_ns: Option<u64>,
     preemptions: u32,
+    digest: u64,
 }
 
 impl Engine {
     /// Starts the engine thread on `model` (measures the preemption costs first).
     pub fn start(model: Arc<Model>, cfg: EngineConfig) -> Result<Engine, LlmError> {
+        Engine::start_inner(model, cfg, None)
+    }
+
+    /// [`Engine::start`] with caller-built NVMe/remote tiers (tests inject faulty ones).
+    pub fn start_with_tiers(
+        model: Arc<Model>,
+        cfg: EngineConfig,
+        tiers: kvswap::CustomTiers,
+    ) -> Result<Engine, LlmError> {
+        Engine::start_inner(model, cfg, Some(tiers))
+    }
+
+    fn start_inner(
+        model: Arc<Model>,
+        cfg: EngineConfig,
+        tiers: Option<kvswap::CustomTiers>,
+    ) -> Result<Engine, LlmError> {
         let geom = model.kv_geometry();
         let pool = KvPool::new(&geom, cfg.device_blocks)?;
-        let swap = SwapEngine::new(cfg.swap.clone(), pool.memory().clone())?;
+        let device: Arc<dyn kvswap::DeviceMemory> = pool.memory().clone();
+        let swap = match tiers {
+            Some(t) => SwapEngine::with_tiers(cfg.swap.clone(), device, t)?,
+            None => SwapEngine::new(cfg.swap.clone(), device)?,
+        };
         let tenants = if cfg.tenants.is_empty() {
             vec![TenantConfig {
                 name: "default".into(),
@@ -618,6 +646,7 @@ impl Loop {
                     arrived: at,
                     ttft_ns: None,
                     preemptions: 0,
+                    digest: 0xcbf2_9ce4_8422_2325,
                 };
                 match self.sched.submit(self.now().max(arrival_ns), r) {
                     Ok(Admission::Admitted | Admission::Queued) => {
@@ -639,6 +668,7 @@ impl Loop {
                             prompt_tokens: live.req.prompt.len() as u32,
                             ttft_ns: None,
                             preemptions: 0,
+                            logits_digest: None,
                         }));
                         self.local.rejected += 1;
                     }
@@ -729,6 +759,12 @@ impl Loop {
             if *want {
                 let logits = &self.scratch.logits[row * vocab..(row + 1) * vocab];
                 let live = self.live.get_mut(id).expect("checked above");
+                if live.req.digest_logits {
+                    for v in logits {
+                        live.digest =
+                            (live.digest ^ u64::from(v.to_bits())).wrapping_mul(0x100_0000_01b3);
+                    }
+                }
                 sampled.insert(*id, live.sampler.sample(logits));
                 row += 1;
             }
@@ -739,9 +775,8 @@ impl Loop {
             let per = fwd_ns as f64 / rows as f64;
             self.prefill_ns = 0.9 * self.prefill_ns + 0.1 * per;
         }
-        if let Some(sw) = self.sched.port().stats().ns_per_byte() {
-            self.swap_ns = sw;
-        }
+        // The swap cost stays the start-up calibration: the port sees a transfer end only at
+        // the next step boundary, so its wall times include the step and would overstate it.
         let bb = crate::kv::block_bytes(&self.model.kv_geometry());
         self.sched.set_preempt_costs(costs_for(
             self.cfg.preempt,
@@ -879,6 +914,7 @@ impl Loop {
             prompt_tokens: l.req.prompt.len() as u32,
             ttft_ns: l.ttft_ns,
             preemptions: l.preemptions,
+            logits_digest: l.req.digest_logits.then_some(l.digest),
         }));
     }
 

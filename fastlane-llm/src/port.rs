@@ -98,7 +98,10 @@ impl EnginePort {
     }
 
     fn start(&mut self, seq: SeqId, blocks: &[BlockId], dir: SwapDir) -> Result<(), SwapPortError> {
-        let refuse = |e: KvSwapError| SwapPortError::Refused { seq, dir, reason: e.to_string() };
+        let refuse = |e: KvSwapError| {
+            log::warn!("swap {dir:?} of sequence {seq} refused: {e}");
+            SwapPortError::Refused { seq, dir, reason: e.to_string() }
+        };
         if let Err(e) = self.engine.adopt_blocks(seq, blocks) {
             self.stats.refused += 1;
             return Err(refuse(e));

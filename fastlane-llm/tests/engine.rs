@@ -1,0 +1,262 @@
+//! The engine end to end on `random:tiny`: preemption by swap (host tier, NVMe file) and by
+//! recompute, forced at random step boundaries, and a corrupted tier block, all give exactly
+//! the token ids each request produces alone; aborts, stops and bad requests end cleanly and
+//! the pool's free count returns to its start.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use fastlane_llm::engine::EngineCounters;
+use fastlane_llm::{
+    Engine, EngineConfig, FinishReason, GenRequest, Model, PreemptChoice, SamplingParams,
+    StreamEvent,
+};
+use kvswap::sched::Policy;
+use kvswap::testing::MemTier;
+use kvswap::{CustomTiers, NvmeTierConfig, TierKind};
+
+const WAIT: Duration = Duration::from_secs(300);
+const MAX_TOKENS: u32 = 20;
+const REQUESTS: usize = 64;
+
+fn model() -> Arc<Model> {
+    static M: OnceLock<Arc<Model>> = OnceLock::new();
+    M.get_or_init(|| Arc::new(Model::load("random:tiny", 7).expect("random:tiny loads"))).clone()
+}
+
+/// 64 prompts of 8–119 bytes; every fourth request samples (temperature 0.8, its own seed).
+fn requests() -> Vec<GenRequest> {
+    let m = model();
+    (0..REQUESTS)
+        .map(|i| {
+            let len = 8 + (i * 37) % 112;
+            let text: String =
+                (0..len).map(|j| (b'a' + ((i * 7 + j * 3) % 26) as u8) as char).collect();
+            let mut r = GenRequest::greedy(m.tokenizer().encode(&text), MAX_TOKENS);
+            r.digest_logits = true;
+            if i % 4 == 3 {
+                r.sampling =
+                    SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed: i as u64 };
+            }
+            r
+        })
+        .collect()
+}
+
+fn ample() -> EngineConfig {
+    EngineConfig { device_blocks: 1024, ..EngineConfig::default() }
+}
+
+/// Each request alone on an engine with an ample pool.
+fn alone() -> &'static Vec<(Vec<u32>, Option<u64>)> {
+    static A: OnceLock<Vec<(Vec<u32>, Option<u64>)>> = OnceLock::new();
+    A.get_or_init(|| {
+        let e = Engine::start(model(), ample()).expect("engine starts");
+        let out = requests()
+            .into_iter()
+            .map(|r| {
+                let f = e.submit(r).expect("submit").wait(WAIT).expect("finishes");
+                assert_eq!(f.reason, FinishReason::Length);
+                assert_eq!(f.preemptions, 0);
+                (f.token_ids, f.logits_digest)
+            })
+            .collect();
+        let c = e.shutdown().expect("clean shutdown");
+        assert_eq!(c.blocks_free, c.blocks_total);
+        out
+    })
+}
+
+/// All requests at once; returns their tokens and the engine's counters.
+fn together(e: Engine) -> (Vec<(Vec<u32>, Option<u64>)>, EngineCounters) {
+    let streams: Vec<_> = requests().into_iter().map(|r| e.submit(r).expect("submit")).collect();
+    let out = streams
+        .iter()
+        .map(|s| {
+            let f = s.wait(WAIT).expect("finishes");
+            assert_eq!(f.reason, FinishReason::Length, "request {}", s.id);
+            (f.token_ids, f.logits_digest)
+        })
+        .collect();
+    let c = e.shutdown().expect("clean shutdown");
+    assert_eq!(c.blocks_free, c.blocks_total, "every block back in the pool: {c:?}");
+    assert_eq!(c.live, 0);
+    (out, c)
+}
+
+/// Same token ids, and the same logits to the last bit, as each request alone.
+fn assert_same(got: &[(Vec<u32>, Option<u64>)], what: &str) {
+    let want = alone();
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.0, w.0, "{what}: request {i}'s tokens differ from its solo run");
+        assert!(g.1.is_some());
+        assert_eq!(g.1, w.1, "{what}: request {i}'s logits differ from its solo run");
+    }
+}
+
+/// A pool of 24 blocks for 64 sequences of up to 9 blocks each: most are preempted.
+fn tight(preempt: PreemptChoice) -> EngineConfig {
+    EngineConfig { device_blocks: 24, preempt, ..EngineConfig::default() }
+}
+
+#[test]
+fn swap_through_the_host_tier_is_invisible() {
+    let e = Engine::start(model(), tight(PreemptChoice::Swap)).unwrap();
+    let (got, c) = together(e);
+    assert_same(&got, "swap (host)");
+    assert!(c.preempt_swap >= 5, "the tight pool must preempt by swap: {c:?}");
+    assert!(c.swap_out_bytes > 0 && c.swap_in_bytes > 0, "{c:?}");
+    assert_eq!((c.checksum_mismatches, c.swap_failures), (0, 0));
+}
+
+#[test]
+fn swap_through_an_nvme_file_is_invisible() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tight(PreemptChoice::Swap);
+    cfg.swap.host_bytes = 0;
+    cfg.swap.nvme =
+        Some(NvmeTierConfig { path: dir.path().join("kv.tier"), bytes: 64 << 20, depth: 16 });
+    let e = Engine::start(model(), cfg).unwrap();
+    let (got, c) = together(e);
+    assert_same(&got, "swap (nvme)");
+    assert!(c.preempt_swap >= 5, "{c:?}");
+    assert!(c.swap_in_bytes > 0, "{c:?}");
+}
+
+#[test]
+fn recompute_is_invisible() {
+    let e = Engine::start(model(), tight(PreemptChoice::Recompute)).unwrap();
+    let (got, c) = together(e);
+    assert_same(&got, "recompute");
+    assert!(c.preempt_recompute >= 5, "{c:?}");
+    assert_eq!(c.preempt_swap, 0);
+}
+
+#[test]
+fn preemption_forced_at_random_step_boundaries_is_invisible() {
+    for (preempt, seed) in
+        [(PreemptChoice::Swap, 1), (PreemptChoice::Recompute, 2), (PreemptChoice::Auto, 3)]
+    {
+        let cfg = EngineConfig { chaos: Some((0.5, seed)), preempt, ..ample() };
+        let e = Engine::start(model(), cfg).unwrap();
+        let (got, c) = together(e);
+        assert_same(&got, &format!("forced {preempt:?}"));
+        assert!(c.preempt_swap + c.preempt_recompute >= 5, "{c:?}");
+        match preempt {
+            PreemptChoice::Swap => assert!(c.preempt_swap >= 5 && c.swap_in_bytes > 0, "{c:?}"),
+            PreemptChoice::Recompute => assert_eq!(c.preempt_swap, 0, "{c:?}"),
+            PreemptChoice::Auto => {}
+        }
+    }
+}
+
+#[test]
+fn drr_with_preemption_is_invisible() {
+    let cfg = EngineConfig { policy: Policy::DrrPreempt, ..tight(PreemptChoice::Auto) };
+    let e = Engine::start(model(), cfg).unwrap();
+    let (got, _) = together(e);
+    assert_same(&got, "drr+preempt");
+}
+
+#[test]
+fn a_corrupted_tier_block_is_caught_and_recomputed() {
+    let (tier, faults) = MemTier::new(TierKind::Nvme, 64 << 20);
+    // The first load from the tier comes back with one byte flipped.
+    faults.corrupt_offset.store(100, std::sync::atomic::Ordering::Relaxed);
+    faults.corrupt_xor.store(0x40, std::sync::atomic::Ordering::Relaxed);
+    let mut cfg = tight(PreemptChoice::Swap);
+    cfg.swap.host_bytes = 0;
+    let tiers = CustomTiers { nvme: Some(Box::new(tier)), remote: None };
+    let e = Engine::start_with_tiers(model(), cfg, tiers).unwrap();
+    let (got, c) = together(e);
+    assert_same(&got, "corrupted block");
+    assert!(c.checksum_mismatches >= 1, "the flipped byte must be caught: {c:?}");
+}
+
+#[test]
+fn stop_strings_stop_ids_and_abort_end_streams_cleanly() {
+    let m = model();
+    let e = Engine::start(m.clone(), EngineConfig { device_blocks: 64, ..EngineConfig::default() })
+        .unwrap();
+    // The greedy continuation of a prompt, then stop at a piece of it.
+    let prompt = m.tokenizer().encode("the quick brown fox");
+    let full = e.submit(GenRequest::greedy(prompt.clone(), 24)).unwrap().wait(WAIT).unwrap();
+    let stop_at = full.token_ids[5];
+    let mut r = GenRequest::greedy(prompt.clone(), 24);
+    r.stop_token_ids = vec![stop_at];
+    let f = e.submit(r).unwrap().wait(WAIT).unwrap();
+    assert_eq!(f.reason, FinishReason::Stop);
+    let first = full.token_ids.iter().position(|&t| t == stop_at).unwrap();
+    assert_eq!(f.token_ids, full.token_ids[..=first].to_vec());
+    // A stop string: the text ends before it.
+    if let Some(s) = full.text.get(4..6).filter(|s| !s.is_empty()) {
+        let mut r = GenRequest::greedy(prompt.clone(), 24);
+        r.stop = vec![s.to_string()];
+        let f = e.submit(r).unwrap().wait(WAIT).unwrap();
+        assert_eq!(f.reason, FinishReason::Stop);
+        assert!(
+            !f.text.contains(s) && full.text.starts_with(&f.text),
+            "{:?} / {:?}",
+            f.text,
+            full.text
+        );
+    }
+    // Abort after the first token.
+    let s = e.submit(GenRequest::greedy(prompt, 500)).unwrap();
+    match s.next(WAIT) {
+        Some(StreamEvent::Token { .. }) => {}
+        other => panic!("expected a token, got {other:?}"),
+    }
+    e.abort(s.id);
+    let f = s.wait(WAIT).unwrap();
+    assert_eq!(f.reason, FinishReason::Abort);
+    assert!(f.token_ids.len() < 500);
+    let c = e.shutdown().unwrap();
+    assert_eq!(c.blocks_free, c.blocks_total, "{c:?}");
+}
+
+#[test]
+fn aborting_during_swaps_leaks_no_block() {
+    let e = Engine::start(model(), tight(PreemptChoice::Swap)).unwrap();
+    let streams: Vec<_> = requests().into_iter().map(|r| e.submit(r).unwrap()).collect();
+    // Let preemption get going, then abort every other request wherever it is.
+    std::thread::sleep(Duration::from_millis(50));
+    for s in streams.iter().step_by(2) {
+        e.abort(s.id);
+    }
+    for (i, s) in streams.iter().enumerate() {
+        let f = s.wait(WAIT).unwrap();
+        if i % 2 == 1 {
+            assert_eq!(f.reason, FinishReason::Length);
+            assert_eq!(&f.token_ids, &alone()[i].0, "request {i}");
+        }
+    }
+    let c = e.shutdown().unwrap();
+    assert_eq!(c.blocks_free, c.blocks_total, "{c:?}");
+}
+
+#[test]
+fn requests_that_cannot_run_are_refused_with_a_reason() {
+    let m = model();
+    let e = Engine::start(m.clone(), EngineConfig { device_blocks: 8, ..EngineConfig::default() })
+        .unwrap();
+    // Longer than the context window: refused at submit.
+    let long = vec![65u32; m.max_positions()];
+    assert!(e.submit(GenRequest::greedy(long, 4)).is_err());
+    // Token ids outside the vocabulary, empty prompts, zero max_tokens, bad sampling.
+    assert!(e.submit(GenRequest::greedy(vec![m.vocab() as u32], 4)).is_err());
+    assert!(e.submit(GenRequest::greedy(vec![], 4)).is_err());
+    assert!(e.submit(GenRequest::greedy(vec![1], 0)).is_err());
+    let mut r = GenRequest::greedy(vec![1], 4);
+    r.sampling.temperature = -1.0;
+    assert!(e.submit(r).is_err());
+    // More blocks than the pool has: the stream ends rejected, with the reason.
+    let f = e.submit(GenRequest::greedy(vec![65; 200], 4)).unwrap().wait(WAIT).unwrap();
+    assert_eq!(f.reason, FinishReason::Rejected);
+    assert!(f.text.contains("cannot run"), "{}", f.text);
+    // The engine still serves.
+    let ok = e.submit(GenRequest::greedy(vec![65; 20], 4)).unwrap().wait(WAIT).unwrap();
+    assert_eq!(ok.token_ids.len(), 4);
+    let c = e.shutdown().unwrap();
+    assert_eq!(c.blocks_free, c.blocks_total);
+}
