@@ -19,6 +19,8 @@ PKGS=(
     ibverbs-providers   # the rxe provider (librxe-rdmav34.so + rxe.driver) copied into the guest
     iproute2            # /usr/bin/rdma: creates rxe0 inside the guest
     perftest            # ib_write_lat / ib_write_bw: the peer of `fastlane rdma bench`
+    python3-numpy       # fastlane-llm: the independent reference forward pass (/usr/bin/python3)
+    libopenblas0-pthread # numpy's BLAS: the GEMM peer of `fastlane llm bench` (not reference BLAS)
     # fio               # optional, not needed by tests/vm today: guest-side load generator
 )
 

@@ -15,6 +15,8 @@ mod itch;
 mod journal;
 mod kv;
 mod kv_sim;
+mod llm;
+mod llm_bench;
 mod mem;
 mod rdma;
 mod serve;
@@ -38,6 +40,9 @@ enum Command {
     Journal(journal::JournalArgs),
     /// The KV-cache swap tier: serve it on a Unix socket, benchmark its tiers.
     Kv(kv::KvArgs),
+    /// The inference engine: generate with preemption through the swap tiers, write random
+    /// models, benchmark against floors measured in the same run.
+    Llm(llm::LlmArgs),
     /// RDMA: serve a remote memory pool; WRITE latency/bandwidth benchmark.
     Rdma(rdma::RdmaArgs),
     /// Export a block backend as a vhost-user-blk device on a Unix socket.
@@ -52,6 +57,7 @@ fn main() -> ExitCode {
         Command::Itch(args) => itch::run(&args),
         Command::Journal(args) => journal::run(&args),
         Command::Kv(args) => kv::run(&args),
+        Command::Llm(args) => llm::run(&args),
         Command::Rdma(args) => rdma::run(&args),
         Command::Serve(args) => serve::run(&args),
     };

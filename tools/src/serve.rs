@@ -237,7 +237,8 @@ impl log::Log for StderrLogger {
     fn flush(&self) {}
 }
 
-fn init_logging() {
+/// Installs the stderr logger every daemon and command uses (`RUST_LOG` sets the level).
+pub(crate) fn init_logging() {
     let level = match std::env::var("RUST_LOG").ok().as_deref() {
         Some("trace") => log::LevelFilter::Trace,
         Some("debug") => log::LevelFilter::Debug,

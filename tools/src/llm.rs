@@ -1,0 +1,364 @@
+//! `fastlane llm`: the inference engine from the command line.
+//!
+//! - `generate`: run prompts through the engine (continuous batching, preemption through the
+//!   swap tiers), streaming tokens to stdout or printing `--json`.
+//! - `make-random`: write a seeded random model as a Hugging Face directory.
+//! - `bench`: decode, prefill, batching and swap overlap against floors measured in the same
+//!   run (see `llm_bench.rs`).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use fastlane_llm::{
+    Engine, EngineConfig, FinishReason, Finished, GenRequest, Model, PreemptChoice, RandomPreset,
+    RandomWeights, SamplingParams, StreamEvent,
+};
+use kvswap::sched::Policy;
+use kvswap::{NvmeTierConfig, RemoteTierConfig};
+
+/// Arguments of `fastlane llm`.
+#[derive(Debug, Args)]
+pub struct LlmArgs {
+    #[command(subcommand)]
+    cmd: LlmCmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum LlmCmd {
+    /// Generate text: one prompt streamed to stdout, or --prompts FILE all at once.
+    Generate(GenerateArgs),
+    /// Write a seeded random model as a Hugging Face directory (config.json + safetensors).
+    MakeRandom(MakeRandomArgs),
+    /// Measure decode, prefill, batching and swap overlap against floors of the same run.
+    Bench(crate::llm_bench::BenchArgs),
+}
+
+/// The model and engine flags shared by `generate` and `bench`.
+#[derive(Debug, Args, Clone)]
+pub struct EngineArgs {
+    /// Model: a Hugging Face directory (config.json, *.safetensors) or random:tiny (3.4 M
+    /// parameters) / random:small (125 M), seeded random weights that are not a language model.
+    #[arg(long, default_value = "random:tiny")]
+    pub model: String,
+    /// Seed of a random: model's weights.
+    #[arg(long, default_value_t = 1)]
+    pub model_seed: u64,
+    /// KV blocks in the device pool (16 tokens each); small values force preemption.
+    #[arg(long, default_value_t = 1024)]
+    pub device_blocks: u32,
+    /// Scheduling policy: fifo, drr, drr+preempt.
+    #[arg(long, default_value = "fifo")]
+    pub policy: String,
+    /// How preempted sequences give up their blocks: auto (measured costs), swap, recompute.
+    #[arg(long, default_value = "auto")]
+    pub preempt: String,
+    /// Prefill chunk in tokens (0: whole prompts in one step).
+    #[arg(long, default_value_t = 256)]
+    pub chunk: u32,
+    /// Token budget of one step.
+    #[arg(long, default_value_t = 512)]
+    pub batch_tokens: u32,
+    /// Host swap tier size (bytes, K/M/G suffixes; 0: none, swap goes to --nvme/--remote).
+    #[arg(long, default_value = "256M")]
+    pub host_bytes: String,
+    /// NVMe swap tier: a file or block device, used with O_DIRECT through io_uring.
+    #[arg(long)]
+    pub nvme: Option<PathBuf>,
+    /// Bytes of --nvme to use.
+    #[arg(long, default_value = "1G")]
+    pub nvme_bytes: String,
+    /// Remote swap tier: address of a `fastlane rdma serve` pool.
+    #[arg(long)]
+    pub remote: Option<std::net::SocketAddr>,
+    /// RDMA device for --remote.
+    #[arg(long, default_value = "rxe0")]
+    pub rdma_device: String,
+    /// Bytes to take from the remote pool.
+    #[arg(long, default_value = "256M")]
+    pub remote_bytes: String,
+}
+
+impl EngineArgs {
+    /// The model, loaded (and a warning when it is a random one).
+    pub fn load_model(&self) -> Result<Arc<Model>> {
+        let t0 = Instant::now();
+        let m = Model::load(&self.model, self.model_seed)
+            .with_context(|| format!("loading {}", self.model))?;
+        log::info!(
+            "model {}: {} parameters, {} layers, {:.0} MB of f32 weights, loaded in {:.2}s, kernels {}",
+            m.name(),
+            m.config().parameters(),
+            m.config().num_hidden_layers,
+            m.weight_bytes() as f64 / 1e6,
+            t0.elapsed().as_secs_f64(),
+            fastlane_llm::kernels::isa()
+        );
+        if m.is_random() {
+            eprintln!(
+                "note: {} has random weights: it is not a language model, its text means nothing",
+                m.name()
+            );
+        }
+        Ok(Arc::new(m))
+    }
+
+    /// The engine configuration these flags describe.
+    pub fn engine_config(&self) -> Result<EngineConfig> {
+        let policy: Policy = self.policy.parse().map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+        let preempt: PreemptChoice =
+            self.preempt.parse().map_err(|e| anyhow::anyhow!("--preempt: {e}"))?;
+        let size = |s: &str, flag: &str| {
+            fastlane_nvme::block::spec::parse_size(s).map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+        };
+        if self.device_blocks == 0 {
+            bail!("--device-blocks must be at least 1");
+        }
+        let mut cfg = EngineConfig {
+            policy,
+            preempt,
+            device_blocks: self.device_blocks,
+            chunk_tokens: (self.chunk > 0).then_some(self.chunk),
+            batch_tokens_max: self.batch_tokens.max(1),
+            ..EngineConfig::default()
+        };
+        cfg.swap.host_bytes = size(&self.host_bytes, "--host-bytes")?;
+        cfg.swap.nvme = self
+            .nvme
+            .as_ref()
+            .map(|p| {
+                Ok::<_, anyhow::Error>(NvmeTierConfig {
+                    path: p.clone(),
+                    bytes: size(&self.nvme_bytes, "--nvme-bytes")?,
+                    depth: 32,
+                })
+            })
+            .transpose()?;
+        cfg.swap.remote = self
+            .remote
+            .map(|addr| {
+                Ok::<_, anyhow::Error>(RemoteTierConfig {
+                    device: self.rdma_device.clone(),
+                    addr,
+                    bytes: size(&self.remote_bytes, "--remote-bytes")?,
+                })
+            })
+            .transpose()?;
+        Ok(cfg)
+    }
+}
+
+/// Arguments of `fastlane llm generate`.
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// The prompt (text, byte-tokenized; BOS first).
+    prompt: Option<String>,
+    /// A file of prompts, one a line, all submitted at once.
+    #[arg(long, conflicts_with = "prompt")]
+    prompts: Option<PathBuf>,
+    /// Prompt as token ids, comma separated (for a checkpoint whose tokenizer is not read).
+    #[arg(long, conflicts_with_all = ["prompt", "prompts"])]
+    prompt_ids: Option<String>,
+    /// Tokens to generate at most per prompt.
+    #[arg(long, default_value_t = 64)]
+    max_tokens: u32,
+    /// Sampling temperature (0: greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens up to this probability.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Keep only the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Seed of the sampler (prompt i uses seed + i).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop when the text contains this string (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Stop after this token id (repeatable).
+    #[arg(long)]
+    stop_token_id: Vec<u32>,
+    /// Stop at the model's end-of-sequence token (off by default: random models emit it by
+    /// chance).
+    #[arg(long)]
+    eos: bool,
+    /// Print per prompt the token ids and text, and the engine's counters, as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `fastlane llm make-random`.
+#[derive(Debug, Args)]
+pub struct MakeRandomArgs {
+    /// tiny or small.
+    #[arg(long, default_value = "tiny")]
+    preset: String,
+    /// Seed of the weights (the same seed gives the same files).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Output directory.
+    #[arg(long)]
+    out: PathBuf,
+    /// Write bf16 weights instead of f32.
+    #[arg(long)]
+    bf16: bool,
+    /// Spread the tensors over this many files with a model.safetensors.index.json.
+    #[arg(long, default_value_t = 1)]
+    shards: usize,
+}
+
+/// Runs `fastlane llm`.
+pub fn run(args: &LlmArgs) -> Result<()> {
+    crate::serve::init_logging();
+    match &args.cmd {
+        LlmCmd::Generate(a) => generate(a),
+        LlmCmd::MakeRandom(a) => make_random(a),
+        LlmCmd::Bench(a) => crate::llm_bench::run(a),
+    }
+}
+
+fn make_random(a: &MakeRandomArgs) -> Result<()> {
+    let preset = RandomPreset::parse(&format!("random:{}", a.preset))
+        .with_context(|| format!("--preset {:?}: tiny or small", a.preset))?;
+    let w = RandomWeights::new(preset.config(), a.seed);
+    w.write_dir(&a.out, a.bf16, a.shards)?;
+    println!(
+        "wrote {} ({} parameters, seed {}, {}) to {}",
+        preset.name(),
+        preset.config().parameters(),
+        a.seed,
+        if a.bf16 { "bf16" } else { "f32" },
+        a.out.display()
+    );
+    Ok(())
+}
+
+fn generate(a: &GenerateArgs) -> Result<()> {
+    let model = a.engine.load_model()?;
+    let prompts: Vec<Vec<u32>> = if let Some(ids) = &a.prompt_ids {
+        vec![ids
+            .split(',')
+            .map(|s| {
+                s.trim()
+                    .parse::<u32>()
+                    .with_context(|| format!("--prompt-ids: {s:?} is not a token id"))
+            })
+            .collect::<Result<_>>()?]
+    } else if let Some(path) = &a.prompts {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        text.lines().filter(|l| !l.is_empty()).map(|l| model.tokenizer().encode(l)).collect()
+    } else if let Some(p) = &a.prompt {
+        vec![model.tokenizer().encode(p)]
+    } else {
+        bail!("give a prompt, --prompts FILE or --prompt-ids");
+    };
+    if prompts.is_empty() {
+        bail!("no prompts");
+    }
+    let engine = Engine::start(model.clone(), a.engine.engine_config()?)?;
+    let t0 = Instant::now();
+    let mut streams = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let req = GenRequest {
+            prompt: p.clone(),
+            max_tokens: a.max_tokens,
+            sampling: SamplingParams {
+                temperature: a.temperature,
+                top_p: a.top_p,
+                top_k: a.top_k,
+                seed: a.seed + i as u64,
+            },
+            stop: a.stop.clone(),
+            stop_token_ids: a.stop_token_id.clone(),
+            ignore_eos: !a.eos,
+            tenant: 0,
+            digest_logits: false,
+        };
+        streams.push(engine.submit(req)?);
+    }
+    let wait = Duration::from_secs(3600);
+    let mut results: Vec<Finished> = Vec::new();
+    if streams.len() == 1 && !a.json {
+        // Stream the one prompt's tokens as they come.
+        let mut out = std::io::stdout().lock();
+        loop {
+            match streams[0].next(wait) {
+                Some(StreamEvent::Token { text, .. }) => {
+                    out.write_all(text.as_bytes())?;
+                    out.flush()?;
+                }
+                Some(StreamEvent::Done(f)) => {
+                    writeln!(out)?;
+                    results.push(f);
+                    break;
+                }
+                None => bail!("no token for an hour"),
+            }
+        }
+    } else {
+        for (i, s) in streams.iter().enumerate() {
+            let f = s.wait(wait)?;
+            if !a.json {
+                println!("--- prompt {i} ({:?}, {} tokens)", f.reason, f.token_ids.len());
+                println!("{}", f.text);
+            }
+            results.push(f);
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let c = engine.shutdown()?;
+    let generated: usize = results.iter().map(|f| f.token_ids.len()).sum();
+    if a.json {
+        let per: Vec<serde_json::Value> = results
+            .iter()
+            .map(|f| {
+                serde_json::json!({
+                    "token_ids": f.token_ids,
+                    "text": f.text,
+                    "finish_reason": f.reason,
+                    "prompt_tokens": f.prompt_tokens,
+                    "ttft_ms": f.ttft_ns.map(|n| n as f64 / 1e6),
+                    "preemptions": f.preemptions,
+                })
+            })
+            .collect();
+        let v = serde_json::json!({
+            "model": model.name(),
+            "random_weights": model.is_random(),
+            "results": per,
+            "seconds": secs,
+            "tokens_per_second": generated as f64 / secs,
+            "engine": c,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        eprintln!(
+            "{} prompts, {generated} tokens in {secs:.2}s ({:.1} tokens/s); {} steps, preempted {} by swap / {} by recompute, swapped {} B out / {} B in, {} checksum mismatches",
+            results.len(),
+            generated as f64 / secs,
+            c.steps,
+            c.preempt_swap,
+            c.preempt_recompute,
+            c.swap_out_bytes,
+            c.swap_in_bytes,
+            c.checksum_mismatches
+        );
+    }
+    if results.iter().any(|f| f.reason == FinishReason::Rejected) {
+        let why: Vec<&str> = results
+            .iter()
+            .filter(|f| f.reason == FinishReason::Rejected)
+            .map(|f| f.text.as_str())
+            .collect();
+        bail!("{} prompt(s) refused: {}", why.len(), why.join("; "));
+    }
+    Ok(())
+}

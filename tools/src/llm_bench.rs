@@ -1,0 +1,344 @@
+//! `fastlane llm bench`: the engine against limits measured in the same run.
+//!
+//! - **decode at batch 1** against the weight-streaming floor: bytes of weights one token
+//!   reads ÷ this machine's read bandwidth (a parallel sum over a buffer far larger than the
+//!   last-level cache, same thread count);
+//! - **prefill** tokens/s against what OpenBLAS (Debian's numpy) reaches on the same matrix
+//!   shapes: the cost of batch-invariant kernels plus our kernel's quality;
+//! - **batching**: decode tokens/s at batch 16 against batch 1;
+//! - **swap overlap**: decode step time while kvswap swaps a 2,048-token sequence out of the
+//!   same pool, against the step time without it.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use fastlane_llm::kv::KvPool;
+use fastlane_llm::{BatchItem, Model, Scratch, TOKENS_PER_BLOCK};
+use kvswap::{BlockId, ChecksumMode, DeviceMemory, SeqId, SwapEngine};
+use rayon::prelude::*;
+use serde::Serialize;
+
+/// Arguments of `fastlane llm bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Model (random:small is larger than the last-level cache, as the targets assume).
+    #[arg(long, default_value = "random:small")]
+    model: String,
+    /// Seed of a random: model.
+    #[arg(long, default_value_t = 1)]
+    model_seed: u64,
+    /// Prompt tokens of the prefill measurement.
+    #[arg(long, default_value_t = 512)]
+    prefill_tokens: usize,
+    /// Decode steps per measurement.
+    #[arg(long, default_value_t = 16)]
+    steps: usize,
+    /// Rounds; each ratio is the median over rounds.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Python interpreter with numpy for the GEMM peer.
+    #[arg(long, default_value = "/usr/bin/python3")]
+    python: String,
+    /// Print the results as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Also write the JSON results to this file.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    name: &'static str,
+    ours: f64,
+    floor: f64,
+    unit: &'static str,
+    ratio: f64,
+    target: &'static str,
+    met: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    model: String,
+    parameters: u64,
+    weight_bytes: u64,
+    kernels: String,
+    threads: usize,
+    read_bandwidth_gbs: f64,
+    loadavg: String,
+    rows: Vec<Row>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Read bandwidth: best of three parallel sums over 1 GiB (bytes/s).
+fn read_bandwidth() -> f64 {
+    let n = (1usize << 30) / 4;
+    let buf: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let s: f32 = buf.par_chunks(1 << 16).map(|c| c.iter().sum::<f32>()).sum();
+        let dt = t0.elapsed().as_secs_f64();
+        std::hint::black_box(s);
+        best = best.max((n * 4) as f64 / dt);
+    }
+    best
+}
+
+/// Seconds OpenBLAS (numpy, float32) takes for `m`-row GEMMs of each (n, k), summed,
+/// median of 5 after a warm-up.
+fn numpy_gemm_seconds(python: &str, m: usize, shapes: &[(usize, usize, usize)]) -> Result<f64> {
+    let script = r#"
+import json, sys, time
+import numpy as np
+m = int(sys.argv[1]); shapes = json.loads(sys.argv[2])
+rng = np.random.default_rng(0)
+mats = [(rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32), c) for n, k, c in shapes]
+def once():
+    t = time.perf_counter()
+    for x, w, c in mats:
+        for _ in range(c):
+            x @ w
+    return time.perf_counter() - t
+once()
+print(sorted(once() for _ in range(5))[2])
+"#;
+    let shapes_json = serde_json::to_string(shapes)?;
+    let out = Command::new(python)
+        .arg("-c")
+        .arg(script)
+        .arg(m.to_string())
+        .arg(shapes_json)
+        .output()
+        .with_context(|| {
+            format!("running {python} (install python3-numpy and libopenblas0-pthread)")
+        })?;
+    if !out.status.success() {
+        bail!("numpy GEMM peer failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
+}
+
+struct Fixture {
+    model: Arc<Model>,
+    pool: KvPool,
+    s: Scratch,
+}
+
+impl Fixture {
+    /// Blocks of sequence `i` of `len` positions (sequences laid out one after another).
+    fn blocks(&self, i: usize, per_seq: usize) -> Vec<BlockId> {
+        (i * per_seq..(i + 1) * per_seq).map(|b| BlockId(b as u32)).collect()
+    }
+
+    /// Seconds per decode step of `batch` sequences at context `ctx`, over `steps` steps.
+    fn decode_step_s(
+        &mut self,
+        batch: usize,
+        ctx: usize,
+        steps: usize,
+        per_seq: usize,
+    ) -> Result<f64> {
+        let tables: Vec<Vec<BlockId>> = (0..batch).map(|i| self.blocks(i, per_seq)).collect();
+        let toks: Vec<[u32; 1]> = (0..batch).map(|i| [(65 + i % 26) as u32]).collect();
+        let t0 = Instant::now();
+        for step in 0..steps {
+            let items: Vec<BatchItem<'_>> = (0..batch)
+                .map(|i| BatchItem {
+                    tokens: &toks[i],
+                    start_pos: ctx + step,
+                    blocks: &tables[i],
+                    want_logits: true,
+                })
+                .collect();
+            self.model.forward(&items, &self.pool, &mut self.s)?;
+        }
+        Ok(t0.elapsed().as_secs_f64() / steps as f64)
+    }
+}
+
+/// Runs `fastlane llm bench`.
+pub fn run(a: &BenchArgs) -> Result<()> {
+    let model = Arc::new(
+        Model::load(&a.model, a.model_seed).with_context(|| format!("loading {}", a.model))?,
+    );
+    let threads = rayon::current_num_threads();
+    eprintln!(
+        "bench: {} ({} parameters, {:.0} MB of weights), kernels {}, {threads} threads",
+        model.name(),
+        model.config().parameters(),
+        model.weight_bytes() as f64 / 1e6,
+        fastlane_llm::kernels::isa()
+    );
+    let ctx = 64usize;
+    let batch = 16usize;
+    let per_seq = (ctx + a.steps + 1)
+        .div_ceil(TOKENS_PER_BLOCK)
+        .max(a.prefill_tokens.div_ceil(TOKENS_PER_BLOCK));
+    let swap_blocks = 2048 / TOKENS_PER_BLOCK;
+    let geom = model.kv_geometry();
+    let pool_blocks = (batch * per_seq + swap_blocks) as u32;
+    let pool = KvPool::new(&geom, pool_blocks)?;
+    let mut f = Fixture { model: model.clone(), pool, s: Scratch::default() };
+    // Fill every sequence's context with a prefill (also the warm-up).
+    let prompt: Vec<u32> = (0..ctx as u32).map(|i| 65 + i % 26).collect();
+    for i in 0..batch {
+        let blocks = f.blocks(i, per_seq);
+        let item =
+            [BatchItem { tokens: &prompt, start_pos: 0, blocks: &blocks, want_logits: true }];
+        f.model.forward(&item, &f.pool, &mut f.s)?;
+    }
+    eprintln!("bench: measuring read bandwidth (1 GiB)…");
+    let bw = read_bandwidth();
+    let floor_s = model.weight_bytes() as f64 / bw;
+
+    let (mut dec1, mut dec16, mut pre, mut peer, mut over) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    let long: Vec<u32> = (0..a.prefill_tokens as u32).map(|i| 65 + i % 26).collect();
+    // GEMM peer: the same shapes, every layer, m = prefill tokens.
+    let layers = model.config().num_hidden_layers;
+    let shapes: Vec<(usize, usize, usize)> = model
+        .matrix_shapes()
+        .into_iter()
+        .filter(|s| s.0 != "lm_head")
+        .map(|(_, n, k)| (n, k, layers))
+        .collect();
+    // The swap engine over the same pool, for the overlap measurement.
+    let dev: Arc<dyn DeviceMemory> = f.pool.memory().clone();
+    let mut swap = SwapEngine::new(
+        kvswap::EngineConfig {
+            host_bytes: (swap_blocks * f.pool.memory().block_bytes()) as u64,
+            checksum: ChecksumMode::Fast,
+            ..kvswap::EngineConfig::default()
+        },
+        dev,
+    )?;
+    let victim = SeqId(1 << 40);
+    let vblocks: Vec<BlockId> =
+        (batch * per_seq..batch * per_seq + swap_blocks).map(|b| BlockId(b as u32)).collect();
+    for r in 0..a.rounds.max(1) {
+        eprintln!("bench: round {}/{}", r + 1, a.rounds);
+        dec1.push(f.decode_step_s(1, ctx, a.steps, per_seq)?);
+        dec16.push(f.decode_step_s(batch, ctx, a.steps, per_seq)?);
+        let blocks = f.blocks(0, per_seq);
+        let item = [BatchItem { tokens: &long, start_pos: 0, blocks: &blocks, want_logits: true }];
+        let t0 = Instant::now();
+        f.model.forward(&item, &f.pool, &mut f.s)?;
+        pre.push(t0.elapsed().as_secs_f64());
+        peer.push(numpy_gemm_seconds(&a.python, a.prefill_tokens, &shapes)?);
+        // Overlap: one step alone, then the same step while a 2,048-token swap-out runs.
+        let base = f.decode_step_s(batch, ctx, 2, per_seq)?;
+        swap.adopt_blocks(victim, &vblocks)?;
+        let t = swap.swap_out(victim, &vblocks)?;
+        let during = f.decode_step_s(batch, ctx, 2, per_seq)?;
+        swap.wait(t, Duration::from_secs(60))?;
+        swap.free_blocks(victim, &vblocks)?;
+        swap.drop_seq(victim)?;
+        over.push(during / base);
+    }
+    let d1 = median(dec1);
+    let d16 = median(dec16);
+    let pre_tps = a.prefill_tokens as f64 / median(pre);
+    let peer_tps = a.prefill_tokens as f64 / median(peer);
+    let ov = median(over);
+    let rows = vec![
+        Row {
+            name: "decode batch 1: ms/token vs weight-streaming floor",
+            ours: d1 * 1e3,
+            floor: floor_s * 1e3,
+            unit: "ms",
+            ratio: d1 / floor_s,
+            target: "<= 1.5x",
+            met: d1 / floor_s <= 1.5,
+        },
+        Row {
+            name: "prefill: tokens/s vs OpenBLAS on the same shapes",
+            ours: pre_tps,
+            floor: peer_tps,
+            unit: "tok/s",
+            ratio: pre_tps / peer_tps,
+            target: ">= 0.7x",
+            met: pre_tps / peer_tps >= 0.7,
+        },
+        Row {
+            name: "decode throughput batch 16 vs batch 1",
+            ours: batch as f64 / d16,
+            floor: 1.0 / d1,
+            unit: "tok/s",
+            ratio: (batch as f64 / d16) / (1.0 / d1),
+            target: ">= 6x",
+            met: (batch as f64 / d16) * d1 >= 6.0,
+        },
+        Row {
+            name: "batch-16 step during a 2,048-token swap-out vs without",
+            ours: ov,
+            floor: 1.0,
+            unit: "x",
+            ratio: ov,
+            target: "<= 1.1x",
+            met: ov <= 1.1,
+        },
+    ];
+    let report = Report {
+        model: model.name().to_string(),
+        parameters: model.config().parameters(),
+        weight_bytes: model.weight_bytes(),
+        kernels: fastlane_llm::kernels::isa().to_string(),
+        threads,
+        read_bandwidth_gbs: bw / 1e9,
+        loadavg: std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string(),
+        rows,
+    };
+    if let Some(p) = &a.out {
+        if let Some(dir) = p.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "model {} ({} parameters, {:.0} MB), kernels {}, {} threads, read bandwidth {:.1} GB/s, load {}",
+        report.model,
+        report.parameters,
+        report.weight_bytes as f64 / 1e6,
+        report.kernels,
+        report.threads,
+        report.read_bandwidth_gbs,
+        report.loadavg
+    );
+    println!(
+        "{:<56} {:>12} {:>12} {:>8} {:>9} {:>4}",
+        "measurement", "ours", "floor/peer", "ratio", "target", "met"
+    );
+    for r in &report.rows {
+        println!(
+            "{:<56} {:>12.3} {:>12.3} {:>7.2}x {:>9} {:>4}",
+            r.name,
+            r.ours,
+            r.floor,
+            r.ratio,
+            r.target,
+            if r.met { "yes" } else { "no" }
+        );
+    }
+    Ok(())
+}
