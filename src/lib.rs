@@ -4,8 +4,8 @@
 //!
 //! - [`ring`]: lock-free SPSC rings, in-process and across processes in shared memory.
 //! - [`hist`]: latency recording into HdrHistograms and `.hlog` interval logs.
-//! - [`nvme`]: block backends (RAM, io_uring, inline file, VFIO NVMe), the vhost-user-blk
-//!   device and the record journal.
+//! - [`block`]: the block-queue seam and its backends (RAM, io_uring, inline file).
+//! - [`nvme`]: the VFIO NVMe driver, the vhost-user-blk device and the record journal.
 //! - [`rdma`]: RDMA verbs, the remote memory pool and the write mirror.
 //! - [`fpga`]: the preprocessing card interface (ring ABI, software model), ITCH 5.0 decoding,
 //!   order books, CRC32C and the card clock.
@@ -14,6 +14,7 @@
 //!
 //! It holds no code of its own; the root `tests/` and `benches/` live here.
 
+pub use fastlane_block as block;
 pub use fastlane_fpga as fpga;
 pub use fastlane_hist as hist;
 pub use fastlane_nvme as nvme;

@@ -1,11 +1,11 @@
 //! FastLane's paravirtual NVMe backend.
 //!
-//! - [`block`]: block backends behind one submit/complete seam (RAM, io_uring).
-//!
-//! Being built: the vhost-user-blk device that QEMU attaches to, the VFIO NVMe driver and the
-//! record journal.
+//! - [`vhost`]: the vhost-user-blk device QEMU attaches to.
+//! - [`vfio`]: the userspace NVMe driver over VFIO, a backend behind `fastlane_block`'s seam.
+//! - [`journal`]: the record journal.
+//! - [`spec`]: the backend factory (`mem:`, `file:`, `nvme:` specs).
 
-pub mod block;
 pub mod journal;
+pub mod spec;
 pub mod vfio;
 pub mod vhost;

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fastlane_nvme::block::uring::{UringDevice, UringOptions};
+use fastlane_block::uring::{UringDevice, UringOptions};
 use fastlane_nvme::journal::{scan, Durability, Journal, JournalConfig, JournalError, WriterIo};
 
 const CHILD_ENV: &str = "FASTLANE_JOURNAL_CRASH_CHILD";

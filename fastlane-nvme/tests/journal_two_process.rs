@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fastlane_nvme::block::uring::{UringDevice, UringOptions};
+use fastlane_block::uring::{UringDevice, UringOptions};
 use fastlane_nvme::journal::{scan, Durability, Journal, JournalConfig, JournalProducer};
 
 const CHILD_ENV: &str = "FASTLANE_JOURNAL_PRODUCER_CHILD";

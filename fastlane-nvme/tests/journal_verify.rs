@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fastlane_nvme::block::ram::RamDisk;
-use fastlane_nvme::block::BlockDevice;
+use fastlane_block::ram::RamDisk;
+use fastlane_block::BlockDevice;
 use fastlane_nvme::journal::format::{decode_header, frame_len, DATA_OFFSET};
 use fastlane_nvme::journal::{verify, Anchor, Durability, Journal, JournalConfig, Problem};
 

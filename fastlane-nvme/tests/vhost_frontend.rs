@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use fastlane_nvme::block::ram::RamDisk;
-use fastlane_nvme::block::BlockDevice;
+use fastlane_block::ram::RamDisk;
+use fastlane_block::BlockDevice;
 use fastlane_nvme::vhost::{BlkServer, BlkStats, StopHandle, VhostBlkOptions};
 use virtio_driver::virtqueue::{Virtqueue, VirtqueueLayout};
 use virtio_driver::{
@@ -323,7 +323,7 @@ fn stop_without_a_frontend_returns_promptly() {
 /// sleeps on the block queue's completion eventfd.
 #[test]
 fn io_uring_backend_round_trip() {
-    use fastlane_nvme::block::uring::{UringDevice, UringOptions};
+    use fastlane_block::uring::{UringDevice, UringOptions};
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("uring.sock");
     let image = dir.path().join("disk.img");

@@ -13,11 +13,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use fastlane_block::sync::{SyncFileDevice, SyncFileOptions};
+use fastlane_block::uring::{UringDevice, UringOptions};
+use fastlane_block::BlockDevice;
 use fastlane_hist::{HlogWriter, LatencyRecorder};
-use fastlane_nvme::block::spec::{parse_size, IoEngine};
-use fastlane_nvme::block::sync::{SyncFileDevice, SyncFileOptions};
-use fastlane_nvme::block::uring::{UringDevice, UringOptions};
-use fastlane_nvme::block::BlockDevice;
 use fastlane_nvme::journal::format::{chain_next, encode_frame, frame_len};
 use fastlane_nvme::journal::rdma::{RdmaReplica, RdmaReplicaServer};
 use fastlane_nvme::journal::verify::hex;
@@ -25,6 +24,7 @@ use fastlane_nvme::journal::{
     scan, verify, Anchor, CardPreprocess, Durability, FileReplica, FrameSlot, Journal,
     JournalConfig, JournalError, Preprocess, Replica, SoftPreprocess, WriterIo,
 };
+use fastlane_nvme::spec::{parse_size, IoEngine};
 use fastlane_rdma::Device;
 use fastlane_ring::WaitStrategy;
 use serde::Serialize;

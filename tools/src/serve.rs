@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use fastlane_nvme::block::spec::{BackendSpec, IoEngine, SpecOptions};
-use fastlane_nvme::block::{BlockDevice, BlockOp, BlockRequest, Completion};
+use fastlane_block::{BlockDevice, BlockOp, BlockRequest, Completion};
+use fastlane_nvme::spec::{BackendSpec, IoEngine, SpecOptions};
 use fastlane_nvme::vhost::{BlkServer, StopHandle, VhostBlkOptions};
 
 /// `fastlane serve` options.

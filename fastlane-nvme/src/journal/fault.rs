@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::block::{
+use fastlane_block::{
     BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, DeviceInfo, QueueFull,
 };
 

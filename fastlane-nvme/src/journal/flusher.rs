@@ -21,7 +21,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::block::BlockDevice;
+use fastlane_block::BlockDevice;
 
 use super::control::Control;
 use super::io::Dev;

@@ -6,7 +6,7 @@ use std::io;
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use crate::block::{BlockOp, BlockQueue, BlockRequest, Completion, Segment};
+use fastlane_block::{BlockOp, BlockQueue, BlockRequest, Completion, Segment};
 
 use super::JournalError;
 

@@ -5,7 +5,7 @@
 //! ([`fastlane_ring::shm`]) and returns its sequence number: no allocation, no lock, no
 //! syscall. One writer thread drains the ring in batches, frames each record (seq, length,
 //! timestamp, CRC32C, and a BLAKE3 hash chain linking it to the record before it), writes the
-//! batch through the block seam ([`crate::block`]) with one write and one flush (group commit),
+//! batch through the block seam ([`fastlane_block`]) with one write and one flush (group commit),
 //! mirrors it to a [`Replica`] in parallel, and publishes the durable seq in a shared control
 //! block: [`Journal::durable_seq`] / [`JournalProducer::durable_seq`] read it with one load,
 //! `wait_durable` sleeps on it.
@@ -13,7 +13,7 @@
 //! ```no_run
 //! # fn main() -> Result<(), fastlane_nvme::journal::JournalError> {
 //! use std::time::Duration;
-//! use fastlane_nvme::block::spec::{open_backend, SpecOptions};
+//! use fastlane_nvme::spec::{open_backend, SpecOptions};
 //! use fastlane_nvme::journal::{Durability, Journal, JournalConfig};
 //! let dev = open_backend("file:/var/lib/audit.journal", &SpecOptions::default()).unwrap();
 //! let journal = Journal::open_or_create(JournalConfig::new(dev, Durability::Local))?;
@@ -62,7 +62,7 @@ use std::time::Duration;
 use fastlane_ring::shm::{Consumer, ShmError, ShmRing};
 use fastlane_ring::WaitStrategy;
 
-use crate::block::{BlockDevice, BlockError, BlockOp, BlockRequest};
+use fastlane_block::{BlockDevice, BlockError, BlockOp, BlockRequest};
 pub use format::{Durability, Superblock};
 pub use io::ReadAt;
 pub use preprocess::{CardPreprocess, FrameSlot, Preprocess, PreprocessError, SoftPreprocess};

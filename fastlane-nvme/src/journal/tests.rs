@@ -8,7 +8,7 @@ use fastlane_ring::shm::ShmRing;
 
 use super::fault::{Cut, FaultDisk};
 use super::*;
-use crate::block::ram::RamDisk;
+use fastlane_block::ram::RamDisk;
 
 const T: Duration = Duration::from_secs(10);
 

@@ -27,7 +27,7 @@
 //! The durable seq is published only from a flush completion (`memory`: a write completion),
 //! and a flush for seq S is submitted only after the write holding S — and, since writes
 //! are issued one at a time in device order, every earlier write — has completed. By the
-//! block seam's contract ([`BlockOp::Flush`](crate::block::BlockOp::Flush): every write
+//! block seam's contract ([`BlockOp::Flush`](fastlane_block::BlockOp::Flush): every write
 //! *completed before* the flush was submitted is durable when it completes) S is durable when
 //! it is published. Two flushes may complete out of order; publishing is a max, so the durable
 //! seq never goes back.
@@ -92,7 +92,7 @@ use super::io::{AlignedBuf, Dev, IO_TIMEOUT};
 use super::preprocess::{FrameSlot, Preprocess};
 use super::replica::Replica;
 use super::{JournalError, RECORD_TYPE, SEQ_PREFIX_LEN};
-use crate::block::{BlockDevice, Completion};
+use fastlane_block::{BlockDevice, Completion};
 
 /// Counters the writer keeps (read with [`Journal::stats`](super::Journal::stats)).
 #[derive(Debug, Default)]

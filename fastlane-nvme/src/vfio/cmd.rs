@@ -5,7 +5,7 @@
 //! Entries are plain values here; [`super::queue`] copies them into and out of DMA memory with
 //! volatile accesses.
 
-use crate::block::BlockError;
+use fastlane_block::BlockError;
 
 /// Admin opcodes.
 pub mod admin {

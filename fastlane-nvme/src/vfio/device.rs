@@ -10,7 +10,7 @@ use super::pci::{Bdf, VfioPci};
 use super::queue::{NvmeQueue, Rings};
 use super::regs::{self, Bar, Cap, PAGE_SIZE};
 use super::{NvmeError, NvmeOptions};
-use crate::block::{BlockDevice, BlockQueue, DeviceInfo, ExternalMemory};
+use fastlane_block::{BlockDevice, BlockQueue, DeviceInfo, ExternalMemory};
 
 /// Admin queue entries (one command at a time is ever outstanding).
 const ADMIN_ENTRIES: u32 = 32;
@@ -595,7 +595,7 @@ impl NvmeDevice {
 
     /// Memory the device reaches directly: requests whose segments lie in it go without a
     /// copy. Zeroed. Dropping it unmaps it (after every request naming it has completed, by
-    /// [`crate::block::BlockQueue::submit`]'s contract).
+    /// [`fastlane_block::BlockQueue::submit`]'s contract).
     pub fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, NvmeError> {
         let region = self.ctrl.alloc_region(len)?;
         let m = Mapping { host: region.host(0) as usize, len: region.len(), iova: region.iova(0) };
@@ -712,7 +712,7 @@ impl DmaBuffer {
         self.region.as_ref().expect("region present until drop")
     }
 
-    /// Start of the buffer, for [`crate::block::Segment`]s.
+    /// Start of the buffer, for [`fastlane_block::Segment`]s.
     pub fn as_ptr(&self) -> *mut u8 {
         self.region().host(0)
     }

@@ -2,7 +2,7 @@
 //! with no kernel block layer in the path, and offered as a [`BlockDevice`].
 //!
 //! ```no_run
-//! use fastlane_nvme::block::{BlockDevice, BlockOp, BlockRequest, Completion, Segment};
+//! use fastlane_block::{BlockDevice, BlockOp, BlockRequest, Completion, Segment};
 //! use fastlane_nvme::vfio::{NvmeDevice, NvmeOptions};
 //! let dev = NvmeDevice::open("0000:00:04.0".parse()?, NvmeOptions::default())?;
 //! let buf = dev.alloc_dma(4096)?; // zero copy: memory the device can reach
@@ -41,7 +41,7 @@
 //! segments go to the device untouched (zero copy) when they lie in memory mapped by
 //! [`NvmeDevice::alloc_dma`] or [`NvmeDevice::map_external`] and their layout suits PRPs;
 //! otherwise the queue copies through its bounce pages. The vhost-user-blk device registers
-//! guest memory through [`crate::block::ExternalMemory`] ([`NvmeDevice::sync_external`]) on
+//! guest memory through [`fastlane_block::ExternalMemory`] ([`NvmeDevice::sync_external`]) on
 //! every memory table (see `docs/vfio-nvme.md` for that hook); [`NvmeDevice::transfer_stats`]
 //! counts zero-copy versus bounced requests. DMA-able memory is never turned into a Rust reference.
 //!
@@ -68,7 +68,7 @@
 
 use std::time::Duration;
 
-use crate::block::BlockDevice;
+use fastlane_block::BlockDevice;
 
 pub mod cmd;
 mod device;

@@ -30,7 +30,9 @@ use super::dma::{page_round_up, DmaRegion, Translations};
 use super::prp::{build_prp, clip, prp_compatible};
 use super::regs::{self, PAGE_SIZE};
 use super::NvmeError;
-use crate::block::{BlockError, BlockOp, BlockQueue, BlockRequest, Completion, QueueFull, Segment};
+use fastlane_block::{
+    BlockError, BlockOp, BlockQueue, BlockRequest, Completion, QueueFull, Segment,
+};
 
 /// Empty polls between two health checks (clock read, CSTS read) while requests are in
 /// flight. A poll is one volatile load, so this is microseconds.

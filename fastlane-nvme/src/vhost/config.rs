@@ -8,7 +8,7 @@ use virtio_bindings::virtio_blk::{
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 
-use crate::block::DeviceInfo;
+use fastlane_block::DeviceInfo;
 
 /// virtio-blk sectors are always 512 bytes, whatever the logical block size.
 pub const SECTOR_SIZE: u64 = 512;

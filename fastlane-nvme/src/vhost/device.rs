@@ -20,7 +20,7 @@ use super::config::BlkGeometry;
 use super::request::{ParseLimits, ID_LEN};
 use super::stats::BlkStats;
 use super::worker::{AtomicMem, BlkVring, GuestMem, Worker, WorkerConfig};
-use crate::block::BlockDevice;
+use fastlane_block::BlockDevice;
 
 /// The epoll handler type of our daemon.
 pub type BlkEpollHandler = VringEpollHandler<Arc<BlkBackend>>;
@@ -385,9 +385,9 @@ impl VhostUserBackend for BlkBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::block::ram::RamDisk;
-    use crate::block::{BlockQueue, DeviceInfo, ExternalMemory};
     use crate::vhost::VhostBlkOptions;
+    use fastlane_block::ram::RamDisk;
+    use fastlane_block::{BlockQueue, DeviceInfo, ExternalMemory};
     use vm_memory::{GuestAddress, GuestMemoryAtomic};
 
     /// A RAM disk that records what it is told to register.

@@ -10,7 +10,7 @@
 //! - [`stats`]: per-queue counters (rejections per reason) and latency histograms;
 //! - [`BlkServer`]: one socket, one frontend at a time, the next one after a disconnect.
 //!
-//! Not here: the QEMU guest test (`tests/vm/`), io_uring / RAM backends (`crate::block`).
+//! Not here: the QEMU guest test (`tests/vm/`), io_uring / RAM backends (`fastlane_block`).
 
 pub mod config;
 pub mod device;
@@ -34,7 +34,7 @@ pub use device::{BlkBackend, DeviceSettings};
 pub use request::{RejectReason, ID_LEN};
 pub use stats::{BlkStats, QueueStats};
 
-use crate::block::BlockDevice;
+use fastlane_block::BlockDevice;
 
 /// Errors of the vhost-user-blk device and server.
 #[derive(Debug, thiserror::Error)]

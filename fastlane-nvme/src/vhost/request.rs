@@ -22,7 +22,7 @@ use vm_memory::{
 };
 
 use super::config::{DISCARD_SECTORS_MAX, SECTOR_SHIFT, SECTOR_SIZE, WRITE_ZEROES_SECTORS_MAX};
-use crate::block::Segment;
+use fastlane_block::Segment;
 
 /// Size of `struct virtio_blk_outhdr` (type, ioprio, sector).
 pub const HEADER_LEN: u64 = 16;

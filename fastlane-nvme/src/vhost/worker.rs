@@ -27,7 +27,7 @@ use vm_memory::{
 
 use super::request::{ParseLimits, ParsedRequest, Parser, RejectReason, RequestKind, ID_LEN};
 use super::stats::{new_latency_histogram, BlkStats, QueueStats};
-use crate::block::{
+use fastlane_block::{
     BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, QueueFull,
 };
 
@@ -551,7 +551,7 @@ fn notify(st: &mut VringState<AtomicMem>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::block::ram::RamDisk;
+    use fastlane_block::ram::RamDisk;
     use virtio_bindings::virtio_blk::{
         VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN,
         VIRTIO_BLK_T_OUT, VIRTIO_BLK_T_WRITE_ZEROES,

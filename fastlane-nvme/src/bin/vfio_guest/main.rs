@@ -15,7 +15,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use fastlane_nvme::block::{
+use fastlane_block::{
     BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, Segment,
 };
 use fastlane_nvme::vfio::{DmaBuffer, NvmeDevice, NvmeOptions};

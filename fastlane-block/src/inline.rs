@@ -70,18 +70,18 @@ impl InlineCompletions {
 /// Result<u32, BlockError>` with `submit`'s contract.
 macro_rules! inline_block_queue {
     ($queue:ty) => {
-        impl $crate::block::BlockQueue for $queue {
+        impl $crate::BlockQueue for $queue {
             unsafe fn submit<'a>(
                 &mut self,
-                req: $crate::block::BlockRequest<'a>,
-            ) -> Result<(), $crate::block::QueueFull<'a>> {
+                req: $crate::BlockRequest<'a>,
+            ) -> Result<(), $crate::QueueFull<'a>> {
                 if self.done.is_full() {
-                    return Err($crate::block::QueueFull(req));
+                    return Err($crate::QueueFull(req));
                 }
                 // SAFETY: our caller upholds the `submit` contract, which is what `execute`
                 // needs.
                 let result = unsafe { self.execute(&req) };
-                self.done.push($crate::block::Completion { tag: req.tag, result });
+                self.done.push($crate::Completion { tag: req.tag, result });
                 Ok(())
             }
 
@@ -89,7 +89,7 @@ macro_rules! inline_block_queue {
                 Ok(())
             }
 
-            fn complete(&mut self, out: &mut [$crate::block::Completion]) -> usize {
+            fn complete(&mut self, out: &mut [$crate::Completion]) -> usize {
                 self.done.drain(out)
             }
 

@@ -11,7 +11,7 @@
 //!   (`0000:00:04.0`), which must be bound to `vfio-pci`; namespace 1.
 //!
 //! ```
-//! use fastlane_nvme::block::spec::{BackendSpec, SpecOptions};
+//! use fastlane_nvme::spec::{BackendSpec, SpecOptions};
 //! let spec: BackendSpec = "mem:64M".parse().unwrap();
 //! assert_eq!(spec, BackendSpec::Mem { size_bytes: 64 << 20 });
 //! let dev = spec.open(&SpecOptions::default()).unwrap();
@@ -24,13 +24,13 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
-use super::ram::{RamDisk, RamError};
-use super::sync::{
+use crate::vfio::{Bdf, NvmeDevice, NvmeError, NvmeOptions};
+use fastlane_block::ram::{RamDisk, RamError};
+use fastlane_block::sync::{
     filesystem_name, probe_nowait, NowaitProbe, SyncFileDevice, SyncFileError, SyncFileOptions,
 };
-use super::uring::{UringDevice, UringError, UringOptions};
-use super::BlockDevice;
-use crate::vfio::{Bdf, NvmeDevice, NvmeError, NvmeOptions};
+use fastlane_block::uring::{UringDevice, UringError, UringOptions};
+use fastlane_block::BlockDevice;
 
 /// What `--backend` names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -323,7 +323,7 @@ pub fn open_backend(spec: &str, opts: &SpecOptions) -> Result<Arc<dyn BlockDevic
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::block::FileOpenError;
+    use fastlane_block::FileOpenError;
 
     #[test]
     fn sizes() {

@@ -21,7 +21,6 @@ use std::time::Duration;
 mod fileio;
 mod inline;
 pub mod ram;
-pub mod spec;
 pub mod sync;
 pub mod uring;
 

@@ -10,11 +10,11 @@ use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use fastlane_nvme::block::ram::RamDisk;
-use fastlane_nvme::block::sync::{SyncFileDevice, SyncFileOptions};
-use fastlane_nvme::block::uring::{UringDevice, UringError, UringOptions};
-use fastlane_nvme::block::FileOpenError;
-use fastlane_nvme::block::{
+use fastlane_block::ram::RamDisk;
+use fastlane_block::sync::{SyncFileDevice, SyncFileOptions};
+use fastlane_block::uring::{UringDevice, UringError, UringOptions};
+use fastlane_block::FileOpenError;
+use fastlane_block::{
     BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, Segment,
 };
 use rand::rngs::StdRng;

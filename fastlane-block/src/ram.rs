@@ -400,8 +400,8 @@ inline_block_queue!(RamQueue);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::block::Completion;
-    use crate::block::Segment;
+    use crate::Completion;
+    use crate::Segment;
 
     fn seg(buf: &mut [u8]) -> Segment {
         Segment { addr: buf.as_mut_ptr(), len: buf.len() as u32 }
