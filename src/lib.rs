@@ -5,7 +5,8 @@
 //! - [`ring`]: lock-free SPSC rings, in-process and across processes in shared memory.
 //! - [`hist`]: latency recording into HdrHistograms and `.hlog` interval logs.
 //! - [`block`]: the block-queue seam and its backends (RAM, io_uring, inline file).
-//! - [`nvme`]: the VFIO NVMe driver, the vhost-user-blk device and the record journal.
+//! - [`nvme`]: the VFIO NVMe driver and the record journal.
+//! - [`vhost_blk`]: the vhost-user-blk device and the backend factory of `fastlane serve`.
 //! - [`rdma`]: RDMA verbs, the remote memory pool and the write mirror.
 //! - [`fpga`]: the preprocessing card interface (ring ABI, software model), ITCH 5.0 decoding,
 //!   order books, CRC32C and the card clock.
@@ -20,4 +21,5 @@ pub use fastlane_hist as hist;
 pub use fastlane_nvme as nvme;
 pub use fastlane_rdma as rdma;
 pub use fastlane_ring as ring;
+pub use fastlane_vhost_blk as vhost_blk;
 pub use kvswap;

@@ -9,7 +9,7 @@
 //! waits for a device, so doing it on the worker's own thread is both the shortest path and
 //! the one that cannot stall: this backend does exactly that. [`probe_nowait`] tells the two
 //! kinds of file apart; `file:` specs pick this backend by default when it says
-//! [`NowaitProbe::Unsupported`] (see `fastlane_nvme::spec`).
+//! [`NowaitProbe::Unsupported`] (see `fastlane_vhost_blk::spec`).
 //!
 //! It is not for files on a real device: a page-cache miss blocks the queue's thread for the
 //! whole device read, and nothing else on that queue moves meanwhile.

@@ -24,9 +24,9 @@ use fastlane_nvme::journal::{
     scan, verify, Anchor, CardPreprocess, Durability, FileReplica, FrameSlot, Journal,
     JournalConfig, JournalError, Preprocess, Replica, SoftPreprocess, WriterIo,
 };
-use fastlane_nvme::spec::{parse_size, IoEngine};
 use fastlane_rdma::Device;
 use fastlane_ring::WaitStrategy;
+use fastlane_vhost_blk::spec::{parse_size, IoEngine};
 use serde::Serialize;
 
 /// `fastlane journal`.

@@ -13,10 +13,11 @@
 //! ```no_run
 //! # fn main() -> Result<(), fastlane_nvme::journal::JournalError> {
 //! use std::time::Duration;
-//! use fastlane_nvme::spec::{open_backend, SpecOptions};
+//! use std::sync::Arc;
+//! use fastlane_block::uring::{UringDevice, UringOptions};
 //! use fastlane_nvme::journal::{Durability, Journal, JournalConfig};
-//! let dev = open_backend("file:/var/lib/audit.journal", &SpecOptions::default()).unwrap();
-//! let journal = Journal::open_or_create(JournalConfig::new(dev, Durability::Local))?;
+//! let dev = UringDevice::open("/var/lib/audit.journal", UringOptions::default()).unwrap();
+//! let journal = Journal::open_or_create(JournalConfig::new(Arc::new(dev), Durability::Local))?;
 //! let mut tx = journal.producer()?;
 //! let seq = tx.append(b"order 42 filled")?;
 //! tx.wait_durable(seq, Duration::from_secs(1))?;

@@ -1,5 +1,5 @@
-//! The vhost-user-blk device: QEMU (or any vhost-user frontend) attaches to a Unix socket and
-//! sees a virtio-blk disk whose I/O goes straight to a [`BlockDevice`].
+//! FastLane's vhost-user-blk device: QEMU (or any vhost-user frontend) attaches to a Unix
+//! socket and sees a virtio-blk disk whose I/O goes straight to a [`BlockDevice`].
 //!
 //! Built on rust-vmm: vhost (protocol), vhost-user-backend (daemon, epoll threads, vrings),
 //! virtio-queue (chain walking), vm-memory (guest memory). What is ours:
@@ -8,13 +8,19 @@
 //! - [`device`]: the `VhostUserBackend` implementation (features, config space, events);
 //! - [`config`]: the virtio-blk config space;
 //! - [`stats`]: per-queue counters (rejections per reason) and latency histograms;
-//! - [`BlkServer`]: one socket, one frontend at a time, the next one after a disconnect.
+//! - [`BlkServer`]: one socket, one frontend at a time, the next one after a disconnect;
+//! - [`spec`]: the backend factory of `fastlane serve --backend`: `mem:`, `file:` and `nvme:`
+//!   specs opened as a [`BlockDevice`] (it sits here, above the backends, because it names
+//!   the VFIO driver).
 //!
-//! Not here: the QEMU guest test (`tests/vm/`), io_uring / RAM backends (`fastlane_block`).
+//! Not here: the backends themselves (io_uring, inline file and RAM in `fastlane_block`, the
+//! VFIO NVMe driver in `fastlane_nvme`), the `fastlane serve` command (`tools/`) and the QEMU
+//! guest test (`tools/tests/vm_blk.rs`, `tests/vm/`).
 
 pub mod config;
 pub mod device;
 pub mod request;
+pub mod spec;
 pub mod stats;
 pub mod worker;
 

@@ -2,7 +2,7 @@
 //! request/`) through the same checks the fuzz target runs, so the corpus is a regression
 //! suite in every `cargo test`.
 
-use fastlane_nvme::vhost::request::fuzzing::parse_one;
+use fastlane_vhost_blk::request::fuzzing::parse_one;
 
 #[test]
 fn request_parser_corpus() {

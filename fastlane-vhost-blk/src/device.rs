@@ -385,7 +385,7 @@ impl VhostUserBackend for BlkBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vhost::VhostBlkOptions;
+    use crate::VhostBlkOptions;
     use fastlane_block::ram::RamDisk;
     use fastlane_block::{BlockQueue, DeviceInfo, ExternalMemory};
     use vm_memory::{GuestAddress, GuestMemoryAtomic};

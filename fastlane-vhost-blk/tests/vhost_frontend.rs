@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use fastlane_block::ram::RamDisk;
 use fastlane_block::BlockDevice;
-use fastlane_nvme::vhost::{BlkServer, BlkStats, StopHandle, VhostBlkOptions};
+use fastlane_vhost_blk::{BlkServer, BlkStats, StopHandle, VhostBlkOptions};
 use virtio_driver::virtqueue::{Virtqueue, VirtqueueLayout};
 use virtio_driver::{
     iovec, VhostUser, VirtioBlkConfig, VirtioBlkFeatureFlags, VirtioBlkQueue, VirtioBlkTransport,
@@ -304,7 +304,7 @@ fn read_only_export_refuses_writes() {
     assert!(c.buf.slice(0, 4096).iter().all(|&b| b == 0x5a));
     drop(c);
     let stats = server.stop();
-    assert_eq!(stats.queue(0).rejected(fastlane_nvme::vhost::RejectReason::ReadOnly), 1);
+    assert_eq!(stats.queue(0).rejected(fastlane_vhost_blk::RejectReason::ReadOnly), 1);
 }
 
 #[test]

@@ -11,7 +11,7 @@
 //!   (`0000:00:04.0`), which must be bound to `vfio-pci`; namespace 1.
 //!
 //! ```
-//! use fastlane_nvme::spec::{BackendSpec, SpecOptions};
+//! use fastlane_vhost_blk::spec::{BackendSpec, SpecOptions};
 //! let spec: BackendSpec = "mem:64M".parse().unwrap();
 //! assert_eq!(spec, BackendSpec::Mem { size_bytes: 64 << 20 });
 //! let dev = spec.open(&SpecOptions::default()).unwrap();
@@ -24,13 +24,13 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
-use crate::vfio::{Bdf, NvmeDevice, NvmeError, NvmeOptions};
 use fastlane_block::ram::{RamDisk, RamError};
 use fastlane_block::sync::{
     filesystem_name, probe_nowait, NowaitProbe, SyncFileDevice, SyncFileError, SyncFileOptions,
 };
 use fastlane_block::uring::{UringDevice, UringError, UringOptions};
 use fastlane_block::BlockDevice;
+use fastlane_nvme::vfio::{Bdf, NvmeDevice, NvmeError, NvmeOptions};
 
 /// What `--backend` names.
 #[derive(Debug, Clone, PartialEq, Eq)]
