@@ -1,4 +1,4 @@
-//! The record journal: durable, replicated audit and order-book records.
+//! FastLane's record journal: durable, replicated audit and order-book records.
 //!
 //! A producer — in this process or another one attached to the shared mapping — calls
 //! [`JournalProducer::append`], which copies the record into a shared-memory byte ring
@@ -11,11 +11,11 @@
 //! `wait_durable` sleeps on it.
 //!
 //! ```no_run
-//! # fn main() -> Result<(), fastlane_nvme::journal::JournalError> {
+//! # fn main() -> Result<(), fastlane_journal::JournalError> {
 //! use std::time::Duration;
 //! use std::sync::Arc;
 //! use fastlane_block::uring::{UringDevice, UringOptions};
-//! use fastlane_nvme::journal::{Durability, Journal, JournalConfig};
+//! use fastlane_journal::{Durability, Journal, JournalConfig};
 //! let dev = UringDevice::open("/var/lib/audit.journal", UringOptions::default()).unwrap();
 //! let journal = Journal::open_or_create(JournalConfig::new(Arc::new(dev), Durability::Local))?;
 //! let mut tx = journal.producer()?;
@@ -30,7 +30,7 @@
 //! silently truncated. [`verify`] walks the chain and names the first changed, removed or
 //! reordered record. The on-disk format is described in `docs/journal.md` and [`format`].
 //!
-//! What this module does not do: more than one producer per journal at a time (one ring, one
+//! What this crate does not do: more than one producer per journal at a time (one ring, one
 //! producer role), or reuse of space (a journal fills its device and then reports
 //! [`JournalError::DeviceFull`]). A replica that fell behind is brought up to date on open,
 //! after its claimed position was checked against the hash chain (see `resync`).

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fastlane_block::uring::{UringDevice, UringOptions};
-use fastlane_nvme::journal::{scan, Durability, Journal, JournalConfig, JournalError, WriterIo};
+use fastlane_journal::{scan, Durability, Journal, JournalConfig, JournalError, WriterIo};
 
 const CHILD_ENV: &str = "FASTLANE_JOURNAL_CRASH_CHILD";
 const KILLS: usize = 50;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fastlane_block::uring::{UringDevice, UringOptions};
-use fastlane_nvme::journal::{scan, Durability, Journal, JournalConfig, JournalProducer};
+use fastlane_journal::{scan, Durability, Journal, JournalConfig, JournalProducer};
 
 const CHILD_ENV: &str = "FASTLANE_JOURNAL_PRODUCER_CHILD";
 const PER_CHILD: u64 = 20_000;

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use fastlane_block::ram::RamDisk;
 use fastlane_block::BlockDevice;
-use fastlane_nvme::journal::format::{decode_header, frame_len, DATA_OFFSET};
-use fastlane_nvme::journal::{verify, Anchor, Durability, Journal, JournalConfig, Problem};
+use fastlane_journal::format::{decode_header, frame_len, DATA_OFFSET};
+use fastlane_journal::{verify, Anchor, Durability, Journal, JournalConfig, Problem};
 
 const RECORDS: u64 = 40;
 
