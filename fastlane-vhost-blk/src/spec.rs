@@ -30,7 +30,7 @@ use fastlane_block::sync::{
 };
 use fastlane_block::uring::{UringDevice, UringError, UringOptions};
 use fastlane_block::BlockDevice;
-use fastlane_nvme::vfio::{Bdf, NvmeDevice, NvmeError, NvmeOptions};
+use fastlane_nvme::{Bdf, NvmeDevice, NvmeError, NvmeOptions};
 
 /// What `--backend` names.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,7 +24,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use fastlane_block::{BlockDevice, BlockOp, BlockRequest, Completion, Segment};
 use fastlane_hist::{format_ns, HlogWriter, LatencyRecorder, Summary};
-use fastlane_nvme::vfio::{DmaBuffer, NvmeDevice, NvmeOptions};
+use fastlane_nvme::{DmaBuffer, NvmeDevice, NvmeOptions};
 use fastlane_vhost_blk::spec::{parse_size, BackendSpec, SpecOptions};
 use serde::Serialize;
 

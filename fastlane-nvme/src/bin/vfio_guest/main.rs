@@ -18,7 +18,7 @@ use std::time::Instant;
 use fastlane_block::{
     BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, Segment,
 };
-use fastlane_nvme::vfio::{DmaBuffer, NvmeDevice, NvmeOptions};
+use fastlane_nvme::{DmaBuffer, NvmeDevice, NvmeOptions};
 
 mod pattern;
 
