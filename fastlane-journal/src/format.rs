@@ -5,7 +5,7 @@
 //!
 //! All integers are little-endian. See `docs/journal.md` for the tables.
 
-use fastlane_fpga::crc32c::{crc32c, crc32c_append};
+use crc32c::{crc32c, crc32c_append};
 
 /// Superblock magic, at offset 0.
 pub const SUPER_MAGIC: [u8; 8] = *b"FLJOURN1";
@@ -412,6 +412,30 @@ mod tests {
             max_batch_bytes: 1 << 20,
             max_record_bytes: 4096,
             durability: Durability::Local,
+        }
+    }
+
+    /// The frames' checksum is CRC32C (Castagnoli) as RFC 3720 defines it: the appendix B.4
+    /// vectors, the "123456789" check value, and appending equals checksumming the whole.
+    #[test]
+    fn crc_is_castagnoli() {
+        let vectors: [(Vec<u8>, u32); 7] = [
+            (b"123456789".to_vec(), 0xE306_9283),
+            (vec![0u8; 32], 0x8A91_36AA),
+            (vec![0xFFu8; 32], 0x62A8_AB43),
+            ((0u8..32).collect(), 0x46DD_794E),
+            ((0u8..32).rev().collect(), 0x113F_DB5C),
+            (Vec::new(), 0),
+            (b"a".to_vec(), 0xC1D0_4330),
+        ];
+        for (data, want) in vectors {
+            assert_eq!(crc32c(&data), want, "{data:?}");
+        }
+        let data: Vec<u8> =
+            (0..1024u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        for split in [0, 1, 7, 8, 9, 63, 500, 1024] {
+            let (a, b) = data.split_at(split);
+            assert_eq!(crc32c_append(crc32c(a), b), crc32c(&data), "split {split}");
         }
     }
 

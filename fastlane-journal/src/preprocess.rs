@@ -5,9 +5,9 @@
 //! written. Two implementations:
 //!
 //! - [`SoftPreprocess`] frames each record as it is staged, on the writer's core, through
-//!   `fastlane-fpga`'s direct entry points: [`fastlane_fpga::crc32c_append`] (SSE4.2, or
-//!   slicing-by-8) and the card clock ([`fastlane_fpga::CardClock`], monotonic), offset once to
-//!   the Unix epoch so frames carry wall-clock nanoseconds that never go backwards.
+//!   [`crc32c::crc32c_append`] (the `crc32c` crate: SSE4.2, or a table walk) and the card
+//!   clock ([`fastlane_fpga::CardClock`], monotonic), offset once to the Unix epoch so frames
+//!   carry wall-clock nanoseconds that never go backwards.
 //! - [`CardPreprocess`] routes the batch through a card's descriptor rings (the
 //!   [`SoftCard`] model today, a BAR-mapped FPGA later): per frame one `OP_TIMESTAMP`, then
 //!   — once the host has linked the frame into the hash chain, which the card cannot do — one
@@ -137,7 +137,7 @@ impl SoftPreprocess {
     /// Continues a CRC32C over `data` (`crc32c_append(crc32c(a), b) == crc32c(a ++ b)`).
     #[inline]
     pub fn crc32c_append(&self, crc: u32, data: &[u8]) -> u32 {
-        fastlane_fpga::crc32c_append(crc, data)
+        crc32c::crc32c_append(crc, data)
     }
 
     /// The timestamp for the next frame, ns since the Unix epoch.
@@ -158,7 +158,7 @@ impl Preprocess for SoftPreprocess {
             f.seq,
             ts,
             f.len as usize,
-            &mut fastlane_fpga::crc32c_append,
+            &mut crc32c::crc32c_append,
         );
     }
 
@@ -629,7 +629,7 @@ mod tests {
                 s.seq,
                 h.timestamp_ns,
                 s.len as usize,
-                &mut fastlane_fpga::crc32c_append,
+                &mut crc32c::crc32c_append,
             );
             let fl = frame_len(s.len as usize);
             assert_eq!(buf[s.pos..s.pos + fl], direct[s.pos..s.pos + fl], "frame seq {}", s.seq);
@@ -774,8 +774,8 @@ mod tests {
                 let fl = frame_len(v.header.len as usize);
                 let frame = &img[at..at + fl];
                 let h = decode_header(&frame[..FRAME_HEADER_LEN], 1024).unwrap();
-                let direct = fastlane_fpga::crc32c_append(
-                    fastlane_fpga::crc32c(&frame[..HEADER_CRC_LEN]),
+                let direct = crc32c::crc32c_append(
+                    crc32c::crc32c(&frame[..HEADER_CRC_LEN]),
                     &frame[FRAME_HEADER_LEN..],
                 );
                 assert_eq!(h.crc, direct, "seq {}", h.seq);

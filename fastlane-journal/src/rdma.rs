@@ -47,7 +47,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use fastlane_fpga::crc32c::crc32c;
+use crc32c::crc32c;
 use fastlane_rdma::{
     ConnectOptions, Device, Durability as MirrorDurability, Mirror, MirrorReplica, RdmaError,
     RegisteredBuffer,
