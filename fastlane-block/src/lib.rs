@@ -1,4 +1,4 @@
-//! Block backends behind one asynchronous seam: submit requests, drain completions.
+//! FastLane's block backends behind one asynchronous seam: submit requests, drain completions.
 //!
 //! A [`BlockDevice`] describes one exported disk and opens [`BlockQueue`]s on it. Each queue
 //! belongs to exactly one thread (a vhost-user-blk virtqueue worker, the journal writer, a
@@ -15,6 +15,12 @@
 //! Requests name memory by raw [`Segment`]s (guest memory, DMA buffers, journal buffers), so
 //! submitting is `unsafe`: the caller keeps every segment alive and does not touch a read
 //! request's buffers until that request's completion has been drained.
+//!
+//! Backends here: [`ram::RamDisk`], [`uring::UringDevice`] (io_uring on a file or block
+//! device, buffered or `O_DIRECT`) and [`sync::SyncFileDevice`] (`preadv`/`pwritev` inline).
+//! Not here: the userspace NVMe driver over VFIO (`fastlane_nvme`, another [`BlockDevice`]),
+//! the factory that opens a backend from a `mem:`/`file:`/`nvme:` spec (`fastlane_vhost_blk`'s
+//! `spec`), and the users of the seam (the vhost-user-blk device, the journal, kvswap).
 
 use std::time::Duration;
 
