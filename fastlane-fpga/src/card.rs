@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 use crate::abi::{self, cpl_status, ctrl, reg, status, CardFault, Completion, Descriptor};
 use crate::book::{BookConfig, BookStats, OrderBooks};
 use crate::clock::CardClock;
-use crate::crc32c::crc32c_append;
 use crate::dma::DmaBuffer;
 use crate::event::Event;
 use crate::filter::SymbolFilter;
@@ -898,7 +897,7 @@ impl Engine {
                 // SAFETY: the host's `post` contract: `src_addr..+src_len` is readable and
                 // unmodified until this completion is reaped; the slice dies within this arm.
                 let src = unsafe { src_of(d) };
-                c.value = u64::from(crc32c_append(d.dst_len, src));
+                c.value = u64::from(crc32c::crc32c_append(d.dst_len, src));
             }
             abi::OP_ITCH => {
                 if (d.src_addr == 0 && d.src_len != 0)

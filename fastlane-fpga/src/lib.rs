@@ -10,8 +10,9 @@
 //! - [`book`]: order-book reconstruction per stock locate with top-of-book changes.
 //! - [`event`]: the 64-byte normalized event the card writes.
 //! - [`filter`]: filtering by symbol set.
-//! - [`mod@crc32c`] and [`clock`]: the checksum and the card clock, callable directly by the
-//!   journal without a ring round trip ([`crc32c::crc32c`], [`clock::CardClock::now_ns`]).
+//! - [`clock`]: the card clock, callable directly by the journal without a ring round trip
+//!   ([`clock::CardClock::now_ns`]). The card's `OP_CRC32C` runs the `crc32c` crate, the same
+//!   function the journal and kvswap call directly.
 //! - [`gen`]: a deterministic, realistic ITCH feed generator for tests and benchmarks.
 //! - [`mod@reference`]: a naive `BTreeMap` order book, the oracle for tests and fuzzing.
 //!
@@ -22,7 +23,6 @@ pub mod abi;
 pub mod book;
 pub mod card;
 pub mod clock;
-pub mod crc32c;
 pub mod dma;
 pub mod event;
 pub mod filter;
@@ -34,5 +34,4 @@ pub mod reference;
 pub use book::{BookConfig, OrderBooks, TopOfBook};
 pub use card::{Card, CardError, SoftCard, SoftCardConfig};
 pub use clock::CardClock;
-pub use crc32c::{crc32c, crc32c_append};
 pub use itch::{decode, FeedReader, ItchError, Message};

@@ -2,7 +2,7 @@
 //!
 //! [`ChecksumMode::Fast`] is a 64-bit multiply-rotate hash over eight independent lanes (the
 //! xxHash64 round, not its exact output), fused with the copy so the bytes are read once;
-//! [`ChecksumMode::Crc32c`] is `fastlane_fpga::crc32c` (SSE4.2 where present) run over the
+//! [`ChecksumMode::Crc32c`] is [`crc32c::crc32c`] (SSE4.2 where present) run over the
 //! destination after the copy; [`ChecksumMode::Off`] copies with `memcpy` and records nothing.
 
 use std::ptr;
@@ -83,7 +83,7 @@ pub fn checksum(mode: ChecksumMode, data: &[u8]) -> u64 {
     match mode {
         ChecksumMode::Off => 0,
         ChecksumMode::Fast => fast_hash(data),
-        ChecksumMode::Crc32c => u64::from(fastlane_fpga::crc32c(data)),
+        ChecksumMode::Crc32c => u64::from(crc32c::crc32c(data)),
     }
 }
 
@@ -105,7 +105,7 @@ pub unsafe fn copy_checksum(mode: ChecksumMode, src: *const u8, dst: *mut u8, le
             unsafe { ptr::copy_nonoverlapping(src, dst, len) };
             // SAFETY: dst..dst+len was just written and nobody else writes it (caller).
             let out = unsafe { std::slice::from_raw_parts(dst, len) };
-            u64::from(fastlane_fpga::crc32c(out))
+            u64::from(crc32c::crc32c(out))
         }
         ChecksumMode::Fast => {
             let mut acc = seed();

@@ -12,7 +12,7 @@
 //!   feature) and the engine's allocator of its blocks.
 //! - Tiers ([`TierKind`]): **host** (pre-allocated, pre-faulted, mlock'd — when
 //!   RLIMIT_MEMLOCK refuses, a warning is logged and [`TierStats::locked`] is false),
-//!   **nvme** (a file or block device through `fastlane_nvme`'s io_uring backend with
+//!   **nvme** (a file or block device through `fastlane_block`'s io_uring backend with
 //!   O_DIRECT), **remote** (a range of a `fastlane rdma serve` pool). Byte movers implement
 //!   [`TierIo`]; space is counted in block-sized slots allocated as contiguous extents.
 //! - [`SwapEngine`]: the asynchronous engine. One worker thread per tier, fed over

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fastlane_nvme::block::Segment;
+use fastlane_block::Segment;
 
 use crate::tier::{TierDone, TierIo, TierKind, REMOTE_GONE_ERRNO};
 

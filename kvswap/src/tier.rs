@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::time::Duration;
 
-use fastlane_nvme::block::uring::{UringDevice, UringOptions};
-use fastlane_nvme::block::{BlockDevice, BlockOp, BlockQueue, BlockRequest, Completion, Segment};
+use fastlane_block::uring::{UringDevice, UringOptions};
+use fastlane_block::{BlockDevice, BlockOp, BlockQueue, BlockRequest, Completion, Segment};
 
 use crate::error::KvSwapError;
 
@@ -399,7 +399,7 @@ impl TierIo for NvmeTierIo {
         for (o, c) in out.iter_mut().zip(&self.done[..n]) {
             let result = match c.result {
                 Ok(_) => Ok(()),
-                Err(fastlane_nvme::block::BlockError::Io(e)) => Err(e),
+                Err(fastlane_block::BlockError::Io(e)) => Err(e),
                 Err(_) => Err(-1),
             };
             *o = TierDone { tag: c.tag, result };

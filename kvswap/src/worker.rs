@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fastlane_nvme::block::Segment;
+use fastlane_block::Segment;
 use fastlane_ring::spsc::{Consumer, PopError, Producer};
 
 use crate::checksum::{checksum, copy_checksum, ChecksumMode};

@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use fastlane_block::{BlockDevice, BlockOp, BlockRequest, Completion, Segment};
 use fastlane_hist::{format_ns, HlogWriter, LatencyRecorder, Summary};
-use fastlane_nvme::block::spec::{parse_size, BackendSpec, SpecOptions};
-use fastlane_nvme::block::{BlockDevice, BlockOp, BlockRequest, Completion, Segment};
-use fastlane_nvme::vfio::{DmaBuffer, NvmeDevice, NvmeOptions};
+use fastlane_nvme::{DmaBuffer, NvmeDevice, NvmeOptions};
+use fastlane_vhost_blk::spec::{parse_size, BackendSpec, SpecOptions};
 use serde::Serialize;
 
 /// Largest queue depth.
@@ -316,7 +316,7 @@ fn run_case(
     let mut ops = 0u64;
     let mut free: Vec<u32> = (0..qd).collect();
     let mut submit = |slot: u32,
-                      q: &mut dyn fastlane_nvme::block::BlockQueue,
+                      q: &mut dyn fastlane_block::BlockQueue,
                       started: &mut [Instant]|
      -> Result<()> {
         rng ^= rng << 13;

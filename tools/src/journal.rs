@@ -13,20 +13,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use fastlane_block::sync::{SyncFileDevice, SyncFileOptions};
+use fastlane_block::uring::{UringDevice, UringOptions};
+use fastlane_block::BlockDevice;
 use fastlane_hist::{HlogWriter, LatencyRecorder};
-use fastlane_nvme::block::spec::{parse_size, IoEngine};
-use fastlane_nvme::block::sync::{SyncFileDevice, SyncFileOptions};
-use fastlane_nvme::block::uring::{UringDevice, UringOptions};
-use fastlane_nvme::block::BlockDevice;
-use fastlane_nvme::journal::format::{chain_next, encode_frame, frame_len};
-use fastlane_nvme::journal::rdma::{RdmaReplica, RdmaReplicaServer};
-use fastlane_nvme::journal::verify::hex;
-use fastlane_nvme::journal::{
+use fastlane_journal::format::{chain_next, encode_frame, frame_len};
+use fastlane_journal::rdma::{RdmaReplica, RdmaReplicaServer};
+use fastlane_journal::verify::hex;
+use fastlane_journal::{
     scan, verify, Anchor, CardPreprocess, Durability, FileReplica, FrameSlot, Journal,
     JournalConfig, JournalError, Preprocess, Replica, SoftPreprocess, WriterIo,
 };
 use fastlane_rdma::Device;
 use fastlane_ring::WaitStrategy;
+use fastlane_vhost_blk::spec::{parse_size, IoEngine};
 use serde::Serialize;
 
 /// `fastlane journal`.

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use fastlane_nvme::block::spec::{BackendSpec, IoEngine, SpecOptions};
-use fastlane_nvme::block::{BlockDevice, BlockOp, BlockRequest, Completion};
-use fastlane_nvme::vhost::{BlkServer, StopHandle, VhostBlkOptions};
+use fastlane_block::{BlockDevice, BlockOp, BlockRequest, Completion};
+use fastlane_vhost_blk::spec::{BackendSpec, IoEngine, SpecOptions};
+use fastlane_vhost_blk::{BlkServer, StopHandle, VhostBlkOptions};
 
 /// `fastlane serve` options.
 #[derive(Debug, Args)]

@@ -15,10 +15,10 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use fastlane_nvme::block::{
+use fastlane_block::{
     BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, Segment,
 };
-use fastlane_nvme::vfio::{DmaBuffer, NvmeDevice, NvmeOptions};
+use fastlane_nvme::{DmaBuffer, NvmeDevice, NvmeOptions};
 
 mod pattern;
 
