@@ -423,44 +423,53 @@ pub fn axpy(out: &mut [f32], s: f32, v: &[f32]) {
     }
 }
 
-/// Runs `f` compiled for the process's instruction set: the lane code inside it becomes
-/// vector FMAs instead of `fmaf` calls. Used by the row kernels below and by attention.
-#[inline(always)]
-pub fn with_isa<R>(f: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f,avx2,fma")]
-        unsafe fn on512<R>(f: impl FnOnce() -> R) -> R {
-            f()
+/// Defines `fn $name` that runs `$imp` compiled for the process's instruction set: the
+/// lane code inlined into it (`dot`, `axpy`, `mul_add`) becomes vector FMAs instead of
+/// `fmaf` calls. `$imp` must be `#[inline(always)]`.
+macro_rules! multiversion {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($a:ident: $t:ty),* $(,)?) = $imp:path;) => {
+        $(#[$m])*
+        $vis fn $name($($a: $t),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                unsafe fn v512($($a: $t),*) {
+                    $imp($($a),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn v2($($a: $t),*) {
+                    $imp($($a),*)
+                }
+                match $crate::kernels::isa() {
+                    // SAFETY: `isa()` saw AVX-512F and FMA on this CPU.
+                    $crate::kernels::Isa::Avx512 => return unsafe { v512($($a),*) },
+                    // SAFETY: `isa()` saw AVX2 and FMA on this CPU.
+                    $crate::kernels::Isa::Avx2 => return unsafe { v2($($a),*) },
+                    $crate::kernels::Isa::Scalar => {}
+                }
+            }
+            $imp($($a),*)
         }
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn on2<R>(f: impl FnOnce() -> R) -> R {
-            f()
-        }
-        match isa() {
-            // SAFETY: `detect` saw these features on this CPU.
-            Isa::Avx512 => return unsafe { on512(f) },
-            // SAFETY: as above.
-            Isa::Avx2 => return unsafe { on2(f) },
-            Isa::Scalar => {}
-        }
-    }
-    f()
+    };
+}
+pub(crate) use multiversion;
+
+multiversion! {
+    /// RMSNorm of each of the `rows` rows of `x` (width `w.len()`) into `out`.
+    pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, rows: usize, out: &mut [f32]) = rms_norm_impl;
 }
 
-/// RMSNorm of each of the `rows` rows of `x` (width `w.len()`) into `out`.
-pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, rows: usize, out: &mut [f32]) {
+#[inline(always)]
+fn rms_norm_impl(x: &[f32], w: &[f32], eps: f32, rows: usize, out: &mut [f32]) {
     let d = w.len();
-    with_isa(|| {
-        for r in 0..rows {
-            let xr = &x[r * d..(r + 1) * d];
-            let ss = dot(xr, xr);
-            let inv = 1.0 / (ss / d as f32 + eps).sqrt();
-            for ((o, xv), wv) in out[r * d..(r + 1) * d].iter_mut().zip(xr).zip(w) {
-                *o = (xv * inv) * wv;
-            }
+    for r in 0..rows {
+        let xr = &x[r * d..(r + 1) * d];
+        let ss = dot(xr, xr);
+        let inv = 1.0 / (ss / d as f32 + eps).sqrt();
+        for ((o, xv), wv) in out[r * d..(r + 1) * d].iter_mut().zip(xr).zip(w) {
+            *o = (xv * inv) * wv;
         }
-    })
+    }
 }
 
 /// Rotary embedding tables: `cos[pos][i]`, `sin[pos][i]` for `i < head_dim / 2`.

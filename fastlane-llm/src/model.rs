@@ -87,6 +87,51 @@ fn grow(v: &mut Vec<f32>, n: usize) {
     }
 }
 
+/// Where one head's keys and values of one sequence and layer are.
+struct KvRef<'a> {
+    pool: &'a KvPool,
+    blocks: &'a [BlockId],
+    layer: usize,
+    kv_head: usize,
+}
+
+kernels::multiversion! {
+    /// One query head's attention over positions `0..=pos`: scores in ascending position,
+    /// softmax, weighted sum of values in ascending position (a fixed order: batch-invariant).
+    fn attend(q: &[f32], kv: &KvRef<'_>, pos: usize, scale: f32, sc: &mut Vec<f32>, out: &mut [f32]) = attend_impl;
+}
+
+#[inline(always)]
+fn attend_impl(
+    q: &[f32],
+    kv: &KvRef<'_>,
+    pos: usize,
+    scale: f32,
+    sc: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    sc.clear();
+    let mut max = f32::NEG_INFINITY;
+    for j in 0..=pos {
+        let v = kernels::dot(q, kv.pool.key(kv.blocks, kv.layer, kv.kv_head, j)) * scale;
+        max = max.max(v);
+        sc.push(v);
+    }
+    let mut sum = 0.0f32;
+    for v in sc.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    out.fill(0.0);
+    for (j, &e) in sc.iter().enumerate() {
+        kernels::axpy(out, e, kv.pool.value(kv.blocks, kv.layer, kv.kv_head, j));
+    }
+    let inv = 1.0 / sum;
+    for o in out.iter_mut() {
+        *o *= inv;
+    }
+}
+
 thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
@@ -366,36 +411,10 @@ impl Model {
         let (qkv, rows_item, rows_pos) = (&s.qkv, &s.rows_item, &s.rows_pos);
         let work = |idx: usize, out: &mut [f32]| {
             let (r, head) = (idx / nh, idx % nh);
-            let pos = rows_pos[r];
             let blocks = items[rows_item[r]].blocks;
             let q = &qkv[r * qkv_w + head * hd..r * qkv_w + (head + 1) * hd];
-            let kvh = head / group;
-            kernels::with_isa(|| {
-                SCORES.with(|sc| {
-                    let mut sc = sc.borrow_mut();
-                    sc.clear();
-                    let mut max = f32::NEG_INFINITY;
-                    for j in 0..=pos {
-                        let k = pool.key(blocks, layer, kvh, j);
-                        let v = kernels::dot(q, k) * scale;
-                        max = max.max(v);
-                        sc.push(v);
-                    }
-                    let mut sum = 0.0f32;
-                    for v in sc.iter_mut() {
-                        *v = (*v - max).exp();
-                        sum += *v;
-                    }
-                    out.fill(0.0);
-                    for (j, &e) in sc.iter().enumerate() {
-                        kernels::axpy(out, e, pool.value(blocks, layer, kvh, j));
-                    }
-                    let inv = 1.0 / sum;
-                    for o in out.iter_mut() {
-                        *o *= inv;
-                    }
-                })
-            })
+            let kv = KvRef { pool, blocks, layer, kv_head: head / group };
+            SCORES.with(|sc| attend(q, &kv, rows_pos[r], scale, &mut sc.borrow_mut(), out));
         };
         let attn = &mut s.attn[..t * nh * hd];
         let ctx: usize = rows_pos.iter().map(|p| p + 1).sum();
