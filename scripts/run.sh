@@ -30,7 +30,7 @@ done
 
 [ "$skip_install" = 1 ] || bash .ci/install-deps.sh
 if ! command -v cargo >/dev/null; then
-  echo "run.sh: cargo not found; FastLane needs a Rust toolchain (1.85 or newer) on PATH" >&2
+  echo "run.sh: cargo not found; FastLane needs a Rust toolchain (1.89 or newer) on PATH" >&2
   exit 1
 fi
 cargo build --release --locked -p fastlane-tools

@@ -24,7 +24,7 @@ if [ "$skip_install" = 0 ]; then
   bash .ci/install-deps.sh
 fi
 if ! command -v cargo >/dev/null; then
-  echo "test.sh: cargo not found; FastLane needs a Rust toolchain (1.85 or newer) on PATH" >&2
+  echo "test.sh: cargo not found; FastLane needs a Rust toolchain (1.89 or newer) on PATH" >&2
   exit 1
 fi
 

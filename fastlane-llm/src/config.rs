@@ -158,7 +158,7 @@ impl LlamaConfig {
         pos("num_attention_heads", self.num_attention_heads)?;
         pos("num_key_value_heads", self.kv_heads())?;
         pos("max_position_embeddings", self.max_position_embeddings)?;
-        if self.num_attention_heads % self.kv_heads() != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.kv_heads()) {
             return Err(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads,
@@ -166,7 +166,7 @@ impl LlamaConfig {
             ));
         }
         let hd = self.head_dim();
-        if hd == 0 || hd % 2 != 0 {
+        if hd == 0 || !hd.is_multiple_of(2) {
             return Err(format!("head_dim {hd} must be even and positive"));
         }
         if self.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {

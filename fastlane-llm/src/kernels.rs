@@ -159,6 +159,13 @@ unsafe impl Send for SendPtr {}
 // SAFETY: as above.
 unsafe impl Sync for SendPtr {}
 
+impl SendPtr {
+    /// The pointer (a method, so closures capture the whole `SendPtr`, not its field).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// `y[m, n] = x[m, k] · Wᵀ` (row-major `x` and `y`). Batch-invariant (module docs).
 pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
     let (n, k) = (w.n, w.k);
@@ -171,11 +178,10 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
     let out = SendPtr(y.as_mut_ptr());
     let isa = isa();
     let run = |p0: usize, p1: usize| {
-        let out = out;
         for p in p0..p1 {
             // SAFETY: panel p writes columns p*32..min(n, p*32+32) of rows 0..m of y, which
             // has m*n values (asserted above); tasks own disjoint panel ranges.
-            unsafe { panel_rows(isa, x, m, k, w, p, out.0, n) };
+            unsafe { panel_rows(isa, x, m, k, w, p, out.get(), n) };
         }
     };
     if m * n * k < PARALLEL_MIN_FMAS || panels == 1 {
@@ -196,6 +202,7 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
 /// # Safety
 ///
 /// `y` points at `m * n` writable floats that no one else touches in panel `p`'s columns.
+#[allow(clippy::too_many_arguments)] // the kernel's geometry, passed flat on purpose
 unsafe fn panel_rows(
     isa: Isa,
     x: &[f32],
@@ -252,19 +259,19 @@ struct Tile<'a> {
 unsafe fn tile(isa: Isa, t: &Tile<'_>) {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 {
-        // SAFETY: the CPU has AVX-512F and FMA (`detect`); the caller guarantees `t.y`.
-        unsafe {
-            match t.rows {
-                8 => avx512::tile::<8>(t),
-                7 => avx512::tile::<7>(t),
-                6 => avx512::tile::<6>(t),
-                5 => avx512::tile::<5>(t),
-                4 => avx512::tile::<4>(t),
-                3 => avx512::tile::<3>(t),
-                2 => avx512::tile::<2>(t),
-                _ => avx512::tile::<1>(t),
-            }
-        }
+        let kernel: unsafe fn(&Tile<'_>) = match t.rows {
+            8 => avx512::tile::<8>,
+            7 => avx512::tile::<7>,
+            6 => avx512::tile::<6>,
+            5 => avx512::tile::<5>,
+            4 => avx512::tile::<4>,
+            3 => avx512::tile::<3>,
+            2 => avx512::tile::<2>,
+            _ => avx512::tile::<1>,
+        };
+        // SAFETY: the CPU has AVX-512F and FMA (`detect`); `t.rows` matches the kernel's
+        // row count; the caller guarantees `t.y`.
+        unsafe { kernel(t) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
@@ -299,7 +306,7 @@ unsafe fn tile_portable(t: &Tile<'_>) {
         if t.k0 > 0 {
             for (c, v) in a.iter_mut().enumerate().take(t.cols) {
                 // SAFETY: row r < rows, column c < cols (caller's contract).
-                *v = unsafe { *t.y.add(r * t.ldy + c) };
+                *v = unsafe { *t.y.wrapping_add(r * t.ldy + c) };
             }
         }
     }
@@ -315,7 +322,7 @@ unsafe fn tile_portable(t: &Tile<'_>) {
     for (r, a) in acc.iter().enumerate().take(t.rows) {
         for (c, v) in a.iter().enumerate().take(t.cols) {
             // SAFETY: as above.
-            unsafe { *t.y.add(r * t.ldy + c) = *v };
+            unsafe { *t.y.wrapping_add(r * t.ldy + c) = *v };
         }
     }
 }
@@ -333,49 +340,46 @@ mod avx512 {
     /// AVX-512F and FMA present; `t.y` as in [`super::tile`]; `t.rows == R`.
     #[target_feature(enable = "avx512f,fma")]
     pub(super) unsafe fn tile<const R: usize>(t: &Tile<'_>) {
-        let mask: __mmask16 = if t.cols >= 16 { 0xffff } else { (1u32 << t.cols) as u16 - 1 };
-        let mask_hi: __mmask16 = if t.cols >= 32 {
-            0xffff
-        } else if t.cols <= 16 {
-            0
-        } else {
-            (1u32 << (t.cols - 16)) as u16 - 1
+        let mask: __mmask16 = if t.cols >= 16 { 0xffff } else { ((1u32 << t.cols) - 1) as u16 };
+        let mask_hi: __mmask16 = match t.cols {
+            32.. => 0xffff,
+            0..=16 => 0,
+            c => ((1u32 << (c - 16)) - 1) as u16,
         };
         let mut acc = [[_mm512_setzero_ps(); 2]; R];
         if t.k0 > 0 {
             for (r, a) in acc.iter_mut().enumerate() {
-                // SAFETY: row r < R = rows, the masks cover only columns < cols.
-                unsafe {
-                    let row = t.y.add(r * t.ldy);
-                    a[0] = _mm512_maskz_loadu_ps(mask, row);
-                    a[1] = _mm512_maskz_loadu_ps(mask_hi, row.add(16));
-                }
+                let row = t.y.wrapping_add(r * t.ldy);
+                // SAFETY: row r < R = rows of the tile; the mask covers only columns < cols.
+                a[0] = unsafe { _mm512_maskz_loadu_ps(mask, row) };
+                // SAFETY: as above, columns 16.. under `mask_hi`.
+                a[1] = unsafe { _mm512_maskz_loadu_ps(mask_hi, row.wrapping_add(16)) };
             }
         }
         let xp = t.x.as_ptr();
         let wp = t.panel.as_ptr();
-        debug_assert!(t.x.len() >= (R - 1) * t.ldx + t.k1);
-        debug_assert!(t.panel.len() >= t.k1 * PANEL);
+        // The loop reads x[r * ldx + kk] for r < R and panel[kk * 32 .. kk * 32 + 32] for
+        // kk < k1: both inside their slices, which the caller cut to these sizes.
+        assert!(t.x.len() >= (R - 1) * t.ldx + t.k1 && t.panel.len() >= t.k1 * PANEL);
         for kk in t.k0..t.k1 {
-            // SAFETY: kk < k1 ≤ k, so the panel row and the x elements are in bounds
-            // (debug-asserted above; the slices were cut by the caller to that size).
-            unsafe {
-                let b0 = _mm512_loadu_ps(wp.add(kk * PANEL));
-                let b1 = _mm512_loadu_ps(wp.add(kk * PANEL + 16));
-                for (r, a) in acc.iter_mut().enumerate() {
-                    let xv = _mm512_set1_ps(*xp.add(r * t.ldx + kk));
-                    a[0] = _mm512_fmadd_ps(xv, b0, a[0]);
-                    a[1] = _mm512_fmadd_ps(xv, b1, a[1]);
-                }
+            // SAFETY: kk < k1, so the 32 panel values are in bounds (asserted above).
+            let b0 = unsafe { _mm512_loadu_ps(wp.wrapping_add(kk * PANEL)) };
+            // SAFETY: as above.
+            let b1 = unsafe { _mm512_loadu_ps(wp.wrapping_add(kk * PANEL + 16)) };
+            for a in acc.iter_mut().enumerate() {
+                let (r, a) = a;
+                // SAFETY: r < R and kk < k1: in bounds (asserted above).
+                let xv = _mm512_set1_ps(unsafe { *xp.wrapping_add(r * t.ldx + kk) });
+                a[0] = _mm512_fmadd_ps(xv, b0, a[0]);
+                a[1] = _mm512_fmadd_ps(xv, b1, a[1]);
             }
         }
         for (r, a) in acc.iter().enumerate() {
+            let row = t.y.wrapping_add(r * t.ldy);
             // SAFETY: as for the loads.
-            unsafe {
-                let row = t.y.add(r * t.ldy);
-                _mm512_mask_storeu_ps(row, mask, a[0]);
-                _mm512_mask_storeu_ps(row.add(16), mask_hi, a[1]);
-            }
+            unsafe { _mm512_mask_storeu_ps(row, mask, a[0]) };
+            // SAFETY: as for the loads.
+            unsafe { _mm512_mask_storeu_ps(row.wrapping_add(16), mask_hi, a[1]) };
         }
     }
 }

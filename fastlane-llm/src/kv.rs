@@ -108,9 +108,12 @@ impl KvPool {
         // a step, so no one else reads or writes these floats now. The mapping lives as
         // long as `self.mem`.
         unsafe {
-            std::ptr::copy_nonoverlapping(k.as_ptr(), self.ptr(table, layer, 0, kvh, pos), d);
-            std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr(table, layer, 1, kvh, pos), d);
-        }
+            std::ptr::copy_nonoverlapping(k.as_ptr(), self.ptr(table, layer, 0, kvh, pos), d)
+        };
+        // SAFETY: as above, for the value.
+        unsafe {
+            std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr(table, layer, 1, kvh, pos), d)
+        };
     }
 
     /// Key of one head at `pos`.
@@ -132,7 +135,7 @@ impl KvPool {
         // SAFETY: inside the mapping; callers read blocks no step or swap is writing.
         unsafe {
             std::slice::from_raw_parts(
-                (self.base as *const u8).add(b.0 as usize * self.block_floats * 4),
+                (self.base as *const u8).wrapping_add(b.0 as usize * self.block_floats * 4),
                 self.block_floats * 4,
             )
         }

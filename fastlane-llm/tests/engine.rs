@@ -19,6 +19,9 @@ const WAIT: Duration = Duration::from_secs(300);
 const MAX_TOKENS: u32 = 20;
 const REQUESTS: usize = 64;
 
+/// A request's token ids and the digest of the logits they were sampled from.
+type Output = (Vec<u32>, Option<u64>);
+
 fn model() -> Arc<Model> {
     static M: OnceLock<Arc<Model>> = OnceLock::new();
     M.get_or_init(|| Arc::new(Model::load("random:tiny", 7).expect("random:tiny loads"))).clone()
@@ -48,8 +51,8 @@ fn ample() -> EngineConfig {
 }
 
 /// Each request alone on an engine with an ample pool.
-fn alone() -> &'static Vec<(Vec<u32>, Option<u64>)> {
-    static A: OnceLock<Vec<(Vec<u32>, Option<u64>)>> = OnceLock::new();
+fn alone() -> &'static Vec<Output> {
+    static A: OnceLock<Vec<Output>> = OnceLock::new();
     A.get_or_init(|| {
         let e = Engine::start(model(), ample()).expect("engine starts");
         let out = requests()
@@ -68,7 +71,7 @@ fn alone() -> &'static Vec<(Vec<u32>, Option<u64>)> {
 }
 
 /// All requests at once; returns their tokens and the engine's counters.
-fn together(e: Engine) -> (Vec<(Vec<u32>, Option<u64>)>, EngineCounters) {
+fn together(e: Engine) -> (Vec<Output>, EngineCounters) {
     let streams: Vec<_> = requests().into_iter().map(|r| e.submit(r).expect("submit")).collect();
     let out = streams
         .iter()
@@ -85,7 +88,7 @@ fn together(e: Engine) -> (Vec<(Vec<u32>, Option<u64>)>, EngineCounters) {
 }
 
 /// Same token ids, and the same logits to the last bit, as each request alone.
-fn assert_same(got: &[(Vec<u32>, Option<u64>)], what: &str) {
+fn assert_same(got: &[Output], what: &str) {
     let want = alone();
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         assert_eq!(g.0, w.0, "{what}: request {i}'s tokens differ from its solo run");

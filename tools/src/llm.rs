@@ -30,7 +30,7 @@ pub struct LlmArgs {
 #[derive(Debug, Subcommand)]
 enum LlmCmd {
     /// Generate text: one prompt streamed to stdout, or --prompts FILE all at once.
-    Generate(GenerateArgs),
+    Generate(Box<GenerateArgs>),
     /// Write a seeded random model as a Hugging Face directory (config.json + safetensors).
     MakeRandom(MakeRandomArgs),
     /// Measure decode, prefill, batching and swap overlap against floors of the same run.
