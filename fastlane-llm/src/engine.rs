@@ -733,12 +733,31 @@ impl Loop {
             };
             inputs.push((id, toks, ctx, want));
         }
-        let tables: Vec<Vec<kvswap::BlockId>> = inputs
+        let mut tables: Vec<Vec<kvswap::BlockId>> = inputs
             .iter()
             .map(|(id, ..)| {
                 self.sched.blocks().table(SeqId(*id)).map(<[_]>::to_vec).unwrap_or_default()
             })
             .collect();
+        // An item whose block table does not cover its positions is a scheduler bug: that
+        // request fails (after the step, with an error), the others go on.
+        let mut broken: Vec<u64> = Vec::new();
+        let mut i = 0;
+        while i < inputs.len() {
+            let (id, toks, ctx, _) = &inputs[i];
+            if tables[i].len() * TOKENS_PER_BLOCK < ctx + toks.len() {
+                log::error!(
+                    "engine: sequence {id} planned at positions {ctx}..{} with {} blocks; failing it",
+                    ctx + toks.len(),
+                    tables[i].len()
+                );
+                broken.push(*id);
+                inputs.remove(i);
+                tables.remove(i);
+            } else {
+                i += 1;
+            }
+        }
         let items: Vec<BatchItem<'_>> = inputs
             .iter()
             .zip(&tables)
@@ -794,6 +813,8 @@ impl Loop {
         let mut to_stop = Vec::new();
         for ev in events {
             match ev {
+                SchedEvent::Token { seq, .. } | SchedEvent::Finished { seq, .. }
+                    if broken.contains(&seq.0) => {}
                 SchedEvent::Token { seq, .. } => {
                     let Some(tok) = sampled.remove(&seq.0) else {
                         return Err(LlmError::Stopped {
@@ -817,6 +838,13 @@ impl Loop {
             return Err(LlmError::Stopped {
                 reason: format!("sampled a token for {id} the scheduler did not emit"),
             });
+        }
+        for id in broken {
+            if self.live.contains_key(&id) {
+                self.sched.abort(SeqId(id))?;
+                self.sched.clear_events();
+                self.end(id, FinishReason::Error);
+            }
         }
         for id in to_stop {
             if self.live.contains_key(&id) {

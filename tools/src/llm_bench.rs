@@ -48,6 +48,14 @@ pub struct BenchArgs {
     /// Also write the JSON results to this file.
     #[arg(long)]
     out: Option<std::path::PathBuf>,
+    /// Instead of the kernel measurements, a scheduler scenario on the real engine: d (one
+    /// long prompt among ten decoders: chunked vs whole prefill) or b (chat beside batch
+    /// jobs: solo, fifo, drr+preempt).
+    #[arg(long)]
+    scenario: Option<String>,
+    /// Seconds of chat arrivals in scenario b.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -184,6 +192,19 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let model = Arc::new(
         Model::load(&a.model, a.model_seed).with_context(|| format!("loading {}", a.model))?,
     );
+    if let Some(sc) = &a.scenario {
+        let v = crate::llm_sched::run(&model, sc, a.seconds, a.json)?;
+        if let Some(p) = &a.out {
+            if let Some(dir) = p.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::write(p, serde_json::to_string_pretty(&v)?)?;
+        }
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        return Ok(());
+    }
     let threads = rayon::current_num_threads();
     eprintln!(
         "bench: {} ({} parameters, {:.0} MB of weights), kernels {}, {threads} threads",

@@ -859,8 +859,9 @@ impl<P: SwapPort> Scheduler<P> {
 
     /// Blocks a waiting sequence needs to start (or resume).
     fn start_need(&self, seq: SeqId) -> u32 {
+        // A swapped-out sequence comes back into blocks for what it computed and needs the
+        // rest of its prefill (if it was preempted mid-prefill) or its next token too.
         match self.seqs.get(&seq) {
-            Some(s) if matches!(s.state, State::SwappedOut) => blocks_for_tokens(s.computed),
             Some(s) => blocks_for_tokens(s.target.max(s.computed + 1)),
             None => 0,
         }
@@ -1120,7 +1121,9 @@ impl<P: SwapPort> Scheduler<P> {
                 continue;
             }
             let chunk = self.chunk_for(s.target - s.computed, *budget);
-            if chunk == 0 {
+            let end = s.computed + chunk;
+            // The chunk's positions must have blocks (a no-op when they do already).
+            if chunk == 0 || self.blocks.grow(id, end).is_err() {
                 continue;
             }
             self.push_item(id, StepKind::Prefill { tokens: chunk });
@@ -1170,6 +1173,9 @@ impl<P: SwapPort> Scheduler<P> {
             // Cannot fail: free >= need checked by start_chunk.
             let _ = self.blocks.grow(id, tokens);
             let table = self.blocks.table(id).unwrap_or(&[]).to_vec();
+            // Reserve the rest: the prefill left when it was preempted mid-prefill, or the
+            // next token's block (appended after the table the copy lands in).
+            let _ = self.blocks.grow(id, s.target.max(tokens + 1));
             match self.port.swap_in(now_ns, id, &table) {
                 Ok(()) => {
                     s.state = State::SwappingIn;
@@ -1273,6 +1279,12 @@ impl<P: SwapPort> Scheduler<P> {
             let Some((id, chunk, is_start)) = heads[t] else { break };
             if !is_start {
                 running[t].pop_front();
+                let end = self.seqs.get(&id).map_or(0, |s| s.computed + chunk);
+                // The chunk's positions must have blocks (a no-op when they do already).
+                if self.blocks.grow(id, end).is_err() {
+                    continue;
+                }
+                let drr = &mut self.drr[tier_index(tier)];
                 drr.charge(t, u64::from(chunk));
                 self.charge_cap(t, chunk);
                 self.push_item(id, StepKind::Prefill { tokens: chunk });
@@ -1843,5 +1855,72 @@ mod tests {
         let mut c = cfg(Policy::Drr, 100);
         c.protect = Some(ProtectConfig { hold_ns_max: 0, ..ProtectConfig::default() });
         assert!(matches!(Scheduler::new(c, t(), port()), Err(SchedError::Config { .. })));
+    }
+
+    /// Every planned item's positions have blocks, through swaps and recomputes forced in
+    /// the middle of prefills, under each policy (found by the real engine: a sequence
+    /// swapped out mid-prefill came back with blocks for what it had computed only).
+    #[test]
+    fn every_planned_item_has_blocks_for_its_positions() {
+        for policy in [Policy::Fifo, Policy::Drr, Policy::DrrPreempt] {
+            let tenants = vec![
+                tenant(
+                    "chat",
+                    Tier::Interactive,
+                    1e9,
+                    1e9,
+                    100,
+                    Overflow::Queue { depth_max: 100 },
+                ),
+                tenant("batch", Tier::Batch, 1e9, 1e9, 100, Overflow::Queue { depth_max: 100 }),
+            ];
+            let mut c = cfg(policy, 40);
+            c.chunk_tokens = Some(16);
+            c.batch_tokens_max = 64;
+            let mut s = Scheduler::new(c, tenants, port()).unwrap();
+            for i in 0..12u64 {
+                s.submit(0, req(i + 1, (i % 2) as usize, 20 + 13 * (i as u32 % 5), 30, 0)).unwrap();
+            }
+            let mut now = 0;
+            let mut forced = 0;
+            for step in 0..5_000u64 {
+                now += 1_000_000;
+                // Force a preemption every few steps, alternating swap and recompute, for a
+                // while (forcing it forever would keep the same sequence from finishing).
+                if step % 3 == 0 && step < 300 {
+                    if let Some(&id) = s.running.first() {
+                        let mode =
+                            if step % 2 == 0 { PreemptMode::Swap } else { PreemptMode::Recompute };
+                        if s.preempt_now(now, id, Some(mode)).unwrap() {
+                            forced += 1;
+                        }
+                    }
+                }
+                let plan = s.schedule(now).unwrap().clone();
+                for it in &plan.items {
+                    let n = match it.kind {
+                        StepKind::Decode => 1,
+                        StepKind::Prefill { tokens } => tokens,
+                    };
+                    let held = s.blocks().table(it.seq).map_or(0, |t| t.len() as u32);
+                    assert!(
+                        held * BLOCK_TOKENS >= it.context_tokens + n,
+                        "{policy}: step {step}: {:?} needs {} positions, holds {held} blocks",
+                        it.seq,
+                        it.context_tokens + n
+                    );
+                }
+                if !plan.is_empty() {
+                    s.complete_step(now).unwrap();
+                }
+                s.clear_events();
+                if s.live() == 0 {
+                    break;
+                }
+            }
+            assert_eq!(s.live(), 0, "{policy}: every request finished");
+            assert!(forced > 5, "{policy}: preemption was exercised ({forced})");
+            assert_eq!(s.blocks().free(), s.blocks().total());
+        }
     }
 }
