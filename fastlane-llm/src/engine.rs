@@ -899,7 +899,7 @@ impl Loop {
         if l.ttft_ns.is_none() {
             l.ttft_ns = Some(now.saturating_duration_since(l.arrived).as_nanos() as u64);
         }
-        let piece = l.stream.push(&self.model.tokenizer().token_bytes(tok));
+        let piece = self.model.tokenizer().piece(&l.generated, &mut l.stream);
         let before = l.text.len();
         l.text.push_str(&piece);
         // A stop string may straddle tokens: search the new text with enough of the old.

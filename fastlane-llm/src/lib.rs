@@ -7,6 +7,8 @@
 //!   without sliding window) loaded from a Hugging Face directory (`config.json`,
 //!   `*.safetensors` single or sharded, f32/bf16/f16) or generated from a seed
 //!   (`random:tiny`, `random:small`: not language models, real compute and memory traffic).
+//! - [`tokenizer`]: the directory's `tokenizer.json` (Hugging Face `tokenizers`), or the
+//!   random models' byte vocabulary; streaming text pieces.
 //! - [`kernels`]: batch-invariant f32 kernels (AVX-512 with a bit-identical portable
 //!   fallback): a row's result does not depend on the rest of the batch, so preemption,
 //!   recompute and batching cannot change a sequence's tokens.
@@ -19,8 +21,6 @@
 //!
 //! # What it does not do (yet)
 //!
-//! - No `tokenizer.json`: the byte tokenizer of the random models only (a real checkpoint
-//!   is driven with token ids).
 //! - No GPU path: K/V and compute are f32 on the CPU.
 //! - No RoPE scaling, attention biases or sliding windows (refused with a clear error).
 

@@ -155,7 +155,17 @@ impl Model {
         let src = SafetensorsDir::open(dir)?;
         // A directory written by `fastlane llm make-random` carries the byte vocabulary.
         let random = cfg.vocab_size >= 258 && cfg.bos_token_id == Some(crate::tokenizer::BOS);
-        Model::from_source(cfg, &src, dir.display().to_string(), random)
+        let mut m = Model::from_source(cfg, &src, dir.display().to_string(), random)?;
+        let tok = dir.join("tokenizer.json");
+        if tok.exists() {
+            m.tokenizer = Tokenizer::from_file(&tok)?;
+        } else if !random {
+            log::warn!(
+                "{}: no tokenizer.json: text is byte-tokenized, which this model was not trained on; give token ids",
+                dir.display()
+            );
+        }
+        Ok(m)
     }
 
     /// Builds the model from any tensor source; every tensor is checked against the shape

@@ -282,8 +282,8 @@ impl RandomWeights {
         &self.cfg
     }
 
-    /// Writes `dir/config.json` and `dir/model.safetensors` (f32 or bf16), a normal Hugging
-    /// Face model directory the loader reads like any checkpoint. With `shards > 1` the
+    /// Writes `dir/config.json`, `dir/tokenizer.json` (the byte vocabulary) and
+    /// `dir/model.safetensors` (f32 or bf16), a normal Hugging Face model directory the loader reads like any checkpoint. With `shards > 1` the
     /// tensors are spread over that many files with a `model.safetensors.index.json`.
     pub fn write_dir(&self, dir: &Path, bf16: bool, shards: usize) -> Result<(), LlmError> {
         std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
@@ -292,6 +292,9 @@ impl RandomWeights {
         let cfg_path = dir.join("config.json");
         let text = serde_json::to_string_pretty(&cfg).expect("config serialises");
         std::fs::write(&cfg_path, text).map_err(|e| io_err(&cfg_path, e))?;
+        let tok_path = dir.join("tokenizer.json");
+        let tok = crate::tokenizer::byte_tokenizer_json().to_string();
+        std::fs::write(&tok_path, tok).map_err(|e| io_err(&tok_path, e))?;
         let names: Vec<&String> = self.shapes.keys().collect();
         let shards = shards.clamp(1, names.len());
         let per = names.len().div_ceil(shards);

@@ -35,7 +35,7 @@ fn requests() -> Vec<GenRequest> {
             let len = 8 + (i * 37) % 112;
             let text: String =
                 (0..len).map(|j| (b'a' + ((i * 7 + j * 3) % 26) as u8) as char).collect();
-            let mut r = GenRequest::greedy(m.tokenizer().encode(&text), MAX_TOKENS);
+            let mut r = GenRequest::greedy(m.tokenizer().encode(&text).unwrap(), MAX_TOKENS);
             r.digest_logits = true;
             if i % 4 == 3 {
                 r.sampling =
@@ -182,7 +182,7 @@ fn stop_strings_stop_ids_and_abort_end_streams_cleanly() {
     let e = Engine::start(m.clone(), EngineConfig { device_blocks: 64, ..EngineConfig::default() })
         .unwrap();
     // The greedy continuation of a prompt, then stop at a piece of it.
-    let prompt = m.tokenizer().encode("the quick brown fox");
+    let prompt = m.tokenizer().encode("the quick brown fox").unwrap();
     let full = e.submit(GenRequest::greedy(prompt.clone(), 24)).unwrap().wait(WAIT).unwrap();
     let stop_at = full.token_ids[5];
     let mut r = GenRequest::greedy(prompt.clone(), 24);

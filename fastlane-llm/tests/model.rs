@@ -113,6 +113,12 @@ fn prefill_chunking_changes_no_bit_and_a_directory_equals_the_in_memory_model() 
     let mut s = Scratch::default();
     let item = [BatchItem { tokens: &ids, start_pos: 0, blocks: &blocks, want_logits: true }];
     in_mem.forward(&item, &pool, &mut s).unwrap();
+    // The directory carries the byte vocabulary as a tokenizer.json, read by `tokenizers`.
+    assert!(matches!(from_dir.tokenizer(), fastlane_llm::tokenizer::Tokenizer::Hf(_)));
+    assert_eq!(
+        from_dir.tokenizer().encode("héllo").unwrap(),
+        in_mem.tokenizer().encode("héllo").unwrap()
+    );
     let whole = &s.logits[..in_mem.vocab()];
     let last = &chunked.last().unwrap().1;
     assert!(

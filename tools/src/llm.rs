@@ -254,9 +254,12 @@ fn generate(a: &GenerateArgs) -> Result<()> {
     } else if let Some(path) = &a.prompts {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        text.lines().filter(|l| !l.is_empty()).map(|l| model.tokenizer().encode(l)).collect()
+        text.lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| model.tokenizer().encode(l))
+            .collect::<Result<_, _>>()?
     } else if let Some(p) = &a.prompt {
-        vec![model.tokenizer().encode(p)]
+        vec![model.tokenizer().encode(p)?]
     } else {
         bail!("give a prompt, --prompts FILE or --prompt-ids");
     };
