@@ -1,0 +1,148 @@
+//! Guest-side driver of the engine's remote-tier test (fastlane-llm/tests/remote_guest.rs):
+//! runs inside a soft-RoCE QEMU guest (fastlane-llm/tests/vm/guest-llm.sh).
+//!
+//! - `pool-server ADDR BYTES`: a `fastlane_rdma::PoolServer` (prints `READY`).
+//! - `client ADDR`: a small random model; 12 greedy requests, each alone on an ample pool,
+//!   then all at once on a pool so small that most are preempted by swap into the remote
+//!   tier (no host tier): same token ids and logits, swaps really went through the pool.
+//!
+//! Output: `CHECK name ok|FAIL detail` lines; exit status 1 when any check failed.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fastlane_llm::weights::RandomWeights;
+use fastlane_llm::{Engine, EngineConfig, GenRequest, Model, PreemptChoice, RandomPreset};
+use kvswap::{RemoteTierConfig, SpillPolicy};
+
+type R<T> = Result<T, String>;
+
+const WAIT: Duration = Duration::from_secs(600);
+
+fn check(name: &str, ok: bool, detail: impl std::fmt::Display) -> R<()> {
+    if ok {
+        println!("CHECK {name} ok {detail}");
+        Ok(())
+    } else {
+        println!("CHECK {name} FAIL {detail}");
+        Err(format!("{name} failed: {detail}"))
+    }
+}
+
+/// A model small enough for an emulated CPU: 2 layers, hidden 64.
+fn model() -> R<Arc<Model>> {
+    let mut cfg = RandomPreset::Tiny.config();
+    cfg.hidden_size = 64;
+    cfg.intermediate_size = 128;
+    cfg.num_hidden_layers = 2;
+    cfg.num_attention_heads = 4;
+    cfg.num_key_value_heads = Some(2);
+    let w = RandomWeights::new(cfg.clone(), 5);
+    Model::from_source(cfg, &w, "random:micro".into(), true)
+        .map(Arc::new)
+        .map_err(|e| e.to_string())
+}
+
+fn requests(m: &Model) -> R<Vec<GenRequest>> {
+    (0..12)
+        .map(|i| {
+            let text: String =
+                (0..20 + i * 5).map(|j| (b'a' + ((i * 3 + j) % 26) as u8) as char).collect();
+            let mut r =
+                GenRequest::greedy(m.tokenizer().encode(&text).map_err(|e| e.to_string())?, 12);
+            r.digest_logits = true;
+            Ok(r)
+        })
+        .collect()
+}
+
+fn client(addr: SocketAddr) -> R<()> {
+    let m = model()?;
+    let t0 = Instant::now();
+    let solo =
+        Engine::start(m.clone(), EngineConfig { device_blocks: 64, ..EngineConfig::default() })
+            .map_err(|e| e.to_string())?;
+    let mut want = Vec::new();
+    for r in requests(&m)? {
+        let f = solo.submit(r).map_err(|e| e.to_string())?.wait(WAIT).map_err(|e| e.to_string())?;
+        want.push((f.token_ids, f.logits_digest));
+    }
+    solo.shutdown().map_err(|e| e.to_string())?;
+    check(
+        "llm-solo",
+        want.iter().all(|w| w.0.len() == 12),
+        format!("12 requests alone in {:?}", t0.elapsed()),
+    )?;
+    let mut cfg =
+        EngineConfig { device_blocks: 8, preempt: PreemptChoice::Swap, ..EngineConfig::default() };
+    cfg.swap.host_bytes = 0;
+    cfg.swap.spill = SpillPolicy::RemoteOnly;
+    cfg.swap.remote = Some(RemoteTierConfig {
+        device: std::env::var("RDMA_DEV").unwrap_or_else(|_| "rxe0".into()),
+        addr,
+        bytes: 4 << 20,
+    });
+    let e = Engine::start(m.clone(), cfg).map_err(|e| e.to_string())?;
+    check("llm-remote-connect", true, "engine up with the remote tier only")?;
+    let streams: Vec<_> = requests(&m)?
+        .into_iter()
+        .map(|r| e.submit(r))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let mut same = 0;
+    for (s, w) in streams.iter().zip(&want) {
+        let f = s.wait(WAIT).map_err(|e| e.to_string())?;
+        if f.token_ids == w.0 && f.logits_digest == w.1 {
+            same += 1;
+        }
+    }
+    let c = e.shutdown().map_err(|e| e.to_string())?;
+    check(
+        "llm-remote-swapped",
+        c.preempt_swap > 0 && c.swap_in_bytes > 0,
+        format!("{} swaps, {} B out, {} B in", c.preempt_swap, c.swap_out_bytes, c.swap_in_bytes),
+    )?;
+    check(
+        "llm-remote-invisible",
+        same == 12,
+        format!("{same}/12 requests identical to their solo run"),
+    )?;
+    check(
+        "llm-remote-blocks",
+        c.blocks_free == c.blocks_total,
+        format!("{}/{} free", c.blocks_free, c.blocks_total),
+    )
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let addr = || -> R<SocketAddr> {
+        args.get(2).ok_or("missing ADDR")?.parse().map_err(|x| format!("bad ADDR: {x}"))
+    };
+    let r = match args.get(1).map(String::as_str) {
+        Some("pool-server") => (|| -> R<()> {
+            let bytes: u64 =
+                args.get(3).ok_or("missing BYTES")?.parse().map_err(|_| "bad BYTES")?;
+            let dev = fastlane_rdma::Device::open(
+                &std::env::var("RDMA_DEV").unwrap_or_else(|_| "rxe0".into()),
+            )
+            .map_err(|x| x.to_string())?;
+            let p =
+                fastlane_rdma::PoolServer::bind(&dev, addr()?, bytes).map_err(|x| x.to_string())?;
+            println!("READY size={}", p.size());
+            p.serve(&AtomicBool::new(false)).map_err(|x| x.to_string())
+        })(),
+        Some("client") => addr().and_then(client),
+        _ => Err("usage: fastlane-llm-remote-check pool-server ADDR BYTES | client ADDR".into()),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(m) => {
+            println!("ERROR {m}");
+            ExitCode::FAILURE
+        }
+    }
+}
