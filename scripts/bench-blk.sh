@@ -11,6 +11,7 @@
 #   --disk-mib N   size of the /dev/shm file and of the mem: disk (default 256)
 # Environment: CARGO_TARGET_DIR (where to build), FASTLANE_BIN (use this binary, no build),
 #   BACKEND_CPU / CLIENT_CPU (default 0 / 1), EXTRA_SERVE_ARGS (e.g. "--poll-us 200").
+# Also writes the run as benches/results/vhost-blk/<date>-<commit>.json (scripts/bench_results.py).
 set -euo pipefail
 
 secs=5
@@ -21,7 +22,7 @@ while [ $# -gt 0 ]; do
         --seconds) secs="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
         --disk-mib) disk_mib="$2"; shift 2 ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) echo "bench-blk.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -136,4 +137,6 @@ echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/env.txt"
     "$bin" bench blk --compare "$out/qsd.json" "$out/fastlane-mem.json" \
         --labels qsd,fastlane-mem
 } | tee "$out/summary.txt"
+python3 "$root/scripts/bench_results.py" blk "$out" \
+    "scripts/bench-blk.sh --seconds $secs --disk-mib $disk_mib${EXTRA_SERVE_ARGS:+ (EXTRA_SERVE_ARGS=$EXTRA_SERVE_ARGS)}"
 echo "results in $out" >&2

@@ -28,9 +28,11 @@
 # zeroes). "-- ARGS" replaces the extra args, e.g. "-- --writer-core 1 --producer-core 0
 # --waiter-core 0 --records 200000 --size 256M --prefill false" for fallocate'd files
 # (unwritten extents) on both sides.
-# Writes DIR/journal-<round>-<n>.{log,hlog} under target/bench-journal.
+# Writes DIR/journal-<round>-<n>.{log,hlog} under target/bench-journal, and the rows as
+# benches/results/journal/<date>-<commit>.json (scripts/bench_results.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+command="scripts/bench-journal.sh$(printf ' %q' "$@")"
 
 rounds=3 file= bin= out=target/bench-journal
 configs=()
@@ -43,7 +45,7 @@ while [ $# -gt 0 ]; do
         --config) configs+=("$2"); shift ;;
         --out) out=$2; shift ;;
         --) shift; extra=("$@"); break ;;
-        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
         *) echo "bench-journal.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -105,3 +107,4 @@ summary() {
 }
 summary "per config: ack P99 / floor P99, median and worst over $rounds rounds" NF-2 "%6.2f"
 summary "per config: ack P99 / P99 of the same load without a journal, median and worst" NF "%8.2g"
+python3 scripts/bench_results.py journal "$rows" "$command"

@@ -11,7 +11,8 @@
 # Defaults: 256M, 5 samples, 1 round, host,remote, 2 vCPUs, 3G guest memory (the device pool,
 # the host tier and the RDMA pool each hold --bytes; give --mem about 4x --bytes + 1G).
 # Writes DIR/kv-remote.hlog (tags swapin-<tier>; read with `fastlane hist`) and
-# DIR/kv-remote.log (the whole guest output). Needs .ci/install-deps.sh's packages.
+# DIR/kv-remote.log (the whole guest output), and the run as
+# benches/results/kvswap/<date>-<commit>.json (scripts/bench_results.py). Needs .ci/install-deps.sh's packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,7 +29,7 @@ while [ $# -gt 0 ]; do
         --mem) mem=$2; shift ;;
         --bin) bin=$2; shift ;;
         --out) out=$2; shift ;;
-        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
         *) echo "bench-kv-remote.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -50,5 +51,7 @@ tests/vm/run-guest.sh --script tests/vm/guest-kv-bench.sh \
     --smp "$smp" --mem "$mem" --timeout 1500 >"$out/kv-remote.log" || status=$?
 sed -n 's/^HLOG //p' "$out/kv-remote.log" >"$out/kv-remote.hlog"
 sed -n 's/^BENCH //p; /^RESULT /p' "$out/kv-remote.log"
+python3 scripts/bench_results.py kv-remote "$out/kv-remote.log" \
+    "scripts/bench-kv-remote.sh --bytes $bytes --samples $samples --rounds $rounds --tiers $tiers --checksum $checksum --smp $smp --mem $mem" || true
 echo "guest log: $out/kv-remote.log; histograms: $out/kv-remote.hlog" >&2
 exit "$status"

@@ -6,6 +6,8 @@ usage: python3 scripts/bench-report.py ring [--target-dir DIR] [--json]
 Reads <target>/criterion/<group>/<peer>/new/estimates.json (written by `cargo bench --bench
 ring`) and prints, per group, each peer's median time per item and its ratio to the reference
 peer of that group: rtrb for the throughput groups, the bare atomic ping-pong for latency.
+Also writes the table as benches/results/ring/<date>-<commit>.json (scripts/bench_results.py;
+--no-save skips that).
 """
 import argparse
 import json
@@ -33,11 +35,32 @@ def median_ns(base, group, peer):
     return est["median"]["point_estimate"]
 
 
+def save(suite, groups):
+    """The same table as benches/results/<suite>/<date>-<commit>.json."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_results
+
+    rows = []
+    for g in groups:
+        for r in g["rows"]:
+            if g["kind"] == "throughput":
+                rows.append(bench_results.row(f"{g['group']} {r['peer']}", r["ns_per_item"], "ns/item",
+                                              g["reference"], None, r["throughput_vs_" + g["reference"]], None,
+                                              ratio_is="throughput / reference's (criterion medians)"))
+            else:
+                rows.append(bench_results.row(f"{g['group']} {r['peer']}", r["round_trip_ns"], "ns round trip",
+                                              g["reference"], None, r["latency_vs_" + g["reference"]], None,
+                                              ratio_is="round trip / reference's (criterion medians)"))
+    bench_results.write(suite, f"cargo bench --bench {suite} && python3 scripts/bench-report.py {suite}", rows,
+                        raw=groups, notes="criterion, one peer after another (not interleaved)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("suite", choices=sorted(GROUPS))
     ap.add_argument("--target-dir", default=os.environ.get("CARGO_TARGET_DIR", "target"))
     ap.add_argument("--json", action="store_true", help="machine-readable output")
+    ap.add_argument("--no-save", action="store_true", help="do not write benches/results/")
     args = ap.parse_args()
     base = os.path.join(args.target_dir, "criterion")
     if not os.path.isdir(base):
@@ -67,6 +90,8 @@ def main():
                              "latency_vs_" + ref: ratio})
         out.append({"group": group, "kind": kind, "reference": ref, "rows": rows})
 
+    if not args.no_save:
+        save(args.suite, out)
     if args.json:
         json.dump(out, sys.stdout, indent=2)
         print()

@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""Write one benchmark run as benches/results/<component>/<date>-<commit>.json.
+
+The benchmark scripts call this at the end of a run (format: benches/results/README.md):
+
+  python3 scripts/bench_results.py blk DIR COMMAND...          # scripts/bench-blk.sh's --out DIR
+  python3 scripts/bench_results.py vfio-nvme CONSOLE_LOG COMMAND...
+  python3 scripts/bench_results.py rdma ROWS_TSV GUEST_LOG COMMAND...
+  python3 scripts/bench_results.py journal ROWS_TXT COMMAND...
+  python3 scripts/bench_results.py kv-remote GUEST_LOG COMMAND...
+
+and scripts/bench-report.py imports `write`. Date: `date +%F`; commit: `git rev-parse --short
+HEAD`; BENCH_RESULTS_DIR overrides the folder. Prints the path written to stderr.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _out(cmd):
+    try:
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def write(component, command, rows, raw=None, load=None, notes=None):
+    """Write the run; return the path. `rows`: [{case, value, unit, peer, ratio, target, ...}]."""
+    date = _out(["date", "+%F"]) or "unknown-date"
+    commit = _out(["git", "rev-parse", "--short", "HEAD"]) or "unknown"
+    dirty = bool(_out(["git", "status", "--porcelain", "--untracked-files=no"]))
+    base = os.environ.get("BENCH_RESULTS_DIR") or os.path.join(ROOT, "benches", "results")
+    folder = os.path.join(base, component)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{date}-{commit}.json")
+    n = 2
+    while os.path.exists(path):
+        path = os.path.join(folder, f"{date}-{commit}-{n}.json")
+        n += 1
+    with open("/proc/loadavg") as f:
+        load_now = " ".join(f.read().split()[:3])
+    doc = {
+        "schema": 1,
+        "component": component,
+        "date": date,
+        "commit": commit,
+        "commit_dirty": dirty,
+        "command": command,
+        "machine": f"{os.uname().sysname} {os.uname().release}, {os.cpu_count()} CPUs",
+        "load": load if load is not None else {"when_written": load_now},
+        "notes": notes,
+        "rows": rows,
+        "raw": raw,
+    }
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+    print(f"results: {os.path.relpath(path, ROOT)}", file=sys.stderr)
+    return path
+
+
+def row(case, value, unit, peer=None, peer_value=None, ratio=None, target=None, **extra):
+    r = {"case": case, "value": value, "unit": unit, "peer": peer, "peer_value": peer_value,
+         "ratio": ratio, "target": target}
+    r.update(extra)
+    return r
+
+
+def _env_load(env_txt):
+    load = {}
+    try:
+        for line in open(env_txt):
+            for key in ("before", "after"):
+                if line.startswith(f"load {key}: "):
+                    load[key] = line.split(": ", 1)[1].strip()
+    except FileNotFoundError:
+        pass
+    return load or None
+
+
+def blk(out_dir, command):
+    """scripts/bench-blk.sh: the three `fastlane bench blk --json` reports; ratios B / qsd."""
+    reports = {}
+    for name in ("qsd", "fastlane-file", "fastlane-mem"):
+        p = os.path.join(out_dir, f"{name}.json")
+        if os.path.exists(p):
+            with open(p) as f:
+                reports[name] = json.load(f)
+    qsd = {c["name"]: c for c in reports.get("qsd", {}).get("cases", [])}
+    rows = []
+    for name in ("fastlane-file", "fastlane-mem"):
+        for c in reports.get(name, {}).get("cases", []):
+            q = qsd.get(c["name"])
+            if c["qd"] == 1:
+                for key in ("p50_ns", "p99_ns"):
+                    v, pv = c["latency"][key], q["latency"][key] if q else None
+                    rows.append(row(f"{name} {c['name']} {key[:-3].upper()}", v, "ns", "qemu-storage-daemon",
+                                    pv and {"value": pv, "unit": "ns"}, v / pv if pv else None, "<= 0.50"))
+            else:
+                v, pv = c["iops"], q["iops"] if q else None
+                rows.append(row(f"{name} {c['name']} IOPS", v, "IOPS", "qemu-storage-daemon",
+                                pv and {"value": pv, "unit": "IOPS"}, v / pv if pv else None, ">= 2.00"))
+    write("vhost-blk", command, rows, raw=reports, load=_env_load(os.path.join(out_dir, "env.txt")))
+
+
+def _kv_line(line):
+    fields = line.split()
+    return fields[1], dict(f.split("=", 1) for f in fields[2:] if "=" in f)
+
+
+def vfio_nvme(console_log, command):
+    """scripts/bench-vfio-nvme.sh: BENCH <label>_qd<N>_<pattern> lines, VFIO against the kernel."""
+    cases = {}
+    lines = [l.rstrip("\n") for l in open(console_log, errors="replace") if l.startswith("BENCH ")]
+    for line in lines:
+        name, kv = _kv_line(line)
+        cases[name] = kv
+    rows = []
+    for name, kv in sorted(cases.items()):
+        if not name.startswith("vfio_"):
+            continue
+        k = cases.get("kernel_" + name[len("vfio_"):])
+        p50, iops = float(kv["p50_ns"]), float(kv["iops"])
+        kp50, kiops = (float(k["p50_ns"]), float(k["iops"])) if k else (None, None)
+        case = name[len("vfio_"):]
+        rows.append(row(case + " P50", p50, "ns", "kernel nvme + io_uring", kp50 and {"value": kp50, "unit": "ns"},
+                        kp50 / p50 if kp50 else None, None, ratio_is="kernel P50 / VFIO P50"))
+        rows.append(row(case + " IOPS", iops, "IOPS", "kernel nvme + io_uring", kiops and {"value": kiops, "unit": "IOPS"},
+                        iops / kiops if kiops else None, None, ratio_is="VFIO IOPS / kernel IOPS"))
+    write("vfio-nvme", command, rows, raw={"bench_lines": lines})
+
+
+def rdma(rows_tsv, guest_log, command):
+    """scripts/bench-rdma.sh: its ratio table as TSV (case, perftest, fastlane, unit, ratio, target)."""
+    rows = []
+    for line in open(rows_tsv):
+        case, p, f, unit, r, target = line.rstrip("\n").split("\t")
+        num = lambda s: float(s) if re.fullmatch(r"[0-9.]+", s) else None
+        rows.append(row(case, num(f), unit, "perftest", num(p) is not None and {"value": num(p), "unit": unit} or None,
+                        num(r), target))
+    results = [l.rstrip("\n") for l in open(guest_log, errors="replace") if l.startswith("RESULT ")]
+    write("rdma", command, rows, raw={"result_lines": results})
+
+
+def journal(rows_txt, command):
+    """scripts/bench-journal.sh: its rows.txt, one line per run (latencies in µs)."""
+    rows, raw = [], []
+    for line in open(rows_txt):
+        f = line.split()
+        if len(f) < 11:
+            continue
+        # round, config (several words), then 9 numbers
+        r, cfg, nums = f[0], " ".join(f[1:-9]), f[-9:]
+        a50, a99, a999, f50, f99, x50, x99, n99, xn = (float(x) for x in nums)
+        raw.append(line.rstrip("\n"))
+        rows.append(row(f"round {r}, {cfg}: ack P99", a99, "µs", "pwrite + fdatasync, idle (floor) P99",
+                        {"value": f99, "unit": "µs"}, x99, "<= 1.2"))
+        rows.append(row(f"round {r}, {cfg}: ack P50", a50, "µs", "pwrite + fdatasync, idle (floor) P50",
+                        {"value": f50, "unit": "µs"}, x50, None))
+        rows.append(row(f"round {r}, {cfg}: ack P99 vs no journal", a99, "µs",
+                        "pwrite + fdatasync per record, same load, no journal: P99", {"value": n99, "unit": "µs"}, xn, None,
+                        ack_p99_9_us=a999))
+    write("journal", command, rows, raw={"rows": raw})
+
+
+def kv_remote(guest_log, command):
+    """scripts/bench-kv-remote.sh: the bench's table lines (BENCH ...) and RESULT lines."""
+    bench = [l[6:].rstrip("\n") for l in open(guest_log, errors="replace") if l.startswith("BENCH ")]
+    results = [l.rstrip("\n") for l in open(guest_log, errors="replace") if l.startswith("RESULT ")]
+    rows = []
+    for line in bench:
+        m = re.match(r"^(\S.*?)\s{2,}(-|[0-9.]+)\s+([0-9.]+)\s+(-|[0-9.]+)\s*$", line)
+        if m:
+            num = lambda s: None if s == "-" else float(s)
+            rows.append(row(m.group(1), num(m.group(3)), "GiB/s", "memcpy" if "memcpy" in m.group(1) else None,
+                            num(m.group(2)) is not None and {"value": num(m.group(2)), "unit": "GiB/s"} or None,
+                            num(m.group(4)), ">= 0.8" if "memcpy" in m.group(1) else None))
+    write("kvswap", command, rows, raw={"bench_lines": bench, "result_lines": results})
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    kind, args = sys.argv[1], sys.argv[2:]
+    if kind == "blk":
+        blk(args[0], " ".join(args[1:]))
+    elif kind == "vfio-nvme":
+        vfio_nvme(args[0], " ".join(args[1:]))
+    elif kind == "rdma":
+        rdma(args[0], args[1], " ".join(args[2:]))
+    elif kind == "journal":
+        journal(args[0], " ".join(args[1:]))
+    elif kind == "kv-remote":
+        kv_remote(args[0], " ".join(args[1:]))
+    else:
+        sys.exit(f"bench_results.py: unknown kind {kind}\n{__doc__}")
+
+
+if __name__ == "__main__":
+    main()
