@@ -3,8 +3,9 @@
 //!
 //! - `pool-server ADDR BYTES`: a `fastlane_rdma::PoolServer` (prints `READY`).
 //! - `client ADDR`: a small random model; 12 greedy requests, each alone on an ample pool,
-//!   then all at once on a pool so small that most are preempted by swap into the remote
-//!   tier (no host tier): same token ids and logits, swaps really went through the pool.
+//!   then all at once on a pool so small that they are preempted by swap into the remote
+//!   tier (no host tier; more swaps forced at random step boundaries): same token ids and
+//!   logits, and the swaps really went through the pool.
 //!
 //! Output: `CHECK name ok|FAIL detail` lines; exit status 1 when any check failed.
 
@@ -50,9 +51,9 @@ fn requests(m: &Model) -> R<Vec<GenRequest>> {
     (0..12)
         .map(|i| {
             let text: String =
-                (0..20 + i * 5).map(|j| (b'a' + ((i * 3 + j) % 26) as u8) as char).collect();
+                (0..10 + i * 2).map(|j| (b'a' + ((i * 3 + j) % 26) as u8) as char).collect();
             let mut r =
-                GenRequest::greedy(m.tokenizer().encode(&text).map_err(|e| e.to_string())?, 12);
+                GenRequest::greedy(m.tokenizer().encode(&text).map_err(|e| e.to_string())?, 40);
             r.digest_logits = true;
             Ok(r)
         })
@@ -73,11 +74,17 @@ fn client(addr: SocketAddr) -> R<()> {
     solo.shutdown().map_err(|e| e.to_string())?;
     check(
         "llm-solo",
-        want.iter().all(|w| w.0.len() == 12),
+        want.iter().all(|w| w.0.len() == 40),
         format!("12 requests alone in {:?}", t0.elapsed()),
     )?;
-    let mut cfg =
-        EngineConfig { device_blocks: 8, preempt: PreemptChoice::Swap, ..EngineConfig::default() };
+    // A pool too small for the sequences' growth (decodes preempt), and swaps forced at random
+    // step boundaries on top.
+    let mut cfg = EngineConfig {
+        device_blocks: 10,
+        preempt: PreemptChoice::Swap,
+        chaos: Some((0.2, 1)),
+        ..EngineConfig::default()
+    };
     cfg.swap.host_bytes = 0;
     cfg.swap.spill = SpillPolicy::RemoteOnly;
     cfg.swap.remote = Some(RemoteTierConfig {
@@ -86,7 +93,11 @@ fn client(addr: SocketAddr) -> R<()> {
         bytes: 4 << 20,
     });
     let e = Engine::start(m.clone(), cfg).map_err(|e| e.to_string())?;
-    check("llm-remote-connect", true, "engine up with the remote tier only")?;
+    check(
+        "llm-remote-connect",
+        true,
+        format!("engine up with the remote tier only, kernels {}", fastlane_llm::kernels::isa()),
+    )?;
     let streams: Vec<_> = requests(&m)?
         .into_iter()
         .map(|r| e.submit(r))
@@ -97,6 +108,18 @@ fn client(addr: SocketAddr) -> R<()> {
         let f = s.wait(WAIT).map_err(|e| e.to_string())?;
         if f.token_ids == w.0 && f.logits_digest == w.1 {
             same += 1;
+        } else {
+            let at = f.token_ids.iter().zip(&w.0).position(|(a, b)| a != b);
+            println!(
+                "DIFF request {}: {:?} {:?}, {} tokens (solo {}), first different token at {at:?}, digests equal: {}, preempted {}",
+                s.id,
+                f.reason,
+                f.text,
+                f.token_ids.len(),
+                w.0.len(),
+                f.logits_digest == w.1,
+                f.preemptions
+            );
         }
     }
     let c = e.shutdown().map_err(|e| e.to_string())?;
