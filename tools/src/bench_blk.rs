@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use fastlane_hist::{format_ns, HlogWriter, LatencyRecorder, Summary};
+use fastlane_util::parse_size;
 use serde::{Deserialize, Serialize};
 use virtio_driver::{
     QueueNotifier, VhostUser, VirtioBlkConfig, VirtioBlkFeatureFlags, VirtioBlkQueue,
@@ -57,7 +58,7 @@ pub struct BlkArgs {
     #[arg(long, default_value_t = 5.0, value_parser = parse_seconds)]
     seconds: f64,
     /// Request size: bytes, or with a K/M suffix (multiple of 512, at most 1M).
-    #[arg(long, default_value = "4K", value_parser = parse_size)]
+    #[arg(long, default_value = "4K", value_parser = parse_request_size)]
     size: u32,
     /// Queue depths to run, comma-separated (1..=256).
     #[arg(long, value_delimiter = ',', default_value = "1,32", value_parser = clap::value_parser!(u16).range(1..=QD_MAX as i64))]
@@ -214,36 +215,19 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (digits, mult) = match t.as_bytes().last() {
-        Some(b'k' | b'K') => (&t[..t.len() - 1], 1u64 << 10),
-        Some(b'm' | b'M') => (&t[..t.len() - 1], 1 << 20),
-        Some(b'g' | b'G') => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
-    };
-    let n: u64 = digits.parse().map_err(|_| format!("not a byte count: {s} (e.g. 4096, 64M)"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("too large: {s}"))
-}
-
 fn parse_range(s: &str) -> Result<(u64, u64), String> {
     let (off, len) = s.split_once(':').ok_or_else(|| format!("{s}: expected OFFSET:LEN"))?;
-    let (off, len) = (parse_bytes(off)?, parse_bytes(len)?);
+    let size = |t: &str| parse_size(t).map_err(|e| e.to_string());
+    let (off, len) = (size(off)?, size(len)?);
     if len == 0 || off.checked_add(len).is_none() {
         return Err(format!("{s}: empty or overflowing range"));
     }
     Ok((off, len))
 }
 
-fn parse_size(s: &str) -> Result<u32, String> {
-    let t = s.trim();
-    let (digits, mult) = match t.as_bytes().last() {
-        Some(b'k' | b'K') => (&t[..t.len() - 1], 1024u64),
-        Some(b'm' | b'M') => (&t[..t.len() - 1], 1024 * 1024),
-        _ => (t, 1),
-    };
-    let n: u64 = digits.parse().map_err(|_| format!("not a size: {s} (e.g. 4096, 4K, 1M)"))?;
-    let bytes = n.checked_mul(mult).ok_or_else(|| format!("too large: {s}"))?;
+/// A request size: a byte size (`4096`, `4K`, `1M`) that is a multiple of 512, at most 1M.
+fn parse_request_size(s: &str) -> Result<u32, String> {
+    let bytes = parse_size(s).map_err(|e| e.to_string())?;
     if bytes == 0 || bytes % 512 != 0 || bytes > u64::from(SIZE_MAX_BYTES) {
         return Err(format!("{s}: must be a multiple of 512 bytes, at most 1M"));
     }
@@ -1281,13 +1265,13 @@ mod tests {
 
     #[test]
     fn sizes_parse_and_are_checked() {
-        assert_eq!(parse_size("4K"), Ok(4096));
-        assert_eq!(parse_size("512"), Ok(512));
-        assert_eq!(parse_size("1M"), Ok(1 << 20));
-        assert!(parse_size("100").is_err());
-        assert!(parse_size("2M").is_err());
-        assert!(parse_size("0").is_err());
-        assert!(parse_size("x").is_err());
+        assert_eq!(parse_request_size("4K"), Ok(4096));
+        assert_eq!(parse_request_size("512"), Ok(512));
+        assert_eq!(parse_request_size("1M"), Ok(1 << 20));
+        assert!(parse_request_size("100").is_err());
+        assert!(parse_request_size("2M").is_err());
+        assert!(parse_request_size("0").is_err());
+        assert!(parse_request_size("x").is_err());
     }
 
     #[test]

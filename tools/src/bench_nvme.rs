@@ -25,7 +25,8 @@ use clap::{Args, ValueEnum};
 use fastlane_block::{BlockDevice, BlockOp, BlockRequest, Completion, Segment};
 use fastlane_hist::{format_ns, HlogWriter, LatencyRecorder, Summary};
 use fastlane_nvme::{DmaBuffer, NvmeDevice, NvmeOptions};
-use fastlane_vhost_blk::spec::{parse_size, BackendSpec, SpecOptions};
+use fastlane_util::parse_size;
+use fastlane_vhost_blk::spec::{BackendSpec, SpecOptions};
 use serde::Serialize;
 
 /// Largest queue depth.

@@ -26,7 +26,8 @@ use fastlane_journal::{
 };
 use fastlane_rdma::Device;
 use fastlane_ring::WaitStrategy;
-use fastlane_vhost_blk::spec::{parse_size, IoEngine};
+use fastlane_util::parse_size;
+use fastlane_vhost_blk::spec::IoEngine;
 use serde::Serialize;
 
 /// `fastlane journal`.
@@ -85,7 +86,7 @@ struct ReplicaArgs {
     #[arg(long)]
     file: PathBuf,
     /// Size of the primary's journal device.
-    #[arg(long, default_value = "64M", value_parser = parse_bytes)]
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
     size: u64,
     /// Serve this many primaries, one after the other, then exit (0: forever).
     #[arg(long, default_value_t = 0)]
@@ -97,7 +98,7 @@ struct Common {
     /// The journal file (created with --size if missing).
     file: PathBuf,
     /// Size of a new journal file.
-    #[arg(long, default_value = "64M", value_parser = parse_bytes)]
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
     size: u64,
     /// memory, local or replicated.
     #[arg(long, default_value = "local")]
@@ -185,7 +186,7 @@ struct BenchArgs {
     /// The journal file (recreated); the pwrite+fdatasync baseline uses FILE.baseline.
     file: PathBuf,
     /// Size of the journal file.
-    #[arg(long, default_value = "512M", value_parser = parse_bytes)]
+    #[arg(long, default_value = "512M", value_parser = parse_size)]
     size: u64,
     /// Payload bytes per record.
     #[arg(long, default_value_t = 64)]
@@ -315,10 +316,6 @@ fn open_device(path: &std::path::Path, io: IoEngine, direct: bool) -> Result<Arc
             Arc::new(UringDevice::open(path, UringOptions { direct, ..UringOptions::default() })?)
         }
     })
-}
-
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
 }
 
 /// Runs `fastlane journal`.

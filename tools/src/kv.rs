@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use fastlane_hist::{HlogWriter, LatencyRecorder, Summary};
-use fastlane_vhost_blk::spec::parse_size;
+use fastlane_util::parse_size;
 use kvswap::{
     BlockId, ChecksumMode, EngineConfig, HostDeviceMemory, KvGeometry, NvmeTierConfig,
     RemoteTierConfig, SeqId, SpillPolicy, SwapEngine,

@@ -26,6 +26,7 @@ use fastlane_hist::{format_ns, HlogWriter, LatencyRecorder, Summary};
 use fastlane_rdma::{
     ConnectOptions, Connection, Device, Listener, PoolServer, QpConfig, RdmaError, SendOp,
 };
+use fastlane_util::parse_size;
 use serde::Serialize;
 
 /// Arguments of `fastlane rdma`.
@@ -99,18 +100,6 @@ pub struct BenchArgs {
     /// `RESULT` lines go to stderr). The server prints no results either way.
     #[arg(long)]
     json: bool,
-}
-
-fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    let n: u64 = num.parse().map_err(|e| format!("bad size {s:?}: {e}"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
 }
 
 /// Run `fastlane rdma`.
@@ -572,14 +561,6 @@ fn bandwidth(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("8").unwrap(), 8);
-        assert_eq!(parse_size("64K").unwrap(), 65536);
-        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
-        assert!(parse_size("x").is_err());
-    }
 
     #[test]
     fn params_round_trip_and_validate() {

@@ -1,0 +1,12 @@
+//! Small helpers that several FastLane crates and the `fastlane` CLI need, each written once
+//! here instead of once per user:
+//!
+//! - [`parse_size`]: `64M`-style byte sizes (binary multiples), for specs and command lines;
+//!
+//! It holds no data path and depends on no other FastLane crate, so every crate can depend on
+//! it. It does not hold helpers that a maintained crate already provides (memory maps are
+//! `memmap2`, cache padding is `crossbeam-utils`, fd passing is `vmm-sys-util`).
+
+mod size;
+
+pub use size::{parse_size, ParseSizeError};
