@@ -2,11 +2,15 @@
 //! here instead of once per user:
 //!
 //! - [`parse_size`]: `64M`-style byte sizes (binary multiples), for specs and command lines;
+//! - [`SplitMix64`], [`splitmix64`], [`mix64`]: the seedable generator behind test data,
+//!   synthetic latencies, the simulator and the disk verification pattern.
 //!
 //! It holds no data path and depends on no other FastLane crate, so every crate can depend on
 //! it. It does not hold helpers that a maintained crate already provides (memory maps are
 //! `memmap2`, cache padding is `crossbeam-utils`, fd passing is `vmm-sys-util`).
 
+mod rng;
 mod size;
 
+pub use rng::{mix64, splitmix64, SplitMix64};
 pub use size::{parse_size, ParseSizeError};

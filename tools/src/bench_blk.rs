@@ -870,15 +870,11 @@ fn drive(
 /// disk. The same formula as `fastlane-nvme`'s `vfio_guest` pattern (its guest test checks
 /// the backing file with it).
 fn fill_pattern(seed: u64, disk_offset: u64, buf: &mut [u8]) {
-    fn mix(mut z: u64) -> u64 {
-        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
     debug_assert_eq!(disk_offset % 8, 0);
     for (i, chunk) in buf.chunks_mut(8).enumerate() {
-        let word = mix(seed.wrapping_mul(0x1000_0000_01b3) ^ (disk_offset / 8 + i as u64));
+        let word = fastlane_util::splitmix64(
+            seed.wrapping_mul(0x1000_0000_01b3) ^ (disk_offset / 8 + i as u64),
+        );
         chunk.copy_from_slice(&word.to_le_bytes()[..chunk.len()]);
     }
 }
