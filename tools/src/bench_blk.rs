@@ -28,6 +28,7 @@ use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use fastlane_hist::{format_ns, HlogWriter, LatencyRecorder, Summary};
 use fastlane_util::parse_size;
+use fastlane_util::tsc::{self, read_tsc};
 use serde::{Deserialize, Serialize};
 use virtio_driver::{
     QueueNotifier, VhostUser, VirtioBlkConfig, VirtioBlkFeatureFlags, VirtioBlkQueue,
@@ -383,7 +384,7 @@ impl Clock {
             ClockChoice::Auto => invariant,
         };
         let base = Instant::now();
-        let ns_per_tick = if tsc { calibrate_tsc() } else { 1.0 };
+        let ns_per_tick = if tsc { tsc::ns_per_tick() } else { 1.0 };
         let mut c = Clock { tsc, base, ns_per_tick, tsc_call_ns: f64::NAN, instant_call_ns: 0.0 };
         c.instant_call_ns = cost_per_call(|| Instant::now().elapsed().as_nanos() as u64 / 2);
         if invariant {
@@ -446,30 +447,6 @@ fn invariant_tsc() -> bool {
     let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
     let has = |f: &str| flags.split_whitespace().any(|w| w == f);
     has("constant_tsc") && has("nonstop_tsc")
-}
-
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn read_tsc() -> u64 {
-    // SAFETY:
-    // - RDTSC is available on every x86_64 CPU and has no memory effects.
-    unsafe { core::arch::x86_64::_rdtsc() }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-#[inline(always)]
-fn read_tsc() -> u64 {
-    unreachable!("the TSC clock is only chosen on x86_64")
-}
-
-/// Nanoseconds per TSC tick, from 50 ms of both clocks.
-fn calibrate_tsc() -> f64 {
-    let (t0, c0) = (Instant::now(), read_tsc());
-    while t0.elapsed() < Duration::from_millis(50) {
-        std::hint::spin_loop();
-    }
-    let (t1, c1) = (Instant::now(), read_tsc());
-    (t1 - t0).as_nanos() as f64 / c1.wrapping_sub(c0).max(1) as f64
 }
 
 // ---------------------------------------------------------------------------------------------

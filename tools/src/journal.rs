@@ -27,6 +27,7 @@ use fastlane_journal::{
 use fastlane_rdma::Device;
 use fastlane_ring::WaitStrategy;
 use fastlane_util::parse_size;
+use fastlane_util::tsc::{ns_per_tick, read_tsc as tsc};
 use fastlane_vhost_blk::spec::IoEngine;
 use serde::Serialize;
 
@@ -566,28 +567,6 @@ fn dump(a: &DumpArgs) -> Result<()> {
 
 // ---------------------------------------------------------------------------------------------
 // bench
-
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn tsc() -> u64 {
-    // SAFETY: RDTSC exists on every x86_64 CPU and touches no memory.
-    unsafe { core::arch::x86_64::_rdtsc() }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-#[inline(always)]
-fn tsc() -> u64 {
-    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
-
-/// ns per tick, from 50 ms of both clocks.
-fn ns_per_tick() -> f64 {
-    let (t0, c0) = (Instant::now(), tsc());
-    std::thread::sleep(Duration::from_millis(50));
-    let (t1, c1) = (Instant::now(), tsc());
-    (t1 - t0).as_nanos() as f64 / c1.wrapping_sub(c0).max(1) as f64
-}
 
 fn pin(core: Option<usize>) {
     if let Some(id) = core {

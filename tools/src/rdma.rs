@@ -27,6 +27,7 @@ use fastlane_rdma::{
     ConnectOptions, Connection, Device, Listener, PoolServer, QpConfig, RdmaError, SendOp,
 };
 use fastlane_util::parse_size;
+use fastlane_util::tsc::read_tsc as tsc;
 use serde::Serialize;
 
 /// Arguments of `fastlane rdma`.
@@ -407,21 +408,6 @@ fn bench(a: &BenchArgs) -> Result<()> {
 
 fn warmup(iters: u64) -> u64 {
     (iters / 10).clamp(10, 1000)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn tsc() -> u64 {
-    // SAFETY:
-    // - RDTSC exists on every x86_64 CPU and has no memory effects.
-    unsafe { core::arch::x86_64::_rdtsc() }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-#[inline(always)]
-fn tsc() -> u64 {
-    static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    T0.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
 /// Spins until byte `at` of our buffer equals `want`; bounded by the connection's timeout,
