@@ -321,6 +321,7 @@ fn open_device(path: &std::path::Path, io: IoEngine, direct: bool) -> Result<Arc
 
 /// Runs `fastlane journal`.
 pub fn run(args: &JournalArgs) -> Result<()> {
+    crate::logging::init();
     match &args.cmd {
         Cmd::Append(a) => append(a),
         Cmd::Verify(a) => verify_cmd(a),

@@ -153,6 +153,7 @@ struct BenchArgs {
 
 /// Runs `fastlane kv`.
 pub fn run(args: &KvArgs) -> Result<()> {
+    crate::logging::init();
     match &args.command {
         KvCommand::Serve(a) => serve(a),
         KvCommand::Bench(a) => bench(a),

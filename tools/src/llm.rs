@@ -216,7 +216,7 @@ pub struct MakeRandomArgs {
 
 /// Runs `fastlane llm`.
 pub fn run(args: &LlmArgs) -> Result<()> {
-    crate::serve::init_logging();
+    crate::logging::init();
     match &args.cmd {
         LlmCmd::Generate(a) => generate(a),
         LlmCmd::MakeRandom(a) => make_random(a),

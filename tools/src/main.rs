@@ -18,6 +18,7 @@ mod kv_sim;
 mod llm;
 mod llm_bench;
 mod llm_sched;
+mod logging;
 mod mem;
 mod rdma;
 mod serve;

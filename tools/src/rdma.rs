@@ -105,6 +105,7 @@ pub struct BenchArgs {
 
 /// Run `fastlane rdma`.
 pub fn run(args: &RdmaArgs) -> Result<()> {
+    crate::logging::init();
     match &args.what {
         RdmaWhat::Serve(a) => serve(a),
         RdmaWhat::Bench(a) => bench(a),

@@ -74,7 +74,7 @@ impl From<IoArg> for IoEngine {
 
 /// Run `fastlane serve` until SIGINT/SIGTERM.
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
-    init_logging();
+    crate::logging::init();
     // Block the stop signals before any thread exists, so every thread inherits the mask and
     // only the signal thread below receives them (with sigwait).
     let signals = block_stop_signals().context("cannot block SIGINT/SIGTERM")?;
@@ -204,51 +204,4 @@ fn spawn_signal_thread(set: libc::sigset_t, stop: Arc<StopHandle>) -> anyhow::Re
         })
         .context("cannot spawn the signal thread")?;
     Ok(())
-}
-
-/// A minimal stderr logger with wall-clock timestamps; `RUST_LOG=debug|info|warn|error`.
-struct StderrLogger {
-    level: log::LevelFilter,
-    start: Instant,
-}
-
-impl log::Log for StderrLogger {
-    fn enabled(&self, meta: &log::Metadata<'_>) -> bool {
-        meta.level() <= self.level
-    }
-
-    fn log(&self, record: &log::Record<'_>) {
-        if !self.enabled(record.metadata()) {
-            return;
-        }
-        let now =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        eprintln!(
-            "[{}.{:06} +{:.3}s {:5} {}] {}",
-            now.as_secs(),
-            now.subsec_micros(),
-            self.start.elapsed().as_secs_f64(),
-            record.level(),
-            record.target(),
-            record.args()
-        );
-    }
-
-    fn flush(&self) {}
-}
-
-/// Installs the stderr logger every daemon and command uses (`RUST_LOG` sets the level).
-pub(crate) fn init_logging() {
-    let level = match std::env::var("RUST_LOG").ok().as_deref() {
-        Some("trace") => log::LevelFilter::Trace,
-        Some("debug") => log::LevelFilter::Debug,
-        Some("warn") => log::LevelFilter::Warn,
-        Some("error") => log::LevelFilter::Error,
-        Some("off") => log::LevelFilter::Off,
-        _ => log::LevelFilter::Info,
-    };
-    let logger = Box::leak(Box::new(StderrLogger { level, start: Instant::now() }));
-    if log::set_logger(logger).is_ok() {
-        log::set_max_level(level);
-    }
 }
