@@ -26,6 +26,8 @@ use kvswap::{
 };
 use serde::Serialize;
 
+use crate::signals::StopSignals;
+
 /// `fastlane kv`.
 #[derive(Debug, Args)]
 pub struct KvArgs {
@@ -176,14 +178,10 @@ fn spill_policy(s: &str) -> Result<SpillPolicy> {
     })
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_stop_signal(_: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
-    STOP.store(true, Ordering::Relaxed);
-}
-
 fn serve(a: &ServeArgs) -> Result<()> {
+    // Before the engine or the pool starts a thread: they all inherit the blocked mask.
+    let signals = StopSignals::block()?;
+    let stop = Arc::new(AtomicBool::new(false));
     let g = a.model.geometry()?;
     let dev = Arc::new(HostDeviceMemory::new(g.block_bytes() as usize, a.device_blocks)?);
     let config = EngineConfig {
@@ -205,12 +203,10 @@ fn serve(a: &ServeArgs) -> Result<()> {
     let engine = SwapEngine::new(config, dev.clone())?;
     let locked = engine.stats().tiers[0].locked;
     let server = kvswap::server::Server::bind(&a.socket, engine, dev.fd(), dev.len_bytes() as u64)?;
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY:
-        // - the handler only stores to a static atomic, which is async-signal-safe;
-        // - replacing the default disposition of SIGINT/SIGTERM affects only this process.
-        unsafe { libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t) };
-    }
+    signals.on_stop({
+        let stop = stop.clone();
+        move || stop.store(true, Ordering::Relaxed)
+    })?;
     eprintln!(
         "fastlane kv serve: {} blocks of {} bytes, host tier {} bytes{}, listening on {:?} \
          (protocol v{})",
@@ -221,7 +217,7 @@ fn serve(a: &ServeArgs) -> Result<()> {
         a.socket,
         kvswap::proto::VERSION
     );
-    server.serve(&STOP)?;
+    server.serve(&stop)?;
     let c = server.counters();
     eprintln!(
         "fastlane kv serve: stopped after {} connections, {} requests, {} protocol errors",

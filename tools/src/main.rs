@@ -22,6 +22,7 @@ mod logging;
 mod mem;
 mod rdma;
 mod serve;
+mod signals;
 
 #[derive(Debug, Parser)]
 #[command(name = "fastlane", version, about = "FastLane: a low-latency userspace data path")]

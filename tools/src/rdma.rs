@@ -18,6 +18,7 @@ use std::io::{BufRead, BufReader, Write as _};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -29,6 +30,8 @@ use fastlane_rdma::{
 use fastlane_util::parse_size;
 use fastlane_util::tsc::read_tsc as tsc;
 use serde::Serialize;
+
+use crate::signals::StopSignals;
 
 /// Arguments of `fastlane rdma`.
 #[derive(Debug, Args)]
@@ -118,22 +121,16 @@ pub fn run(args: &RdmaArgs) -> Result<()> {
     }
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_stop_signal(_: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
-    STOP.store(true, Ordering::Relaxed);
-}
-
 fn serve(a: &ServeArgs) -> Result<()> {
+    // Before the engine or the pool starts a thread: they all inherit the blocked mask.
+    let signals = StopSignals::block()?;
+    let stop = Arc::new(AtomicBool::new(false));
     let dev = Device::open_with_gid(&a.device, a.gid_index)?;
     let pool = PoolServer::bind(&dev, a.listen, a.size)?;
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY:
-        // - the handler only stores to a static atomic, which is async-signal-safe;
-        // - replacing the default disposition of SIGINT/SIGTERM affects only this process.
-        unsafe { libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t) };
-    }
+    signals.on_stop({
+        let stop = stop.clone();
+        move || stop.store(true, Ordering::Relaxed)
+    })?;
     eprintln!(
         "fastlane rdma serve: {} bytes on {} (GID index {}, MTU {}), listening on {}",
         pool.size(),
@@ -142,7 +139,7 @@ fn serve(a: &ServeArgs) -> Result<()> {
         dev.active_mtu_bytes(),
         pool.local_addr()?
     );
-    pool.serve(&STOP)?;
+    pool.serve(&stop)?;
     eprintln!("fastlane rdma serve: stopped");
     Ok(())
 }

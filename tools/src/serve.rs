@@ -6,14 +6,15 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use fastlane_block::{BlockDevice, BlockOp, BlockRequest, Completion};
 use fastlane_vhost_blk::spec::{BackendSpec, IoEngine, SpecOptions};
-use fastlane_vhost_blk::{BlkServer, StopHandle, VhostBlkOptions};
+use fastlane_vhost_blk::{BlkServer, VhostBlkOptions};
+
+use crate::signals::StopSignals;
 
 /// `fastlane serve` options.
 #[derive(Debug, Args)]
@@ -77,7 +78,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     crate::logging::init();
     // Block the stop signals before any thread exists, so every thread inherits the mask and
     // only the signal thread below receives them (with sigwait).
-    let signals = block_stop_signals().context("cannot block SIGINT/SIGTERM")?;
+    let signals = StopSignals::block()?;
 
     let spec: BackendSpec = args.backend.parse().context("bad --backend")?;
     let (device, engine) = spec
@@ -103,7 +104,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     print_qemu_command(&args.socket, args.queues);
 
     let stop = server.stop_handle();
-    spawn_signal_thread(signals, stop.clone())?;
+    signals.on_stop({
+        let stop = stop.clone();
+        move || stop.stop()
+    })?;
 
     let started = Instant::now();
     let result = server.run();
@@ -163,45 +167,4 @@ fn flush(device: &dyn BlockDevice) -> anyhow::Result<()> {
         }
         queue.wait(Some(Duration::from_millis(100)))?;
     }
-}
-
-fn block_stop_signals() -> std::io::Result<libc::sigset_t> {
-    // SAFETY:
-    // - `set` is a plain C struct that sigemptyset fully initializes before any other use.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY:
-    // - `set` is a valid, writable sigset_t on our stack; the call only writes into it.
-    unsafe { libc::sigemptyset(&mut set) };
-    // SAFETY:
-    // - as above; SIGINT is a valid signal number.
-    unsafe { libc::sigaddset(&mut set, libc::SIGINT) };
-    // SAFETY:
-    // - as above; SIGTERM is a valid signal number.
-    unsafe { libc::sigaddset(&mut set, libc::SIGTERM) };
-    // SAFETY:
-    // - `set` is initialized; a null old-set pointer is allowed and means "don't report".
-    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    if rc != 0 {
-        return Err(std::io::Error::from_raw_os_error(rc));
-    }
-    Ok(set)
-}
-
-fn spawn_signal_thread(set: libc::sigset_t, stop: Arc<StopHandle>) -> anyhow::Result<()> {
-    std::thread::Builder::new()
-        .name("fastlane-signals".into())
-        .spawn(move || loop {
-            let mut sig: libc::c_int = 0;
-            // SAFETY:
-            // - `set` is an initialized sigset_t owned by this closure; `sig` is a valid
-            //   out-parameter on our stack.
-            let rc = unsafe { libc::sigwait(&set, &mut sig) };
-            if rc == 0 && (sig == libc::SIGINT || sig == libc::SIGTERM) {
-                log::info!("signal {sig}: shutting down");
-                stop.stop();
-                return;
-            }
-        })
-        .context("cannot spawn the signal thread")?;
-    Ok(())
 }
