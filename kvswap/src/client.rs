@@ -7,8 +7,9 @@ use std::path::Path;
 use std::ptr::NonNull;
 use std::time::Duration;
 
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
 use crate::proto::{self, ErrorCode, Header, Request, HEADER_LEN, PAYLOAD_MAX};
-use crate::server::recv_with_fd;
 
 /// What went wrong on the client side.
 #[derive(Debug, thiserror::Error)]
@@ -64,8 +65,19 @@ impl KvClient {
         stream.set_read_timeout(Some(Duration::from_secs(120)))?;
         (&stream).write_all(&Request::Hello.encode(0))?;
         let mut buf = vec![0u8; HEADER_LEN + 64];
-        let (mut got, fd) = recv_with_fd(&stream, &mut buf)?;
-        let fd = fd.ok_or(KvClientError::BadReply("HELLO reply without a file descriptor"))?;
+        // A reply with more than one fd, or a truncated control message, is an error
+        // (ENOBUFS) and its fds are closed.
+        let (mut got, fd) = stream.recv_with_fd(&mut buf).map_err(std::io::Error::from)?;
+        let fd = OwnedFd::from(
+            fd.ok_or(KvClientError::BadReply("HELLO reply without a file descriptor"))?,
+        );
+        // vmm-sys-util's recvmsg passes no MSG_CMSG_CLOEXEC: close the fd on exec from here on
+        // (as before), so a child the caller spawns does not keep the pool alive.
+        // SAFETY:
+        // - `fd` is an open descriptor we own; F_SETFD only changes its close-on-exec flag.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
         while got < HEADER_LEN {
             let n = (&stream).read(&mut buf[got..])?;
             if n == 0 {
