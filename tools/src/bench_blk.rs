@@ -29,6 +29,7 @@ use clap::{Args, ValueEnum};
 use fastlane_hist::{format_ns, HlogWriter, LatencyRecorder, Summary};
 use fastlane_util::parse_size;
 use fastlane_util::tsc::{self, read_tsc};
+use memmap2::{MmapOptions, MmapRaw};
 use serde::{Deserialize, Serialize};
 use virtio_driver::{
     QueueNotifier, VhostUser, VirtioBlkConfig, VirtioBlkFeatureFlags, VirtioBlkQueue,
@@ -452,11 +453,12 @@ fn invariant_tsc() -> bool {
 // ---------------------------------------------------------------------------------------------
 // Connection
 
-/// Memory shared with the backend: one memfd mapping, `len` bytes.
+/// Memory shared with the backend: one memfd mapping (MAP_SHARED, prefaulted), unmapped on
+/// drop. The backend has its own mapping of the memfd, so a request still in flight (after an
+/// error) writes there, never into our unmapped range.
 struct SharedBuf {
     fd: OwnedFd,
-    ptr: *mut u8,
-    len: usize,
+    map: MmapRaw,
 }
 
 impl SharedBuf {
@@ -475,34 +477,8 @@ impl SharedBuf {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        // SAFETY:
-        // - a fresh shared mapping of `len` bytes of our own memfd at an address the kernel
-        //   picks: it aliases no Rust object;
-        // - MAP_POPULATE only prefaults it.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(SharedBuf { fd, ptr: ptr.cast(), len })
-    }
-}
-
-impl Drop for SharedBuf {
-    fn drop(&mut self) {
-        // SAFETY:
-        // - `ptr`/`len` are the mapping created in `new`, unmapped once, here. The backend has
-        //   its own mapping of the memfd, so a request still in flight (after an error) writes
-        //   there, never into our unmapped range.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        let map = MmapOptions::new().len(len).populate().map_raw(&fd)?;
+        Ok(SharedBuf { fd, map })
     }
 }
 
@@ -579,11 +555,14 @@ impl Conn {
             .map_err(|source| BlkBenchError::Setup { step: "memfd for data buffers", source })?;
         // Written requests carry a non-zero pattern; the memory is ours until it is shared.
         // SAFETY:
-        // - `buf.ptr` is a fresh `len`-byte mapping nothing else references yet.
-        unsafe { std::ptr::write_bytes(buf.ptr, 0xa5, len) };
-        transport.map_mem_region(buf.ptr as usize, buf.len, buf.fd.as_raw_fd(), 0).map_err(
-            |source| BlkBenchError::Setup { step: "ADD_MEM_REG (data buffers)", source },
-        )?;
+        // - `buf.map` is a fresh `len`-byte mapping nothing else references yet.
+        unsafe { std::ptr::write_bytes(buf.map.as_mut_ptr(), 0xa5, len) };
+        transport
+            .map_mem_region(buf.map.as_mut_ptr() as usize, buf.map.len(), buf.fd.as_raw_fd(), 0)
+            .map_err(|source| BlkBenchError::Setup {
+                step: "ADD_MEM_REG (data buffers)",
+                source,
+            })?;
         // Three descriptors per request; the ring is a power of two.
         let queue_size = (u32::from(qd_max) * 3).next_power_of_two().clamp(16, 1024) as u16;
         let mut queues = VirtioBlkQueue::setup_queues(&mut *transport, 1, queue_size)
@@ -632,10 +611,10 @@ impl Conn {
 
     fn slot_ptr(&self, slot: u16) -> *mut u8 {
         let off = usize::from(slot) * self.size as usize;
-        assert!(off + self.size as usize <= self.buf.len, "slot {slot} beyond the buffers");
+        assert!(off + self.size as usize <= self.buf.map.len(), "slot {slot} beyond the buffers");
         // SAFETY:
         // - `off + size <= len` (asserted above): inside the mapping.
-        unsafe { self.buf.ptr.add(off) }
+        unsafe { self.buf.map.as_mut_ptr().add(off) }
     }
 
     /// Kick the device if it asked to be notified (always without EVENT_IDX, unless it set

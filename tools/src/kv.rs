@@ -260,22 +260,18 @@ fn best(rounds: u32, mut f: impl FnMut() -> Result<Duration>) -> Result<Duration
     Ok(b)
 }
 
-/// A page-aligned, pre-faulted anonymous buffer.
+/// A page-aligned, pre-faulted anonymous buffer, unmapped on drop.
 struct Buf {
-    ptr: *mut u8,
-    len: usize,
+    map: memmap2::MmapRaw,
 }
 
 impl Buf {
     fn new(len: usize) -> Result<Buf> {
-        Ok(Buf { ptr: crate::mem::mmap_populated(len)?, len })
+        Ok(Buf { map: crate::mem::mmap_populated(len)? })
     }
-}
 
-impl Drop for Buf {
-    fn drop(&mut self) {
-        // SAFETY: our mapping; nothing uses it after drop.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    fn ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
     }
 }
 
@@ -449,13 +445,13 @@ fn bench(a: &BenchArgs) -> Result<()> {
                 let copy_out = best(a.rounds, || {
                     let t0 = Instant::now();
                     // SAFETY: src and buf are distinct live mappings of len bytes.
-                    unsafe { std::ptr::copy_nonoverlapping(src, buf.ptr, len) };
+                    unsafe { std::ptr::copy_nonoverlapping(src, buf.ptr(), len) };
                     Ok(t0.elapsed())
                 })?;
                 let copy_in = best(a.rounds, || {
                     let t0 = Instant::now();
                     // SAFETY: as above, the other direction.
-                    unsafe { std::ptr::copy_nonoverlapping(buf.ptr, src, len) };
+                    unsafe { std::ptr::copy_nonoverlapping(buf.ptr(), src, len) };
                     Ok(t0.elapsed())
                 })?;
                 drop(buf);
