@@ -33,8 +33,9 @@
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
 use std::sync::Arc;
+
+use memmap2::{MmapOptions, MmapRaw};
 
 use super::inline::{inline_block_queue, InlineCompletions};
 use super::{BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, DeviceInfo};
@@ -86,10 +87,10 @@ pub enum RamError {
 /// The mapping, shared by the disk handle and all its queues; unmapped when the last goes.
 #[derive(Debug)]
 struct RamMemory {
-    /// Start of the mapping (page-aligned). Never turned into a reference.
-    base: NonNull<u8>,
-    /// Mapping and device length in bytes.
-    len: usize,
+    /// The mapping (page-aligned); its length is the device's. Never turned into a reference.
+    /// Unmapped when the last owner drops: queues hold an `Arc<RamMemory>`, so no queue (and
+    /// no request, which completes inline) can still use it then.
+    map: MmapRaw,
     /// Anonymous private mapping (madvise DONTNEED zeroes it); false for a shared file.
     anonymous: bool,
 }
@@ -101,51 +102,29 @@ unsafe impl Send for RamMemory {}
 // SAFETY: as for `Send`: shared access only ever makes raw-pointer copies.
 unsafe impl Sync for RamMemory {}
 
-impl Drop for RamMemory {
-    fn drop(&mut self) {
-        // SAFETY:
-        // - `base..base+len` is the mapping made in `RamMemory::map`, unmapped only here;
-        // - queues hold an `Arc<RamMemory>`, so no queue (and no request, which completes
-        //   inline) can still use it once the last owner drops.
-        let rc = unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
-        debug_assert_eq!(rc, 0, "munmap of our own mapping failed");
-    }
-}
-
 impl RamMemory {
+    /// Mapping and device length in bytes.
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+
     /// The address `pos` bytes into the mapping (`pos <= len`; callers check ranges first).
     /// Computing it is safe (`wrapping_add`); dereferencing it is the callers' `unsafe`.
     fn at(&self, pos: usize) -> *mut u8 {
-        debug_assert!(pos <= self.len);
-        self.base.as_ptr().wrapping_add(pos)
+        debug_assert!(pos <= self.len());
+        self.map.as_mut_ptr().wrapping_add(pos)
     }
 
     /// Map `len` bytes: anonymous when `fd` is `None`, else `fd` shared from offset 0.
     fn map(len: usize, fd: Option<i32>) -> Result<RamMemory, RamError> {
-        let (flags, fd_raw) = match fd {
-            None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1),
-            Some(fd) => (libc::MAP_SHARED, fd),
-        };
-        // SAFETY: a fresh mapping chosen by the kernel (addr NULL) overlaps nothing we own;
-        // `fd`, when given, is open for the duration of the call.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                fd_raw,
-                0,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(RamError::Map { len, source: std::io::Error::last_os_error() });
+        let map = match fd {
+            // MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE
+            None => MmapOptions::new().len(len).no_reserve_swap().map_anon().map(MmapRaw::from),
+            // MAP_SHARED
+            Some(fd) => MmapOptions::new().len(len).map_raw(fd),
         }
-        let base = NonNull::new(addr.cast::<u8>()).ok_or(RamError::Map {
-            len,
-            source: std::io::Error::from_raw_os_error(libc::EFAULT),
-        })?;
-        Ok(RamMemory { base, len, anonymous: fd.is_none() })
+        .map_err(|source| RamError::Map { len, source })?;
+        Ok(RamMemory { map, anonymous: fd.is_none() })
     }
 }
 
@@ -206,7 +185,7 @@ impl RamDisk {
 
     /// Size in bytes.
     pub fn size_bytes(&self) -> u64 {
-        self.mem.len as u64
+        self.mem.len() as u64
     }
 
     /// Copy `buf.len()` bytes at `offset` out of the disk (for tests and tools). Races with
@@ -240,7 +219,7 @@ impl RamDisk {
 /// Check `[offset, offset+len)` against the mapping; returns `offset` as a `usize`.
 fn range(mem: &RamMemory, offset: u64, len: u64) -> Result<usize, BlockError> {
     match offset.checked_add(len) {
-        Some(end) if end <= mem.len as u64 => Ok(offset as usize),
+        Some(end) if end <= mem.len() as u64 => Ok(offset as usize),
         _ => Err(BlockError::OutOfRange { offset, len }),
     }
 }
@@ -248,7 +227,7 @@ fn range(mem: &RamMemory, offset: u64, len: u64) -> Result<usize, BlockError> {
 impl BlockDevice for RamDisk {
     fn info(&self) -> DeviceInfo {
         DeviceInfo {
-            size_bytes: self.mem.len as u64,
+            size_bytes: self.mem.len() as u64,
             block_size: self.block_size,
             read_only: self.read_only,
             discard: true,

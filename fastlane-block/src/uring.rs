@@ -47,11 +47,11 @@ use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use memmap2::{MmapOptions, MmapRaw};
 
 use super::fileio::{advance_iovecs, open_disk, FileOpenError, RawGeometry};
 use super::inline::InlineCompletions;
@@ -105,8 +105,10 @@ pub enum UringError {
 /// Zeroed, page-aligned memory that only the kernel reads (the write-zeroes fallback).
 #[derive(Debug)]
 struct ZeroBuf {
-    ptr: NonNull<u8>,
-    len: usize,
+    /// Unmapped on drop: the `ZeroBuf` lives in the device's `Shared`, which every queue holds
+    /// an `Arc` of until all its requests are reaped (or leaks, see `UringQueue::drop`), so
+    /// the kernel no longer reads it then.
+    map: MmapRaw,
 }
 
 // SAFETY: the buffer is written once, in `ZeroBuf::new`, before it is shared; afterwards only
@@ -117,37 +119,12 @@ unsafe impl Sync for ZeroBuf {}
 
 impl ZeroBuf {
     fn new(len: usize) -> std::io::Result<ZeroBuf> {
-        // SAFETY: a fresh anonymous mapping chosen by the kernel overlaps nothing we own.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(addr.cast::<u8>())
-            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EFAULT))?;
+        let map = MmapRaw::from(MmapOptions::new().len(len).map_anon()?);
         // Touch every page so the buffer is backed by real zeroed pages, not the shared zero
         // page (which some kernels refuse to pin for O_DIRECT).
-        // SAFETY: `ptr..ptr+len` is the mapping just made, writable, referenced by nobody.
-        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
-        Ok(ZeroBuf { ptr, len })
-    }
-}
-
-impl Drop for ZeroBuf {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping; the `ZeroBuf` lives in the device's `Shared`, which every
-        // queue holds an `Arc` of until all its requests are reaped (or leaks, see
-        // `UringQueue::drop`), so the kernel no longer reads it.
-        let rc = unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-        debug_assert_eq!(rc, 0);
+        // SAFETY: `map` is the mapping of `len` bytes just made, writable, referenced by nobody.
+        unsafe { std::ptr::write_bytes(map.as_mut_ptr(), 0, len) };
+        Ok(ZeroBuf { map })
     }
 }
 
@@ -501,8 +478,10 @@ impl UringQueue {
                 .mode(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE)
                 .build(),
             SlotOp::ZeroFill => {
-                let n = remaining.min(self.shared.zero.len as u64) as u32;
-                opcode::Write::new(fd, self.shared.zero.ptr.as_ptr(), n).offset(s.offset).build()
+                let n = remaining.min(self.shared.zero.map.len() as u64) as u32;
+                opcode::Write::new(fd, self.shared.zero.map.as_mut_ptr(), n)
+                    .offset(s.offset)
+                    .build()
             }
             SlotOp::Free => unreachable!("SQE for a free slot"),
         };

@@ -10,28 +10,26 @@
 //! of market hours, end of system hours and end of messages. Every order message names a live
 //! order and never takes more shares than it has, so a correct book reports no anomaly.
 
+use fastlane_util::SplitMix64;
+
 use crate::book::{BookConfig, OrderBooks};
 use crate::itch::{
     encode_to_vec, stock_from_str, Body, DlcrPriceDiscovery, Imbalance, Message, Side, Stock,
     StockDirectory,
 };
 
-/// SplitMix64: small, fast, and good enough for test data.
+/// SplitMix64 ([`fastlane_util::SplitMix64`]): small, fast, and good enough for test data.
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub struct Rng(SplitMix64);
 
 impl Rng {
     /// A generator from a seed.
     pub fn new(seed: u64) -> Self {
-        Self(seed)
+        Self(SplitMix64::new(seed))
     }
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     /// Uniform in `0..n` (`n` > 0).
     pub fn below(&mut self, n: u64) -> u64 {

@@ -26,6 +26,7 @@ pub mod clock;
 pub mod dma;
 pub mod event;
 pub mod filter;
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod gen;
 pub mod itch;

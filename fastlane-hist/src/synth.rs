@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
+use fastlane_util::SplitMix64;
 use hdrhistogram::Histogram;
 
 use crate::{HistError, HlogWriter, LatencyRecorder, RecorderConfig};
@@ -69,7 +70,7 @@ impl SyntheticStream {
     pub fn histograms(&self) -> Result<Vec<Histogram<u64>>, HistError> {
         let intervals = u64::from(self.intervals.max(1));
         let mut recorder = LatencyRecorder::new(RecorderConfig::default())?;
-        let mut rng = SplitMix64(self.seed);
+        let mut rng = SplitMix64::new(self.seed);
         let mut out = Vec::with_capacity(intervals as usize);
         let t0 = Instant::now();
         let mut k = 0;
@@ -92,7 +93,7 @@ impl SyntheticStream {
                 low_ns + k % span
             }
             Distribution::Exponential { mean_ns } => {
-                let u = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
+                let u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
                 (-mean_ns * (1.0 - u).ln()).round() as u64
             }
             Distribution::TwoPoint { low_ns, high_ns, high_every } => {
@@ -131,18 +132,4 @@ pub fn write_synthetic_hlog(
     }
     writer.into_inner()?;
     Ok(())
-}
-
-/// SplitMix64 (Steele, Lea, Flood 2014): tiny, seedable, good enough for test data.
-#[derive(Debug, Clone)]
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
 }

@@ -106,7 +106,8 @@ impl DmaRegion {
         let len = page_round_up(len.max(1));
         // SAFETY: a fresh anonymous mapping chosen by the kernel overlaps nothing we own.
         // MAP_SHARED keeps the pages from being copied-on-write after a fork, which would
-        // leave the device writing pages this process no longer sees.
+        // leave the device writing pages this process no longer sees. Hand-written rather than
+        // memmap2: its anonymous maps are always MAP_PRIVATE (`MmapOptions::map_anon`).
         let addr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),

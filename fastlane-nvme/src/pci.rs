@@ -8,6 +8,7 @@ use std::ptr::NonNull;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use memmap2::{MmapOptions, MmapRaw};
 use vfio_bindings::bindings::vfio::{
     VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
 };
@@ -83,16 +84,22 @@ impl Bdf {
 pub struct VfioPci {
     bdf: Bdf,
     bar0: Bar,
-    bar0_map: NonNull<u8>,
-    bar0_len: usize,
-    // Field order is drop order: the device (and its group) closes before the container.
+    /// BAR0 (MMIO, MAP_SHARED through the VFIO device fd), unmapped on drop: the controller
+    /// that used it (and every queue, which hold `Arc`s to the controller) is gone before its
+    /// `VfioPci` drops.
+    bar0_map: MmapRaw,
+    // Field order is drop order: BAR0 is unmapped before the device (and its group) closes,
+    // and the device before the container.
     device: VfioDevice,
     container: Arc<VfioContainer>,
 }
 
 impl fmt::Debug for VfioPci {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("VfioPci").field("bdf", &self.bdf).field("bar0_len", &self.bar0_len).finish()
+        f.debug_struct("VfioPci")
+            .field("bdf", &self.bdf)
+            .field("bar0_len", &self.bar0_map.len())
+            .finish()
     }
 }
 
@@ -127,26 +134,18 @@ impl VfioPci {
             return Err(NvmeError::Bar0 { flags, size });
         }
         let len = size as usize;
-        // SAFETY: maps the device's BAR0 through its VFIO fd at the offset VFIO gave; a fresh
-        // kernel-chosen address overlaps nothing we own. `VfioPci` unmaps it in `Drop`.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                device.as_raw_fd(),
-                offset as libc::off_t,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(NvmeError::Bar0Map { source: std::io::Error::last_os_error() });
-        }
-        let bar0_map = NonNull::new(addr.cast::<u8>()).expect("mmap returned NULL");
+        // The device's BAR0 through its VFIO fd at the offset VFIO gave, at a fresh
+        // kernel-chosen address (MAP_SHARED, read-write).
+        let bar0_map = MmapOptions::new()
+            .offset(offset)
+            .len(len)
+            .map_raw(device.as_raw_fd())
+            .map_err(|source| NvmeError::Bar0Map { source })?;
+        let bar0_ptr = NonNull::new(bar0_map.as_mut_ptr()).expect("mmap returned NULL");
         // SAFETY: the mapping lives until `VfioPci` drops; every `Bar` copy is used only by
         // owners of an `Arc` to the controller that owns this `VfioPci`.
-        let bar0 = unsafe { Bar::new(bar0_map, len) };
-        let pci = VfioPci { bdf, bar0, bar0_map, bar0_len: len, device, container };
+        let bar0 = unsafe { Bar::new(bar0_ptr, len) };
+        let pci = VfioPci { bdf, bar0, bar0_map, device, container };
         pci.set_command(PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER | PCI_COMMAND_INTX_DISABLE, 0);
         Ok(pci)
     }
@@ -191,14 +190,6 @@ impl VfioPci {
     /// The address.
     pub fn bdf(&self) -> Bdf {
         self.bdf
-    }
-}
-
-impl Drop for VfioPci {
-    fn drop(&mut self) {
-        // SAFETY: our BAR0 mapping; the controller that used it (and every queue, which hold
-        // `Arc`s to the controller) is gone before its `VfioPci` drops.
-        unsafe { libc::munmap(self.bar0_map.as_ptr().cast(), self.bar0_len) };
     }
 }
 

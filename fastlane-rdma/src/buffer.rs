@@ -1,15 +1,17 @@
 //! [`RegisteredBuffer`]: the safe owner of memory plus its registration.
 
 use std::fmt;
-use std::ptr::{self, NonNull};
+use std::ptr;
+
+use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::{RdmaError, Result};
 use crate::verbs::{Access, MemoryRegion, ProtectionDomain, Sge};
 
-/// Page-aligned anonymous memory, unmapped on drop.
+/// Page-aligned anonymous memory, unmapped on drop: after every registration of it, as owners
+/// declare the MemoryRegion field before the Mapping field.
 pub(crate) struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
+    map: MmapRaw,
 }
 
 // SAFETY: plain memory; all access goes through raw pointers with explicit bounds checks.
@@ -22,41 +24,27 @@ impl Mapping {
         if len == 0 {
             return Err(RdmaError::InvalidArgument { op: "mmap", detail: "zero length".into() });
         }
-        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(RdmaError::Verbs { op: "mmap", source: std::io::Error::last_os_error() });
-        }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| RdmaError::InvalidArgument {
-            op: "mmap",
-            detail: "null mapping".into(),
-        })?;
-        Ok(Mapping { ptr, len })
+        let map = MmapOptions::new()
+            .len(len)
+            .map_anon()
+            .map_err(|source| RdmaError::Verbs { op: "mmap", source })?;
+        Ok(Mapping { map: map.into() })
     }
 
     pub(crate) fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.map.as_mut_ptr()
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.map.len()
     }
 
     fn check(&self, offset: usize, len: usize, op: &'static str) -> Result<()> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(()),
+            Some(end) if end <= self.len() => Ok(()),
             _ => Err(RdmaError::InvalidArgument {
                 op,
-                detail: format!("local offset {offset} + len {len} past {} bytes", self.len),
+                detail: format!("local offset {offset} + len {len} past {} bytes", self.len()),
             }),
         }
     }
@@ -96,14 +84,6 @@ impl Mapping {
         // SAFETY: in bounds; volatile to pair with a poller reading it the same way.
         unsafe { ptr::write_volatile(self.as_ptr().wrapping_add(offset), v) };
         Ok(())
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping, unmapped once; every registration of it was dropped before
-        // (owners declare the MemoryRegion field before the Mapping field).
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
 

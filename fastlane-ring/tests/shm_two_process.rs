@@ -38,12 +38,8 @@ fn record_count() -> u64 {
     std::env::var(RECORDS_ENV).ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_RECORDS)
 }
 
-/// A 64-bit mix (splitmix64's finaliser), to derive lengths and patterns from a seq.
-fn mix(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
+// A 64-bit mix (splitmix64's finaliser), to derive lengths and patterns from a seq.
+use fastlane_util::mix64 as mix;
 
 fn record_len(seq: u64) -> usize {
     LEN_MIN + (mix(seq) % (LEN_MAX - LEN_MIN + 1) as u64) as usize

@@ -60,12 +60,7 @@ pub struct BlkBackend {
 /// file's device and inode and the offset in the file (folded into 64 bits), 0 without a
 /// file. vhost-user regions always come with a file (a memfd, or hugetlbfs).
 fn backing_key(region: &<GuestMem as GuestMemoryBackend>::R) -> u64 {
-    fn mix(mut z: u64) -> u64 {
-        // splitmix64's finalizer.
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
+    use fastlane_util::mix64 as mix;
     let Some(fo) = region.file_offset() else {
         return 0;
     };

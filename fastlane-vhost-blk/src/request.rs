@@ -529,6 +529,7 @@ where
 
 /// Fuzzing and corpus replay: decode bytes into guest memory and a descriptor chain, parse it
 /// and check what the parser promises. Used by `fuzz/` and by the corpus test.
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing {
     use super::*;

@@ -31,6 +31,7 @@ use fastlane_block::sync::{
 use fastlane_block::uring::{UringDevice, UringError, UringOptions};
 use fastlane_block::BlockDevice;
 use fastlane_nvme::{Bdf, NvmeDevice, NvmeError, NvmeOptions};
+use fastlane_util::{parse_size, ParseSizeError};
 
 /// What `--backend` names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,25 +158,10 @@ pub enum SpecError {
     Nvme(#[from] NvmeError),
 }
 
-/// Parse `64M`-style sizes (binary multiples). Bounded: at most 32 characters.
-pub fn parse_size(text: &str) -> Result<u64, SpecError> {
-    let bad = || SpecError::BadSize { text: text.to_string() };
-    let t = text.trim();
-    if t.is_empty() || t.len() > 32 {
-        return Err(bad());
+impl From<ParseSizeError> for SpecError {
+    fn from(e: ParseSizeError) -> Self {
+        SpecError::BadSize { text: e.text }
     }
-    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, suffix) = t.split_at(digits_end);
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    let shift = match suffix.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        _ => return Err(bad()),
-    };
-    n.checked_mul(1u64 << shift).ok_or_else(bad)
 }
 
 impl FromStr for BackendSpec {
@@ -326,21 +312,20 @@ mod tests {
     use fastlane_block::FileOpenError;
 
     #[test]
-    fn sizes() {
-        for (text, want) in [
-            ("4096", 4096),
-            ("512K", 512 << 10),
-            ("64M", 64 << 20),
-            ("64m", 64 << 20),
-            ("1G", 1 << 30),
-            ("2GiB", 2 << 30),
-            ("1T", 1 << 40),
-            (" 8k ", 8 << 10),
-        ] {
-            assert_eq!(parse_size(text).unwrap(), want, "{text}");
-        }
-        for text in ["", "M", "-1", "1.5G", "12X", "1GG", "99999999999999999999", "16777216T"] {
-            assert!(matches!(parse_size(text), Err(SpecError::BadSize { .. })), "{text}");
+    fn mem_sizes() {
+        assert_eq!(
+            "mem:64M".parse::<BackendSpec>().unwrap(),
+            BackendSpec::Mem { size_bytes: 64 << 20 }
+        );
+        assert_eq!(
+            "mem:2GiB".parse::<BackendSpec>().unwrap(),
+            BackendSpec::Mem { size_bytes: 2 << 30 }
+        );
+        for text in ["mem:", "mem:12X", "mem:1.5G", "mem:16777216T"] {
+            assert!(
+                matches!(text.parse::<BackendSpec>(), Err(SpecError::BadSize { .. })),
+                "{text}"
+            );
         }
     }
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 use fastlane_block::ram::RamDisk;
 use fastlane_block::BlockDevice;
 use fastlane_vhost_blk::{BlkServer, BlkStats, StopHandle, VhostBlkOptions};
+use memmap2::{MmapOptions, MmapRaw};
 use virtio_driver::virtqueue::{Virtqueue, VirtqueueLayout};
 use virtio_driver::{
     iovec, VhostUser, VirtioBlkConfig, VirtioBlkFeatureFlags, VirtioBlkQueue, VirtioBlkTransport,
@@ -52,8 +53,8 @@ impl Server {
 /// Memory shared with the backend: a memfd mapping.
 struct SharedBuf {
     fd: OwnedFd,
-    ptr: *mut u8,
-    len: usize,
+    /// MAP_SHARED of the memfd, unmapped on drop.
+    map: MmapRaw,
 }
 
 impl SharedBuf {
@@ -69,39 +70,18 @@ impl SharedBuf {
         // SAFETY:
         // - `fd` is a valid memfd; ftruncate only changes its size.
         assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) }, 0);
-        // SAFETY:
-        // - a fresh shared mapping of `len` bytes of our own memfd, at an address the kernel
-        //   picks: it aliases no Rust object.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(ptr, libc::MAP_FAILED);
-        SharedBuf { fd, ptr: ptr.cast(), len }
+        let map = MmapOptions::new().len(len).map_raw(&fd).expect("mmap the memfd");
+        SharedBuf { fd, map }
     }
 
     fn slice(&mut self, off: usize, len: usize) -> &mut [u8] {
-        assert!(off + len <= self.len);
-        let start = self.ptr.wrapping_add(off);
+        assert!(off + len <= self.map.len());
+        let start = self.map.as_mut_ptr().wrapping_add(off);
         // SAFETY:
-        // - `off + len <= self.len`, inside our mapping, which lives as long as `self`;
+        // - `off + len <= self.map.len()`, inside our mapping, which lives as long as `self`;
         // - the backend writes into it only while a request is in flight, and the tests only
         //   look at a buffer after its request completed.
         unsafe { std::slice::from_raw_parts_mut(start, len) }
-    }
-}
-
-impl Drop for SharedBuf {
-    fn drop(&mut self) {
-        // SAFETY:
-        // - `ptr`/`len` are the mapping created in `new`, unmapped once, here.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
 
@@ -127,7 +107,7 @@ impl Client {
         let mut transport: Box<VirtioBlkTransport> = Box::new(vu);
         let buf = SharedBuf::new(BUF);
         transport
-            .map_mem_region(buf.ptr as usize, buf.len, buf.fd.as_raw_fd(), 0)
+            .map_mem_region(buf.map.as_mut_ptr() as usize, buf.map.len(), buf.fd.as_raw_fd(), 0)
             .expect("map data buffer");
         let mut queues =
             VirtioBlkQueue::setup_queues(&mut *transport, n, 64).expect("setup queues");

@@ -4,11 +4,12 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::ptr::NonNull;
 use std::time::Duration;
 
+use memmap2::{MmapOptions, MmapRaw};
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
 use crate::proto::{self, ErrorCode, Header, Request, HEADER_LEN, PAYLOAD_MAX};
-use crate::server::recv_with_fd;
 
 /// What went wrong on the client side.
 #[derive(Debug, thiserror::Error)]
@@ -49,8 +50,8 @@ pub struct KvClient {
     next_id: u32,
     block_bytes: usize,
     blocks: u32,
-    map: NonNull<u8>,
-    map_len: usize,
+    /// The server's device pool (MAP_SHARED of its memfd), unmapped on drop.
+    map: MmapRaw,
     _fd: OwnedFd,
 }
 
@@ -64,8 +65,19 @@ impl KvClient {
         stream.set_read_timeout(Some(Duration::from_secs(120)))?;
         (&stream).write_all(&Request::Hello.encode(0))?;
         let mut buf = vec![0u8; HEADER_LEN + 64];
-        let (mut got, fd) = recv_with_fd(&stream, &mut buf)?;
-        let fd = fd.ok_or(KvClientError::BadReply("HELLO reply without a file descriptor"))?;
+        // A reply with more than one fd, or a truncated control message, is an error
+        // (ENOBUFS) and its fds are closed.
+        let (mut got, fd) = stream.recv_with_fd(&mut buf).map_err(std::io::Error::from)?;
+        let fd = OwnedFd::from(
+            fd.ok_or(KvClientError::BadReply("HELLO reply without a file descriptor"))?,
+        );
+        // vmm-sys-util's recvmsg passes no MSG_CMSG_CLOEXEC: close the fd on exec from here on
+        // (as before), so a child the caller spawns does not keep the pool alive.
+        // SAFETY:
+        // - `fd` is an open descriptor we own; F_SETFD only changes its close-on-exec flag.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
         while got < HEADER_LEN {
             let n = (&stream).read(&mut buf[got..])?;
             if n == 0 {
@@ -90,22 +102,8 @@ impl KvClient {
         if map_len != block_bytes * blocks as usize || map_len == 0 {
             return Err(KvClientError::BadReply("pool size"));
         }
-        // SAFETY: a new shared mapping of the server's memfd; nothing else is at that address.
-        let m = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if m == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error().into());
-        }
-        let map = NonNull::new(m as *mut u8).ok_or(KvClientError::BadReply("null map"))?;
-        Ok(KvClient { stream, next_id: 1, block_bytes, blocks, map, map_len, _fd: fd })
+        let map = MmapOptions::new().len(map_len).map_raw(&fd)?;
+        Ok(KvClient { stream, next_id: 1, block_bytes, blocks, map, _fd: fd })
     }
 
     /// Bytes per device block.
@@ -123,7 +121,7 @@ impl KvClient {
     pub fn write_block(&mut self, block: u32, data: &[u8]) {
         assert!(block < self.blocks && data.len() <= self.block_bytes, "block out of range");
         // SAFETY: block < blocks, so the offset is inside the mapping.
-        let dst = unsafe { self.map.as_ptr().add(block as usize * self.block_bytes) };
+        let dst = unsafe { self.map.as_mut_ptr().add(block as usize * self.block_bytes) };
         // SAFETY: dst..dst+len is inside the mapping; shared memory the server reads only while
         // the block is pinned by a swap-out, which the caller does not overlap with writes.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
@@ -133,7 +131,7 @@ impl KvClient {
     pub fn read_block(&self, block: u32, out: &mut [u8]) {
         assert!(block < self.blocks && out.len() <= self.block_bytes, "block out of range");
         // SAFETY: block < blocks, so the offset is inside the mapping.
-        let src = unsafe { self.map.as_ptr().add(block as usize * self.block_bytes) };
+        let src = unsafe { self.map.as_mut_ptr().add(block as usize * self.block_bytes) };
         // SAFETY: src..src+len is inside the mapping; out is a distinct Rust buffer.
         unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
     }
@@ -228,13 +226,6 @@ impl KvClient {
         let u64_at = |i: usize| u64::from_le_bytes(p[i..i + 8].try_into().expect("8"));
         let tiers = [(u64_at(0), u64_at(8)), (u64_at(16), u64_at(24)), (u64_at(32), u64_at(40))];
         Ok((tiers, u32_at(&p, 48), u32_at(&p, 52)))
-    }
-}
-
-impl Drop for KvClient {
-    fn drop(&mut self) {
-        // SAFETY: our mapping, not used after this.
-        unsafe { libc::munmap(self.map.as_ptr() as *mut libc::c_void, self.map_len) };
     }
 }
 

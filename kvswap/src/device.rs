@@ -6,7 +6,8 @@
 //! is where in-flight pinning lives: a pinned block is neither free nor freeable.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::ptr::NonNull;
+
+use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::KvSwapError;
 use crate::{BlockId, SeqId};
@@ -38,8 +39,9 @@ pub trait DeviceMemory: Send + Sync + std::fmt::Debug {
 /// aligned in practice and always page aligned (so O_DIRECT can use it directly).
 #[derive(Debug)]
 pub struct HostDeviceMemory {
-    base: NonNull<u8>,
-    len: usize,
+    /// Unmapped when the last `Arc` drops: the engine holds one in every worker, so that is
+    /// after every worker has exited and no transfer names the mapping.
+    map: MmapRaw,
     block_bytes: usize,
     blocks: u32,
     fd: OwnedFd,
@@ -73,22 +75,11 @@ impl HostDeviceMemory {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
             return Err(KvSwapError::setup("ftruncate", std::io::Error::last_os_error()));
         }
-        // SAFETY: a new shared mapping of the whole memfd; nothing else is at that address.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(KvSwapError::setup("mmap device pool", std::io::Error::last_os_error()));
-        }
-        let base = NonNull::new(p as *mut u8).expect("mmap returned null");
-        Ok(HostDeviceMemory { base, len, block_bytes, blocks, fd })
+        let map = MmapOptions::new()
+            .len(len)
+            .map_raw(&fd)
+            .map_err(|e| KvSwapError::setup("mmap device pool", e))?;
+        Ok(HostDeviceMemory { map, block_bytes, blocks, fd })
     }
 
     /// The memfd behind the pool (shared with clients over SCM_RIGHTS).
@@ -98,20 +89,12 @@ impl HostDeviceMemory {
 
     /// Size of the mapping in bytes.
     pub fn len_bytes(&self) -> usize {
-        self.len
+        self.map.len()
     }
 
     /// Raw base address (tests and the bench fill blocks through it).
     pub fn base(&self) -> *mut u8 {
-        self.base.as_ptr()
-    }
-}
-
-impl Drop for HostDeviceMemory {
-    fn drop(&mut self) {
-        // SAFETY: the engine owns this memory through an Arc held by every worker; the last
-        // Arc drops after every worker has exited, so no transfer names the mapping now.
-        unsafe { libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.len) };
+        self.map.as_mut_ptr()
     }
 }
 
@@ -127,7 +110,7 @@ impl DeviceMemory for HostDeviceMemory {
     fn block_ptr(&self, block: BlockId) -> Option<*mut u8> {
         (block.0 < self.blocks)
             // SAFETY: block < blocks, so the offset stays inside the mapping.
-            .then(|| unsafe { self.base.as_ptr().add(block.0 as usize * self.block_bytes) })
+            .then(|| unsafe { self.base().add(block.0 as usize * self.block_bytes) })
     }
 
     unsafe fn read_block(&self, block: BlockId, dst: *mut u8) -> Result<(), KvSwapError> {

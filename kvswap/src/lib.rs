@@ -66,7 +66,7 @@
 //! - No cross-process sharing of the engine itself: one owner (the server, or a scheduler
 //!   thread) drives it.
 //! - The remote tier (`fastlane_rdma::RemotePool`) runs only where RDMA does: its test boots a
-//!   QEMU guest with soft-RoCE (`tests/remote_guest.rs`); elsewhere [`testing::MemTier`]
+//!   QEMU guest with soft-RoCE (`tests/remote_guest.rs`); elsewhere `testing::MemTier` (feature `test-utils`)
 //!   stands in for it.
 //! - The `cuda` feature compiles everywhere (cudarc, dynamic loading) but is run only where
 //!   a GPU is present.
@@ -83,6 +83,7 @@ pub mod proto;
 pub mod sched;
 pub mod server;
 pub mod sim;
+#[cfg(feature = "test-utils")]
 pub mod testing;
 pub mod tier;
 mod worker;

@@ -8,12 +8,14 @@
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use crate::engine::{SeqPhase, SwapEngine};
 use crate::error::KvSwapError;
@@ -233,7 +235,12 @@ impl Conn {
         let mut frame = rh.encode().to_vec();
         frame.extend_from_slice(&payload);
         match fd {
-            Some(fd) => send_with_fd(&self.stream, &frame, fd),
+            // SCM_RIGHTS: the fd rides on the first bytes; a short send finishes without it.
+            Some(fd) => {
+                let sent =
+                    self.stream.send_with_fd(&frame[..], fd).map_err(std::io::Error::from)?;
+                (&self.stream).write_all(&frame[sent..])
+            }
             None => self.stream.write_all(&frame),
         }
     }
@@ -366,84 +373,4 @@ impl Conn {
         };
         self.reply(h, r, None)
     }
-}
-
-/// Sends `data` with one file descriptor attached (SCM_RIGHTS).
-pub(crate) fn send_with_fd(stream: &UnixStream, data: &[u8], fd: RawFd) -> std::io::Result<()> {
-    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut cbuf = [0u64; 8];
-    assert!(space <= std::mem::size_of_val(&cbuf));
-    // SAFETY: zeroed msghdr is a valid "empty" value; fields are set below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = space as _;
-    // SAFETY: msg_control points at `space` bytes of cbuf, enough for one header.
-    let cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
-    assert!(!cmsg.is_null());
-    let hdr = libc::cmsghdr {
-        // SAFETY: CMSG_LEN is a pure size computation.
-        cmsg_len: unsafe { libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) } as _,
-        cmsg_level: libc::SOL_SOCKET,
-        cmsg_type: libc::SCM_RIGHTS,
-    };
-    // SAFETY: cmsg points at the start of cbuf (aligned u64s), room for a header.
-    unsafe { std::ptr::write_unaligned(cmsg, hdr) };
-    // SAFETY: the data area of that header lies inside cbuf (space was computed for it).
-    let data_ptr = unsafe { libc::CMSG_DATA(cmsg) } as *mut RawFd;
-    // SAFETY: data_ptr names size_of::<RawFd>() bytes inside cbuf.
-    unsafe { std::ptr::write_unaligned(data_ptr, fd) };
-    // SAFETY: msg names iov (data, alive for the call) and cbuf (alive for the call).
-    let n = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    if (n as usize) < data.len() {
-        (&*stream).write_all(&data[n as usize..])?;
-    }
-    Ok(())
-}
-
-/// Receives up to `out.len()` bytes and at most one attached fd.
-pub(crate) fn recv_with_fd(
-    stream: &UnixStream,
-    out: &mut [u8],
-) -> std::io::Result<(usize, Option<std::os::fd::OwnedFd>)> {
-    use std::os::fd::FromRawFd;
-    let mut iov =
-        libc::iovec { iov_base: out.as_mut_ptr() as *mut libc::c_void, iov_len: out.len() };
-    let mut cbuf = [0u64; 8];
-    // SAFETY: zeroed msghdr is valid; fields set below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
-    // SAFETY: msg names out (writable, alive) and cbuf (alive) for the call.
-    let n = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let mut fd = None;
-    // SAFETY: the kernel filled msg_control/msg_controllen; CMSG_FIRSTHDR bounds-checks.
-    let mut cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
-    while !cmsg.is_null() {
-        // SAFETY: cmsg is a header inside cbuf as laid out by the kernel.
-        let hdr = unsafe { std::ptr::read_unaligned(cmsg) };
-        let (level, ty) = (hdr.cmsg_level, hdr.cmsg_type);
-        if level == libc::SOL_SOCKET && ty == libc::SCM_RIGHTS && fd.is_none() {
-            // SAFETY: cmsg is a valid header inside cbuf.
-            let data_ptr = unsafe { libc::CMSG_DATA(cmsg) } as *const RawFd;
-            // SAFETY: an SCM_RIGHTS payload holds at least one fd, now ours.
-            let raw = unsafe { std::ptr::read_unaligned(data_ptr) };
-            // SAFETY: the kernel installed raw in our table for us.
-            fd = Some(unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) });
-        }
-        // SAFETY: advances within msg's control buffer (null at its end).
-        cmsg = unsafe { libc::CMSG_NXTHDR(&msg, cmsg) };
-    }
-    Ok((n as usize, fd))
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use fastlane_block::uring::{UringDevice, UringOptions};
 use fastlane_block::{BlockDevice, BlockOp, BlockQueue, BlockRequest, Completion, Segment};
+use memmap2::{MmapOptions, MmapRaw};
 
 use crate::error::KvSwapError;
 
@@ -174,8 +175,9 @@ pub trait TierIo: Send {
 /// The host tier: one anonymous mapping, pre-faulted and (if allowed) mlock'd.
 #[derive(Debug)]
 pub struct HostTier {
-    base: NonNull<u8>,
-    len: usize,
+    /// `None` for a zero-byte tier. Unmapped when the last `Arc` of the tier drops, after
+    /// every worker exited: no copy names it then.
+    map: Option<MmapRaw>,
     locked: bool,
 }
 
@@ -190,56 +192,40 @@ impl HostTier {
     /// RLIMIT_MEMLOCK is logged and the tier runs unlocked ([`TierIo::locked`] says so).
     pub fn new(len: usize) -> Result<HostTier, KvSwapError> {
         if len == 0 {
-            return Ok(HostTier { base: NonNull::dangling(), len: 0, locked: true });
+            return Ok(HostTier { map: None, locked: true });
         }
-        // SAFETY: a new private anonymous mapping; nothing else is at that address.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
+        let map = MmapOptions::new()
+            .len(len)
+            .populate()
+            .map_anon()
+            .map_err(|e| KvSwapError::setup("mmap host tier", e))?;
+        let map = MmapRaw::from(map);
+        let locked = match map.lock() {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!(
+                    "kvswap: mlock of the {len}-byte host tier failed ({e}); running unlocked \
+                     (raise RLIMIT_MEMLOCK)"
+                );
+                false
+            }
         };
-        if p == libc::MAP_FAILED {
-            return Err(KvSwapError::setup("mmap host tier", std::io::Error::last_os_error()));
-        }
-        // SAFETY: p..p+len is the mapping just made.
-        let locked = unsafe { libc::mlock(p, len) } == 0;
-        if !locked {
-            log::warn!(
-                "kvswap: mlock of the {len}-byte host tier failed ({}); running unlocked \
-                 (raise RLIMIT_MEMLOCK)",
-                std::io::Error::last_os_error()
-            );
-        }
-        Ok(HostTier { base: NonNull::new(p as *mut u8).expect("mmap null"), len, locked })
+        Ok(HostTier { map: Some(map), locked })
     }
 
     /// Base address (shared read-only with the spill workers for migrations).
     pub fn base(&self) -> *mut u8 {
-        self.base.as_ptr()
+        self.map.as_ref().map_or(NonNull::dangling().as_ptr(), MmapRaw::as_mut_ptr)
     }
 
     /// Size in bytes.
     pub fn len_bytes(&self) -> usize {
-        self.len
+        self.map.as_ref().map_or(0, MmapRaw::len)
     }
 
     /// Whether mlock succeeded.
     pub fn is_locked(&self) -> bool {
         self.locked
-    }
-}
-
-impl Drop for HostTier {
-    fn drop(&mut self) {
-        if self.len > 0 {
-            // SAFETY: dropped with the last Arc, after every worker exited: no copy names it.
-            unsafe { libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.len) };
-        }
     }
 }
 
@@ -254,14 +240,14 @@ impl TierIo for HostTierIo {
         TierKind::Host
     }
     fn capacity_bytes(&self) -> u64 {
-        self.tier.len as u64
+        self.tier.len_bytes() as u64
     }
     fn depth(&self) -> u32 {
         1
     }
     fn host_ptr(&self, offset: u64) -> Option<*mut u8> {
         // SAFETY: callers only ask for offsets of allocated slots, inside the mapping.
-        ((offset as usize) < self.tier.len)
+        ((offset as usize) < self.tier.len_bytes())
             .then(|| unsafe { self.tier.base().add(offset as usize) })
     }
     unsafe fn store(&mut self, tag: u64, _: u64, _: &[Segment]) -> Result<(), TierDone> {

@@ -27,6 +27,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use fastlane_hist::{format_ns, HlogWriter, LatencyRecorder, Summary};
+use fastlane_util::parse_size;
+use fastlane_util::tsc::{self, read_tsc};
+use memmap2::{MmapOptions, MmapRaw};
 use serde::{Deserialize, Serialize};
 use virtio_driver::{
     QueueNotifier, VhostUser, VirtioBlkConfig, VirtioBlkFeatureFlags, VirtioBlkQueue,
@@ -57,7 +60,7 @@ pub struct BlkArgs {
     #[arg(long, default_value_t = 5.0, value_parser = parse_seconds)]
     seconds: f64,
     /// Request size: bytes, or with a K/M suffix (multiple of 512, at most 1M).
-    #[arg(long, default_value = "4K", value_parser = parse_size)]
+    #[arg(long, default_value = "4K", value_parser = parse_request_size)]
     size: u32,
     /// Queue depths to run, comma-separated (1..=256).
     #[arg(long, value_delimiter = ',', default_value = "1,32", value_parser = clap::value_parser!(u16).range(1..=QD_MAX as i64))]
@@ -214,36 +217,19 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (digits, mult) = match t.as_bytes().last() {
-        Some(b'k' | b'K') => (&t[..t.len() - 1], 1u64 << 10),
-        Some(b'm' | b'M') => (&t[..t.len() - 1], 1 << 20),
-        Some(b'g' | b'G') => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
-    };
-    let n: u64 = digits.parse().map_err(|_| format!("not a byte count: {s} (e.g. 4096, 64M)"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("too large: {s}"))
-}
-
 fn parse_range(s: &str) -> Result<(u64, u64), String> {
     let (off, len) = s.split_once(':').ok_or_else(|| format!("{s}: expected OFFSET:LEN"))?;
-    let (off, len) = (parse_bytes(off)?, parse_bytes(len)?);
+    let size = |t: &str| parse_size(t).map_err(|e| e.to_string());
+    let (off, len) = (size(off)?, size(len)?);
     if len == 0 || off.checked_add(len).is_none() {
         return Err(format!("{s}: empty or overflowing range"));
     }
     Ok((off, len))
 }
 
-fn parse_size(s: &str) -> Result<u32, String> {
-    let t = s.trim();
-    let (digits, mult) = match t.as_bytes().last() {
-        Some(b'k' | b'K') => (&t[..t.len() - 1], 1024u64),
-        Some(b'm' | b'M') => (&t[..t.len() - 1], 1024 * 1024),
-        _ => (t, 1),
-    };
-    let n: u64 = digits.parse().map_err(|_| format!("not a size: {s} (e.g. 4096, 4K, 1M)"))?;
-    let bytes = n.checked_mul(mult).ok_or_else(|| format!("too large: {s}"))?;
+/// A request size: a byte size (`4096`, `4K`, `1M`) that is a multiple of 512, at most 1M.
+fn parse_request_size(s: &str) -> Result<u32, String> {
+    let bytes = parse_size(s).map_err(|e| e.to_string())?;
     if bytes == 0 || bytes % 512 != 0 || bytes > u64::from(SIZE_MAX_BYTES) {
         return Err(format!("{s}: must be a multiple of 512 bytes, at most 1M"));
     }
@@ -399,7 +385,7 @@ impl Clock {
             ClockChoice::Auto => invariant,
         };
         let base = Instant::now();
-        let ns_per_tick = if tsc { calibrate_tsc() } else { 1.0 };
+        let ns_per_tick = if tsc { tsc::ns_per_tick() } else { 1.0 };
         let mut c = Clock { tsc, base, ns_per_tick, tsc_call_ns: f64::NAN, instant_call_ns: 0.0 };
         c.instant_call_ns = cost_per_call(|| Instant::now().elapsed().as_nanos() as u64 / 2);
         if invariant {
@@ -464,38 +450,15 @@ fn invariant_tsc() -> bool {
     has("constant_tsc") && has("nonstop_tsc")
 }
 
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn read_tsc() -> u64 {
-    // SAFETY:
-    // - RDTSC is available on every x86_64 CPU and has no memory effects.
-    unsafe { core::arch::x86_64::_rdtsc() }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-#[inline(always)]
-fn read_tsc() -> u64 {
-    unreachable!("the TSC clock is only chosen on x86_64")
-}
-
-/// Nanoseconds per TSC tick, from 50 ms of both clocks.
-fn calibrate_tsc() -> f64 {
-    let (t0, c0) = (Instant::now(), read_tsc());
-    while t0.elapsed() < Duration::from_millis(50) {
-        std::hint::spin_loop();
-    }
-    let (t1, c1) = (Instant::now(), read_tsc());
-    (t1 - t0).as_nanos() as f64 / c1.wrapping_sub(c0).max(1) as f64
-}
-
 // ---------------------------------------------------------------------------------------------
 // Connection
 
-/// Memory shared with the backend: one memfd mapping, `len` bytes.
+/// Memory shared with the backend: one memfd mapping (MAP_SHARED, prefaulted), unmapped on
+/// drop. The backend has its own mapping of the memfd, so a request still in flight (after an
+/// error) writes there, never into our unmapped range.
 struct SharedBuf {
     fd: OwnedFd,
-    ptr: *mut u8,
-    len: usize,
+    map: MmapRaw,
 }
 
 impl SharedBuf {
@@ -514,34 +477,8 @@ impl SharedBuf {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        // SAFETY:
-        // - a fresh shared mapping of `len` bytes of our own memfd at an address the kernel
-        //   picks: it aliases no Rust object;
-        // - MAP_POPULATE only prefaults it.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(SharedBuf { fd, ptr: ptr.cast(), len })
-    }
-}
-
-impl Drop for SharedBuf {
-    fn drop(&mut self) {
-        // SAFETY:
-        // - `ptr`/`len` are the mapping created in `new`, unmapped once, here. The backend has
-        //   its own mapping of the memfd, so a request still in flight (after an error) writes
-        //   there, never into our unmapped range.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        let map = MmapOptions::new().len(len).populate().map_raw(&fd)?;
+        Ok(SharedBuf { fd, map })
     }
 }
 
@@ -618,11 +555,14 @@ impl Conn {
             .map_err(|source| BlkBenchError::Setup { step: "memfd for data buffers", source })?;
         // Written requests carry a non-zero pattern; the memory is ours until it is shared.
         // SAFETY:
-        // - `buf.ptr` is a fresh `len`-byte mapping nothing else references yet.
-        unsafe { std::ptr::write_bytes(buf.ptr, 0xa5, len) };
-        transport.map_mem_region(buf.ptr as usize, buf.len, buf.fd.as_raw_fd(), 0).map_err(
-            |source| BlkBenchError::Setup { step: "ADD_MEM_REG (data buffers)", source },
-        )?;
+        // - `buf.map` is a fresh `len`-byte mapping nothing else references yet.
+        unsafe { std::ptr::write_bytes(buf.map.as_mut_ptr(), 0xa5, len) };
+        transport
+            .map_mem_region(buf.map.as_mut_ptr() as usize, buf.map.len(), buf.fd.as_raw_fd(), 0)
+            .map_err(|source| BlkBenchError::Setup {
+                step: "ADD_MEM_REG (data buffers)",
+                source,
+            })?;
         // Three descriptors per request; the ring is a power of two.
         let queue_size = (u32::from(qd_max) * 3).next_power_of_two().clamp(16, 1024) as u16;
         let mut queues = VirtioBlkQueue::setup_queues(&mut *transport, 1, queue_size)
@@ -671,10 +611,10 @@ impl Conn {
 
     fn slot_ptr(&self, slot: u16) -> *mut u8 {
         let off = usize::from(slot) * self.size as usize;
-        assert!(off + self.size as usize <= self.buf.len, "slot {slot} beyond the buffers");
+        assert!(off + self.size as usize <= self.buf.map.len(), "slot {slot} beyond the buffers");
         // SAFETY:
         // - `off + size <= len` (asserted above): inside the mapping.
-        unsafe { self.buf.ptr.add(off) }
+        unsafe { self.buf.map.as_mut_ptr().add(off) }
     }
 
     /// Kick the device if it asked to be notified (always without EVENT_IDX, unless it set
@@ -886,15 +826,11 @@ fn drive(
 /// disk. The same formula as `fastlane-nvme`'s `vfio_guest` pattern (its guest test checks
 /// the backing file with it).
 fn fill_pattern(seed: u64, disk_offset: u64, buf: &mut [u8]) {
-    fn mix(mut z: u64) -> u64 {
-        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
     debug_assert_eq!(disk_offset % 8, 0);
     for (i, chunk) in buf.chunks_mut(8).enumerate() {
-        let word = mix(seed.wrapping_mul(0x1000_0000_01b3) ^ (disk_offset / 8 + i as u64));
+        let word = fastlane_util::splitmix64(
+            seed.wrapping_mul(0x1000_0000_01b3) ^ (disk_offset / 8 + i as u64),
+        );
         chunk.copy_from_slice(&word.to_le_bytes()[..chunk.len()]);
     }
 }
@@ -1281,13 +1217,13 @@ mod tests {
 
     #[test]
     fn sizes_parse_and_are_checked() {
-        assert_eq!(parse_size("4K"), Ok(4096));
-        assert_eq!(parse_size("512"), Ok(512));
-        assert_eq!(parse_size("1M"), Ok(1 << 20));
-        assert!(parse_size("100").is_err());
-        assert!(parse_size("2M").is_err());
-        assert!(parse_size("0").is_err());
-        assert!(parse_size("x").is_err());
+        assert_eq!(parse_request_size("4K"), Ok(4096));
+        assert_eq!(parse_request_size("512"), Ok(512));
+        assert_eq!(parse_request_size("1M"), Ok(1 << 20));
+        assert!(parse_request_size("100").is_err());
+        assert!(parse_request_size("2M").is_err());
+        assert!(parse_request_size("0").is_err());
+        assert!(parse_request_size("x").is_err());
     }
 
     #[test]

@@ -25,7 +25,8 @@ use clap::{Args, ValueEnum};
 use fastlane_block::{BlockDevice, BlockOp, BlockRequest, Completion, Segment};
 use fastlane_hist::{format_ns, HlogWriter, LatencyRecorder, Summary};
 use fastlane_nvme::{DmaBuffer, NvmeDevice, NvmeOptions};
-use fastlane_vhost_blk::spec::{parse_size, BackendSpec, SpecOptions};
+use fastlane_util::parse_size;
+use fastlane_vhost_blk::spec::{BackendSpec, SpecOptions};
 use serde::Serialize;
 
 /// Largest queue depth.
@@ -94,30 +95,21 @@ impl Pattern {
 /// Buffer memory for all slots: DMA-mapped (VFIO) or anonymous.
 enum Buffers {
     Dma(DmaBuffer),
-    Anon { ptr: *mut u8, len: usize },
+    /// Unmapped on drop, after the queue that used it (it waits for in-flight requests).
+    Anon(memmap2::MmapRaw),
 }
 
 impl Buffers {
     fn base(&self) -> *mut u8 {
         match self {
             Buffers::Dma(b) => b.as_ptr(),
-            Buffers::Anon { ptr, .. } => *ptr,
-        }
-    }
-}
-
-impl Drop for Buffers {
-    fn drop(&mut self) {
-        if let Buffers::Anon { ptr, len } = *self {
-            // SAFETY: our own mapping from `anon`; the queue that used it was dropped first
-            // (it waits for in-flight requests), so nothing reads or writes it any more.
-            unsafe { libc::munmap(ptr.cast(), len) };
+            Buffers::Anon(map) => map.as_mut_ptr(),
         }
     }
 }
 
 fn anon(len: usize) -> Result<Buffers> {
-    Ok(Buffers::Anon { ptr: crate::mem::mmap_populated(len)?, len })
+    Ok(Buffers::Anon(crate::mem::mmap_populated(len)?))
 }
 
 /// One case's result (a row of the table).

@@ -26,7 +26,9 @@ use fastlane_journal::{
 };
 use fastlane_rdma::Device;
 use fastlane_ring::WaitStrategy;
-use fastlane_vhost_blk::spec::{parse_size, IoEngine};
+use fastlane_util::parse_size;
+use fastlane_util::tsc::{ns_per_tick, read_tsc as tsc};
+use fastlane_vhost_blk::spec::IoEngine;
 use serde::Serialize;
 
 /// `fastlane journal`.
@@ -85,7 +87,7 @@ struct ReplicaArgs {
     #[arg(long)]
     file: PathBuf,
     /// Size of the primary's journal device.
-    #[arg(long, default_value = "64M", value_parser = parse_bytes)]
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
     size: u64,
     /// Serve this many primaries, one after the other, then exit (0: forever).
     #[arg(long, default_value_t = 0)]
@@ -97,7 +99,7 @@ struct Common {
     /// The journal file (created with --size if missing).
     file: PathBuf,
     /// Size of a new journal file.
-    #[arg(long, default_value = "64M", value_parser = parse_bytes)]
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
     size: u64,
     /// memory, local or replicated.
     #[arg(long, default_value = "local")]
@@ -185,7 +187,7 @@ struct BenchArgs {
     /// The journal file (recreated); the pwrite+fdatasync baseline uses FILE.baseline.
     file: PathBuf,
     /// Size of the journal file.
-    #[arg(long, default_value = "512M", value_parser = parse_bytes)]
+    #[arg(long, default_value = "512M", value_parser = parse_size)]
     size: u64,
     /// Payload bytes per record.
     #[arg(long, default_value_t = 64)]
@@ -317,12 +319,9 @@ fn open_device(path: &std::path::Path, io: IoEngine, direct: bool) -> Result<Arc
     })
 }
 
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
-}
-
 /// Runs `fastlane journal`.
 pub fn run(args: &JournalArgs) -> Result<()> {
+    crate::logging::init();
     match &args.cmd {
         Cmd::Append(a) => append(a),
         Cmd::Verify(a) => verify_cmd(a),
@@ -569,28 +568,6 @@ fn dump(a: &DumpArgs) -> Result<()> {
 
 // ---------------------------------------------------------------------------------------------
 // bench
-
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn tsc() -> u64 {
-    // SAFETY: RDTSC exists on every x86_64 CPU and touches no memory.
-    unsafe { core::arch::x86_64::_rdtsc() }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-#[inline(always)]
-fn tsc() -> u64 {
-    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
-
-/// ns per tick, from 50 ms of both clocks.
-fn ns_per_tick() -> f64 {
-    let (t0, c0) = (Instant::now(), tsc());
-    std::thread::sleep(Duration::from_millis(50));
-    let (t1, c1) = (Instant::now(), tsc());
-    (t1 - t0).as_nanos() as f64 / c1.wrapping_sub(c0).max(1) as f64
-}
 
 fn pin(core: Option<usize>) {
     if let Some(id) = core {

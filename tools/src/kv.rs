@@ -19,12 +19,14 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use fastlane_hist::{HlogWriter, LatencyRecorder, Summary};
-use fastlane_vhost_blk::spec::parse_size;
+use fastlane_util::parse_size;
 use kvswap::{
     BlockId, ChecksumMode, EngineConfig, HostDeviceMemory, KvGeometry, NvmeTierConfig,
     RemoteTierConfig, SeqId, SpillPolicy, SwapEngine,
 };
 use serde::Serialize;
+
+use crate::signals::StopSignals;
 
 /// `fastlane kv`.
 #[derive(Debug, Args)]
@@ -153,6 +155,7 @@ struct BenchArgs {
 
 /// Runs `fastlane kv`.
 pub fn run(args: &KvArgs) -> Result<()> {
+    crate::logging::init();
     match &args.command {
         KvCommand::Serve(a) => serve(a),
         KvCommand::Bench(a) => bench(a),
@@ -175,14 +178,10 @@ fn spill_policy(s: &str) -> Result<SpillPolicy> {
     })
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_stop_signal(_: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
-    STOP.store(true, Ordering::Relaxed);
-}
-
 fn serve(a: &ServeArgs) -> Result<()> {
+    // Before the engine or the pool starts a thread: they all inherit the blocked mask.
+    let signals = StopSignals::block()?;
+    let stop = Arc::new(AtomicBool::new(false));
     let g = a.model.geometry()?;
     let dev = Arc::new(HostDeviceMemory::new(g.block_bytes() as usize, a.device_blocks)?);
     let config = EngineConfig {
@@ -204,12 +203,10 @@ fn serve(a: &ServeArgs) -> Result<()> {
     let engine = SwapEngine::new(config, dev.clone())?;
     let locked = engine.stats().tiers[0].locked;
     let server = kvswap::server::Server::bind(&a.socket, engine, dev.fd(), dev.len_bytes() as u64)?;
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY:
-        // - the handler only stores to a static atomic, which is async-signal-safe;
-        // - replacing the default disposition of SIGINT/SIGTERM affects only this process.
-        unsafe { libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t) };
-    }
+    signals.on_stop({
+        let stop = stop.clone();
+        move || stop.store(true, Ordering::Relaxed)
+    })?;
     eprintln!(
         "fastlane kv serve: {} blocks of {} bytes, host tier {} bytes{}, listening on {:?} \
          (protocol v{})",
@@ -220,7 +217,7 @@ fn serve(a: &ServeArgs) -> Result<()> {
         a.socket,
         kvswap::proto::VERSION
     );
-    server.serve(&STOP)?;
+    server.serve(&stop)?;
     let c = server.counters();
     eprintln!(
         "fastlane kv serve: stopped after {} connections, {} requests, {} protocol errors",
@@ -263,22 +260,18 @@ fn best(rounds: u32, mut f: impl FnMut() -> Result<Duration>) -> Result<Duration
     Ok(b)
 }
 
-/// A page-aligned, pre-faulted anonymous buffer.
+/// A page-aligned, pre-faulted anonymous buffer, unmapped on drop.
 struct Buf {
-    ptr: *mut u8,
-    len: usize,
+    map: memmap2::MmapRaw,
 }
 
 impl Buf {
     fn new(len: usize) -> Result<Buf> {
-        Ok(Buf { ptr: crate::mem::mmap_populated(len)?, len })
+        Ok(Buf { map: crate::mem::mmap_populated(len)? })
     }
-}
 
-impl Drop for Buf {
-    fn drop(&mut self) {
-        // SAFETY: our mapping; nothing uses it after drop.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    fn ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
     }
 }
 
@@ -452,13 +445,13 @@ fn bench(a: &BenchArgs) -> Result<()> {
                 let copy_out = best(a.rounds, || {
                     let t0 = Instant::now();
                     // SAFETY: src and buf are distinct live mappings of len bytes.
-                    unsafe { std::ptr::copy_nonoverlapping(src, buf.ptr, len) };
+                    unsafe { std::ptr::copy_nonoverlapping(src, buf.ptr(), len) };
                     Ok(t0.elapsed())
                 })?;
                 let copy_in = best(a.rounds, || {
                     let t0 = Instant::now();
                     // SAFETY: as above, the other direction.
-                    unsafe { std::ptr::copy_nonoverlapping(buf.ptr, src, len) };
+                    unsafe { std::ptr::copy_nonoverlapping(buf.ptr(), src, len) };
                     Ok(t0.elapsed())
                 })?;
                 drop(buf);

@@ -112,7 +112,7 @@ impl EngineArgs {
         let preempt: PreemptChoice =
             self.preempt.parse().map_err(|e| anyhow::anyhow!("--preempt: {e}"))?;
         let size = |s: &str, flag: &str| {
-            fastlane_vhost_blk::spec::parse_size(s).map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+            fastlane_util::parse_size(s).map_err(|e| anyhow::anyhow!("{flag}: {e}"))
         };
         if self.device_blocks == 0 {
             bail!("--device-blocks must be at least 1");
@@ -216,7 +216,7 @@ pub struct MakeRandomArgs {
 
 /// Runs `fastlane llm`.
 pub fn run(args: &LlmArgs) -> Result<()> {
-    crate::serve::init_logging();
+    crate::logging::init();
     match &args.cmd {
         LlmCmd::Generate(a) => generate(a),
         LlmCmd::MakeRandom(a) => make_random(a),

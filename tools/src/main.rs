@@ -18,9 +18,11 @@ mod kv_sim;
 mod llm;
 mod llm_bench;
 mod llm_sched;
+mod logging;
 mod mem;
 mod rdma;
 mod serve;
+mod signals;
 
 #[derive(Debug, Parser)]
 #[command(name = "fastlane", version, about = "FastLane: a low-latency userspace data path")]

@@ -1,23 +1,16 @@
 //! Memory the benchmarks map for themselves.
 
-use anyhow::{bail, Result};
+use anyhow::{Context, Result};
+use memmap2::{MmapOptions, MmapRaw};
 
 /// A private anonymous mapping of `len` bytes, populated up front (so no benchmark times its
-/// page faults). The caller unmaps it with `munmap(ptr, len)`.
-pub fn mmap_populated(len: usize) -> Result<*mut u8> {
-    // SAFETY: a fresh anonymous mapping chosen by the kernel overlaps nothing we own.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        bail!("mmap of {len} bytes: {}", std::io::Error::last_os_error());
-    }
-    Ok(p.cast())
+/// page faults), unmapped when dropped. Only raw pointers to it are handed out
+/// ([`MmapRaw::as_mut_ptr`]): the kernel or a device may write it while a request is in flight.
+pub fn mmap_populated(len: usize) -> Result<MmapRaw> {
+    let map = MmapOptions::new()
+        .len(len)
+        .populate()
+        .map_anon()
+        .with_context(|| format!("mmap of {len} bytes"))?;
+    Ok(map.into())
 }

@@ -18,6 +18,7 @@ use std::io::{BufRead, BufReader, Write as _};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -26,7 +27,11 @@ use fastlane_hist::{format_ns, HlogWriter, LatencyRecorder, Summary};
 use fastlane_rdma::{
     ConnectOptions, Connection, Device, Listener, PoolServer, QpConfig, RdmaError, SendOp,
 };
+use fastlane_util::parse_size;
+use fastlane_util::tsc::read_tsc as tsc;
 use serde::Serialize;
+
+use crate::signals::StopSignals;
 
 /// Arguments of `fastlane rdma`.
 #[derive(Debug, Args)]
@@ -101,20 +106,9 @@ pub struct BenchArgs {
     json: bool,
 }
 
-fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    let n: u64 = num.parse().map_err(|e| format!("bad size {s:?}: {e}"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
-}
-
 /// Run `fastlane rdma`.
 pub fn run(args: &RdmaArgs) -> Result<()> {
+    crate::logging::init();
     match &args.what {
         RdmaWhat::Serve(a) => serve(a),
         RdmaWhat::Bench(a) => bench(a),
@@ -127,22 +121,16 @@ pub fn run(args: &RdmaArgs) -> Result<()> {
     }
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_stop_signal(_: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
-    STOP.store(true, Ordering::Relaxed);
-}
-
 fn serve(a: &ServeArgs) -> Result<()> {
+    // Before the engine or the pool starts a thread: they all inherit the blocked mask.
+    let signals = StopSignals::block()?;
+    let stop = Arc::new(AtomicBool::new(false));
     let dev = Device::open_with_gid(&a.device, a.gid_index)?;
     let pool = PoolServer::bind(&dev, a.listen, a.size)?;
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY:
-        // - the handler only stores to a static atomic, which is async-signal-safe;
-        // - replacing the default disposition of SIGINT/SIGTERM affects only this process.
-        unsafe { libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t) };
-    }
+    signals.on_stop({
+        let stop = stop.clone();
+        move || stop.store(true, Ordering::Relaxed)
+    })?;
     eprintln!(
         "fastlane rdma serve: {} bytes on {} (GID index {}, MTU {}), listening on {}",
         pool.size(),
@@ -151,7 +139,7 @@ fn serve(a: &ServeArgs) -> Result<()> {
         dev.active_mtu_bytes(),
         pool.local_addr()?
     );
-    pool.serve(&STOP)?;
+    pool.serve(&stop)?;
     eprintln!("fastlane rdma serve: stopped");
     Ok(())
 }
@@ -420,21 +408,6 @@ fn warmup(iters: u64) -> u64 {
     (iters / 10).clamp(10, 1000)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn tsc() -> u64 {
-    // SAFETY:
-    // - RDTSC exists on every x86_64 CPU and has no memory effects.
-    unsafe { core::arch::x86_64::_rdtsc() }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-#[inline(always)]
-fn tsc() -> u64 {
-    static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    T0.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
-
 /// Spins until byte `at` of our buffer equals `want`; bounded by the connection's timeout,
 /// and ends early when the peer's socket closes.
 fn spin_for(conn: &Connection, at: usize, want: u8) -> Result<()> {
@@ -572,14 +545,6 @@ fn bandwidth(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("8").unwrap(), 8);
-        assert_eq!(parse_size("64K").unwrap(), 65536);
-        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
-        assert!(parse_size("x").is_err());
-    }
 
     #[test]
     fn params_round_trip_and_validate() {

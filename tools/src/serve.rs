@@ -6,14 +6,15 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use fastlane_block::{BlockDevice, BlockOp, BlockRequest, Completion};
 use fastlane_vhost_blk::spec::{BackendSpec, IoEngine, SpecOptions};
-use fastlane_vhost_blk::{BlkServer, StopHandle, VhostBlkOptions};
+use fastlane_vhost_blk::{BlkServer, VhostBlkOptions};
+
+use crate::signals::StopSignals;
 
 /// `fastlane serve` options.
 #[derive(Debug, Args)]
@@ -74,10 +75,10 @@ impl From<IoArg> for IoEngine {
 
 /// Run `fastlane serve` until SIGINT/SIGTERM.
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
-    init_logging();
+    crate::logging::init();
     // Block the stop signals before any thread exists, so every thread inherits the mask and
     // only the signal thread below receives them (with sigwait).
-    let signals = block_stop_signals().context("cannot block SIGINT/SIGTERM")?;
+    let signals = StopSignals::block()?;
 
     let spec: BackendSpec = args.backend.parse().context("bad --backend")?;
     let (device, engine) = spec
@@ -103,7 +104,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     print_qemu_command(&args.socket, args.queues);
 
     let stop = server.stop_handle();
-    spawn_signal_thread(signals, stop.clone())?;
+    signals.on_stop({
+        let stop = stop.clone();
+        move || stop.stop()
+    })?;
 
     let started = Instant::now();
     let result = server.run();
@@ -162,93 +166,5 @@ fn flush(device: &dyn BlockDevice) -> anyhow::Result<()> {
             bail!("flush did not complete within 30 s");
         }
         queue.wait(Some(Duration::from_millis(100)))?;
-    }
-}
-
-fn block_stop_signals() -> std::io::Result<libc::sigset_t> {
-    // SAFETY:
-    // - `set` is a plain C struct that sigemptyset fully initializes before any other use.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY:
-    // - `set` is a valid, writable sigset_t on our stack; the call only writes into it.
-    unsafe { libc::sigemptyset(&mut set) };
-    // SAFETY:
-    // - as above; SIGINT is a valid signal number.
-    unsafe { libc::sigaddset(&mut set, libc::SIGINT) };
-    // SAFETY:
-    // - as above; SIGTERM is a valid signal number.
-    unsafe { libc::sigaddset(&mut set, libc::SIGTERM) };
-    // SAFETY:
-    // - `set` is initialized; a null old-set pointer is allowed and means "don't report".
-    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
-    if rc != 0 {
-        return Err(std::io::Error::from_raw_os_error(rc));
-    }
-    Ok(set)
-}
-
-fn spawn_signal_thread(set: libc::sigset_t, stop: Arc<StopHandle>) -> anyhow::Result<()> {
-    std::thread::Builder::new()
-        .name("fastlane-signals".into())
-        .spawn(move || loop {
-            let mut sig: libc::c_int = 0;
-            // SAFETY:
-            // - `set` is an initialized sigset_t owned by this closure; `sig` is a valid
-            //   out-parameter on our stack.
-            let rc = unsafe { libc::sigwait(&set, &mut sig) };
-            if rc == 0 && (sig == libc::SIGINT || sig == libc::SIGTERM) {
-                log::info!("signal {sig}: shutting down");
-                stop.stop();
-                return;
-            }
-        })
-        .context("cannot spawn the signal thread")?;
-    Ok(())
-}
-
-/// A minimal stderr logger with wall-clock timestamps; `RUST_LOG=debug|info|warn|error`.
-struct StderrLogger {
-    level: log::LevelFilter,
-    start: Instant,
-}
-
-impl log::Log for StderrLogger {
-    fn enabled(&self, meta: &log::Metadata<'_>) -> bool {
-        meta.level() <= self.level
-    }
-
-    fn log(&self, record: &log::Record<'_>) {
-        if !self.enabled(record.metadata()) {
-            return;
-        }
-        let now =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        eprintln!(
-            "[{}.{:06} +{:.3}s {:5} {}] {}",
-            now.as_secs(),
-            now.subsec_micros(),
-            self.start.elapsed().as_secs_f64(),
-            record.level(),
-            record.target(),
-            record.args()
-        );
-    }
-
-    fn flush(&self) {}
-}
-
-/// Installs the stderr logger every daemon and command uses (`RUST_LOG` sets the level).
-pub(crate) fn init_logging() {
-    let level = match std::env::var("RUST_LOG").ok().as_deref() {
-        Some("trace") => log::LevelFilter::Trace,
-        Some("debug") => log::LevelFilter::Debug,
-        Some("warn") => log::LevelFilter::Warn,
-        Some("error") => log::LevelFilter::Error,
-        Some("off") => log::LevelFilter::Off,
-        _ => log::LevelFilter::Info,
-    };
-    let logger = Box::leak(Box::new(StderrLogger { level, start: Instant::now() }));
-    if log::set_logger(logger).is_ok() {
-        log::set_max_level(level);
     }
 }

@@ -1,29 +1,28 @@
 //! Arrival processes and the simulator's random numbers (seeded, platform-independent).
 
-/// SplitMix64: small, fast, and the same stream on every platform for a given seed.
+use fastlane_util::SplitMix64;
+
+/// SplitMix64 ([`fastlane_util::SplitMix64`]): small, fast, and the same stream on every
+/// platform for a given seed.
 #[derive(Debug, Clone)]
-pub struct SimRng(u64);
+pub struct SimRng(SplitMix64);
 
 impl SimRng {
     /// A generator from `seed`.
     pub fn new(seed: u64) -> Self {
-        Self(seed)
+        Self(SplitMix64::new(seed))
     }
 
     /// An independent stream for `stream` (a tenant index) under `seed`.
     pub fn stream(seed: u64, stream: u64) -> Self {
-        let mut r = Self(seed ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03));
+        let mut r = Self::new(seed ^ stream.wrapping_mul(0xD1B5_4A32_D192_ED03));
         r.next_u64();
         r
     }
 
     /// Next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in (0, 1].

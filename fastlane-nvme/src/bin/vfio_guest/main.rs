@@ -19,37 +19,9 @@ use fastlane_block::{
     BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, Segment,
 };
 use fastlane_nvme::{DmaBuffer, NvmeDevice, NvmeOptions};
+use memmap2::{MmapOptions, MmapRaw};
 
 mod pattern;
-
-/// A private anonymous read-write mapping.
-///
-/// # Safety
-///
-/// Only `mmap` with a NULL hint: no memory we own is affected.
-unsafe fn libc_mmap(len: usize) -> *mut u8 {
-    // SAFETY: see the function's contract.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert!(p != libc::MAP_FAILED, "mmap failed");
-    p.cast()
-}
-
-/// # Safety
-///
-/// `p..p+len` is a mapping from `libc_mmap` that nothing uses any more.
-unsafe fn libc_munmap(p: *mut u8, len: usize) {
-    // SAFETY: see the function's contract.
-    unsafe { libc::munmap(p.cast(), len) };
-}
 
 type Res<T> = Result<T, String>;
 
@@ -224,8 +196,9 @@ fn check(bdf: &str) -> Res<()> {
     //     registered with sync_external, used zero copy, re-keyed (remapped), then removed.
     step("external", || {
         let len = 1usize << 20;
-        // SAFETY: a fresh anonymous mapping; unmapped below after the device mapping is gone.
-        let p = unsafe { libc_mmap(len) };
+        // A private anonymous mapping, unmapped (dropped) below after the device mapping is gone.
+        let map = MmapRaw::from(MmapOptions::new().len(len).map_anon().map_err(|e| e.to_string())?);
+        let p = map.as_mut_ptr();
         let off = 26 * MIB;
         let mut data = vec![0u8; len];
         pattern::fill(600, off, &mut data);
@@ -256,8 +229,8 @@ fn check(bdf: &str) -> Res<()> {
         }
         // The same memory now goes through the bounce pages.
         run1(q, BlockOp::Read, off, 0, &[seg(p, len)])?;
-        // SAFETY: the device mapping is gone; our own mapping.
-        unsafe { libc_munmap(p, len) };
+        // The device mapping is gone: nothing uses our mapping any more.
+        drop(map);
         Ok(())
     })?;
 

@@ -1,0 +1,18 @@
+//! Small helpers that several FastLane crates and the `fastlane` CLI need, each written once
+//! here instead of once per user:
+//!
+//! - [`parse_size`]: `64M`-style byte sizes (binary multiples), for specs and command lines;
+//! - [`SplitMix64`], [`splitmix64`], [`mix64`]: the seedable generator behind test data,
+//!   synthetic latencies, the simulator and the disk verification pattern;
+//! - [`tsc`]: the x86 time-stamp counter as a cheap clock for benchmarks.
+//!
+//! It holds no data path and depends on no other FastLane crate, so every crate can depend on
+//! it. It does not hold helpers that a maintained crate already provides (memory maps are
+//! `memmap2`, cache padding is `crossbeam-utils`, fd passing is `vmm-sys-util`).
+
+mod rng;
+mod size;
+pub mod tsc;
+
+pub use rng::{mix64, splitmix64, SplitMix64};
+pub use size::{parse_size, ParseSizeError};
