@@ -243,8 +243,9 @@ pub struct EngineCounters {
     pub swap_out_bytes: u64,
     /// See `swap_out_bytes`.
     pub swap_in_bytes: u64,
-    /// Swapped-out bytes per tier: host, NVMe, remote (blocks that spilled count in the tier
-    /// they reached).
+    /// Bytes swapped out per tier they landed in: host, NVMe, remote.
+    pub swap_out_bytes_by_tier: [u64; 3],
+    /// Bytes held in each tier now (host, NVMe, remote).
     pub tier_used_bytes: [u64; 3],
     /// Bytes spilled from host to NVMe or remote.
     pub spilled_bytes: u64,
@@ -951,6 +952,7 @@ impl Loop {
         let es = self.sched.port().engine().stats();
         self.local.swap_out_bytes = port.out_bytes;
         self.local.swap_in_bytes = port.in_bytes;
+        self.local.swap_out_bytes_by_tier = port.out_bytes_by_tier;
         self.local.swap_failures = port.failures;
         self.local.checksum_mismatches = port.checksum_mismatches;
         self.local.spilled_bytes = es.bytes_spilled;

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use kvswap::sched::{SwapDir, SwapDone, SwapPort, SwapPortError};
-use kvswap::{BlockId, KvSwapError, SeqId, SwapEngine, Ticket, TicketDone};
+use kvswap::{BlockId, KvSwapError, SeqId, SeqPhase, SwapEngine, Ticket, TicketDone};
 
 /// What the port has moved.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -34,6 +34,8 @@ pub struct PortStats {
     pub checksum_mismatches: u64,
     /// Swaps the engine refused to start.
     pub refused: u64,
+    /// Bytes of finished swap-outs by the tier they landed in: host, NVMe, remote.
+    pub out_bytes_by_tier: [u64; 3],
 }
 
 impl PortStats {
@@ -181,6 +183,9 @@ impl SwapPort for EnginePort {
                     SwapDir::Out => {
                         self.stats.out_bytes += bytes;
                         self.stats.out_ns += ns;
+                        if let Some(SeqPhase::Out(t)) = self.engine.lookup(f.seq).map(|i| i.phase) {
+                            self.stats.out_bytes_by_tier[t.index()] += bytes;
+                        }
                     }
                     SwapDir::In => {
                         self.stats.in_bytes += bytes;

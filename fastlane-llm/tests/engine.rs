@@ -108,6 +108,7 @@ fn swap_through_the_host_tier_is_invisible() {
     let (got, c) = together(e);
     assert_same(&got, "swap (host)");
     assert!(c.preempt_swap >= 5, "the tight pool must preempt by swap: {c:?}");
+    assert!(c.swap_out_bytes_by_tier[0] > 0 && c.swap_out_bytes_by_tier[1] == 0, "{c:?}");
     assert!(c.swap_out_bytes > 0 && c.swap_in_bytes > 0, "{c:?}");
     assert_eq!((c.checksum_mismatches, c.swap_failures), (0, 0));
 }
@@ -123,6 +124,7 @@ fn swap_through_an_nvme_file_is_invisible() {
     let (got, c) = together(e);
     assert_same(&got, "swap (nvme)");
     assert!(c.preempt_swap >= 5, "{c:?}");
+    assert!(c.swap_out_bytes_by_tier[1] > 0 && c.swap_out_bytes_by_tier[0] == 0, "{c:?}");
     assert!(c.swap_in_bytes > 0, "{c:?}");
 }
 
@@ -174,6 +176,42 @@ fn a_corrupted_tier_block_is_caught_and_recomputed() {
     let (got, c) = together(e);
     assert_same(&got, "corrupted block");
     assert!(c.checksum_mismatches >= 1, "the flipped byte must be caught: {c:?}");
+}
+
+#[test]
+fn a_vandalised_nvme_tier_file_is_caught_and_recomputed() {
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.tier");
+    let mut cfg = tight(PreemptChoice::Swap);
+    cfg.swap.host_bytes = 0;
+    cfg.swap.nvme = Some(NvmeTierConfig { path: path.clone(), bytes: 64 << 20, depth: 16 });
+    let e = Engine::start(model(), cfg).unwrap();
+    // While the engine runs, another process's worth of damage: the first MiB of the tier
+    // file (where the first swapped-out blocks land) is overwritten every 2 ms, so copies read
+    // back after a pass no longer match their checksums.
+    let stop = Arc::new(AtomicBool::new(false));
+    let vandal = {
+        let (stop, path) = (stop.clone(), path.clone());
+        std::thread::spawn(move || {
+            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            let junk = vec![0xa5u8; 1 << 20];
+            let mut passes = 0u64;
+            while !stop.load(Ordering::Relaxed) && passes < 100_000 {
+                f.write_all_at(&junk, 0).unwrap();
+                passes += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            passes
+        })
+    };
+    let (got, c) = together(e);
+    stop.store(true, Ordering::Relaxed);
+    assert!(vandal.join().unwrap() > 0);
+    assert_same(&got, "vandalised NVMe file");
+    assert!(c.checksum_mismatches >= 1, "overwritten copies must fail their checksum: {c:?}");
+    assert_eq!(c.checksum_mismatches, c.swap_failures, "every failure here is a mismatch: {c:?}");
 }
 
 #[test]

@@ -125,7 +125,9 @@ fn client(addr: SocketAddr) -> R<()> {
     let c = e.shutdown().map_err(|e| e.to_string())?;
     check(
         "llm-remote-swapped",
-        c.preempt_swap > 0 && c.swap_in_bytes > 0,
+        c.preempt_swap > 0
+            && c.swap_in_bytes > 0
+            && c.swap_out_bytes_by_tier[2] == c.swap_out_bytes,
         format!("{} swaps, {} B out, {} B in", c.preempt_swap, c.swap_out_bytes, c.swap_in_bytes),
     )?;
     check(
