@@ -194,13 +194,18 @@ pub enum StreamEvent {
 pub struct Stream {
     /// Request id (for [`Engine::abort`]).
     pub id: u64,
-    rx: Receiver<StreamEvent>,
+    rx: flume::Receiver<StreamEvent>,
 }
 
 impl Stream {
     /// The next event, waiting at most `timeout`.
     pub fn next(&self, timeout: Duration) -> Option<StreamEvent> {
         self.rx.recv_timeout(timeout).ok()
+    }
+
+    /// The next event, for async callers (`None` once the engine has dropped the stream).
+    pub async fn next_async(&self) -> Option<StreamEvent> {
+        self.rx.recv_async().await.ok()
     }
 
     /// Waits for the end (at most `timeout`), dropping token events.
@@ -211,12 +216,12 @@ impl Stream {
             match self.rx.recv_timeout(left) {
                 Ok(StreamEvent::Done(f)) => return Ok(f),
                 Ok(StreamEvent::Token { .. }) => {}
-                Err(RecvTimeoutError::Timeout) => {
+                Err(flume::RecvTimeoutError::Timeout) => {
                     return Err(LlmError::Stopped {
                         reason: format!("request {} timed out", self.id),
                     })
                 }
-                Err(RecvTimeoutError::Disconnected) => {
+                Err(flume::RecvTimeoutError::Disconnected) => {
                     return Err(LlmError::Stopped { reason: "engine thread exited".into() })
                 }
             }
@@ -274,7 +279,7 @@ pub struct EngineCounters {
 }
 
 enum Command {
-    Submit { id: u64, req: GenRequest, tx: Sender<StreamEvent>, at: Instant },
+    Submit { id: u64, req: GenRequest, tx: flume::Sender<StreamEvent>, at: Instant },
     Abort { id: u64 },
     Shutdown,
 }
@@ -293,7 +298,7 @@ struct Live {
     req: GenRequest,
     generated: Vec<u32>,
     sampler: Sampler,
-    tx: Sender<StreamEvent>,
+    tx: flume::Sender<StreamEvent>,
     text: String,
     stream: TextStream,
     arrived: Instant,
@@ -433,7 +438,7 @@ impl Engine {
             });
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx) = flume::unbounded();
         self.tx
             .send(Command::Submit { id, req, tx, at: Instant::now() })
             .map_err(|_| LlmError::Stopped { reason: "engine thread exited".into() })?;

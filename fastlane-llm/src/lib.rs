@@ -32,6 +32,7 @@ pub mod kv;
 pub mod model;
 pub mod port;
 pub mod sampling;
+pub mod server;
 pub mod tokenizer;
 pub mod weights;
 

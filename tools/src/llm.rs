@@ -35,6 +35,28 @@ enum LlmCmd {
     MakeRandom(MakeRandomArgs),
     /// Measure decode, prefill, batching and swap overlap against floors of the same run.
     Bench(crate::llm_bench::BenchArgs),
+    /// Serve the engine over HTTP: the OpenAI API (/v1/completions, /v1/chat/completions,
+    /// /v1/models), /health and /metrics, tenants from --tenants.
+    Serve(Box<ServeArgs>),
+}
+
+/// Arguments of `fastlane llm serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Tenants (TOML, `[[tenant]]` tables: name, keys, rpm, burst, max_concurrent, tier,
+    /// max_stream_seconds, queue). Without it every request is served as tenant `default`
+    /// and no key is needed.
+    #[arg(long)]
+    tenants: Option<PathBuf>,
+    /// Address to listen on (port 0: any free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    listen: std::net::SocketAddr,
+    /// After SIGTERM or SIGINT: stop accepting, let open streams finish for at most this
+    /// many seconds, then exit.
+    #[arg(long, default_value_t = 30)]
+    drain_seconds: u64,
 }
 
 /// The model and engine flags shared by `generate` and `bench`.
@@ -50,9 +72,11 @@ pub struct EngineArgs {
     /// KV blocks in the device pool (16 tokens each); small values force preemption.
     #[arg(long, default_value_t = 1024)]
     pub device_blocks: u32,
-    /// Scheduling policy: fifo, drr, drr+preempt.
-    #[arg(long, default_value = "fifo")]
-    pub policy: String,
+    /// Scheduling policy: fifo (no gate), drr (token bucket + slots + DRR), drr+preempt
+    /// (and batch sequences preempted for interactive ones). Default: fifo for generate,
+    /// drr for serve.
+    #[arg(long)]
+    pub policy: Option<String>,
     /// How preempted sequences give up their blocks: auto (measured costs), swap, recompute.
     #[arg(long, default_value = "auto")]
     pub preempt: String,
@@ -108,7 +132,10 @@ impl EngineArgs {
 
     /// The engine configuration these flags describe.
     pub fn engine_config(&self) -> Result<EngineConfig> {
-        let policy: Policy = self.policy.parse().map_err(|e| anyhow::anyhow!("--policy: {e}"))?;
+        let policy: Policy = match &self.policy {
+            Some(p) => p.parse().map_err(|e| anyhow::anyhow!("--policy: {e}"))?,
+            None => Policy::Fifo,
+        };
         let preempt: PreemptChoice =
             self.preempt.parse().map_err(|e| anyhow::anyhow!("--preempt: {e}"))?;
         let size = |s: &str, flag: &str| {
@@ -221,7 +248,84 @@ pub fn run(args: &LlmArgs) -> Result<()> {
         LlmCmd::Generate(a) => generate(a),
         LlmCmd::MakeRandom(a) => make_random(a),
         LlmCmd::Bench(a) => crate::llm_bench::run(a),
+        LlmCmd::Serve(a) => serve(a),
     }
+}
+
+fn serve(a: &ServeArgs) -> Result<()> {
+    use fastlane_llm::server::{AppState, Metrics, Tenants};
+    let tenants = match &a.tenants {
+        Some(p) => Tenants::load(p)?,
+        None => Tenants::open(),
+    };
+    let model = a.engine.load_model()?;
+    let mut cfg = a.engine.engine_config()?;
+    if a.engine.policy.is_none() {
+        cfg.policy = Policy::Drr;
+    }
+    cfg.tenants = tenants.sched_configs();
+    let engine = Arc::new(Engine::start(model.clone(), cfg)?);
+    let state = Arc::new(AppState {
+        engine: engine.clone(),
+        tenants,
+        metrics: Metrics::new(),
+        model_id: model.name().to_string(),
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("fastlane-http")
+        .build()?;
+    let drain = Duration::from_secs(a.drain_seconds);
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(a.listen)
+            .await
+            .with_context(|| format!("binding {}", a.listen))?;
+        let addr = listener.local_addr()?;
+        println!("listening on http://{addr}");
+        log::info!("serving {} on http://{addr} ({} tenants)", model.name(), state.tenants.entries().len());
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let stop = async move {
+            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    log::error!("cannot watch SIGTERM: {e}");
+                    return std::future::pending().await;
+                }
+            };
+            tokio::select! {
+                _ = term.recv() => log::info!("SIGTERM: draining open streams (at most {}s)", drain.as_secs()),
+                _ = tokio::signal::ctrl_c() => log::info!("SIGINT: draining open streams (at most {}s)", drain.as_secs()),
+            }
+            let _ = tx.send(true);
+        };
+        let server = fastlane_llm::server::serve(state, listener, stop);
+        let mut rx2 = rx.clone();
+        let bounded = async move {
+            // After the signal, give the graceful shutdown `drain` to finish.
+            let _ = rx2.wait_for(|s| *s).await;
+            tokio::time::sleep(drain).await;
+        };
+        tokio::select! {
+            r = server => r?,
+            _ = bounded => log::warn!("drain timeout: exiting with streams still open"),
+        }
+        drop(rx);
+        Ok::<(), anyhow::Error>(())
+    })?;
+    match Arc::try_unwrap(engine) {
+        Ok(e) => {
+            let c = e.shutdown()?;
+            log::info!(
+                "stopped: {} requests finished, {} aborted, {} steps",
+                c.finished,
+                c.aborted,
+                c.steps
+            );
+        }
+        Err(_) => log::info!("stopped"),
+    }
+    Ok(())
 }
 
 fn make_random(a: &MakeRandomArgs) -> Result<()> {

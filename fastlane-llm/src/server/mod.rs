@@ -1,0 +1,666 @@
+//! The OpenAI-compatible front end of `fastlane llm serve`: tenants from bearer keys,
+//! admission by the scheduler (token bucket, slots, router queue, DRR, tiers), streaming over
+//! server-sent events, TTFT measured where the client sees it, Prometheus metrics.
+//!
+//! Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both with `stream: true`
+//! as SSE ending in `data: [DONE]`, with `usage`), `GET /v1/models`, `GET /health`,
+//! `GET /metrics`. Errors are OpenAI-shaped: `{"error": {"message", "type", "code"}}`.
+//!
+//! Chat template (the random models have none of their own): each message becomes
+//! `<|ROLE|>\nCONTENT\n`, and `<|assistant|>\n` follows the last one.
+
+pub mod metrics;
+pub mod tenants;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::engine::{Engine, FinishReason, Finished, GenRequest, Stream, StreamEvent};
+use crate::sampling::SamplingParams;
+pub use metrics::Metrics;
+pub use tenants::Tenants;
+
+/// Largest request body accepted.
+const BODY_BYTES_MAX: usize = 1 << 20;
+
+/// What the handlers share.
+#[derive(Debug)]
+pub struct AppState {
+    /// The engine.
+    pub engine: Arc<Engine>,
+    /// Tenants and keys.
+    pub tenants: Tenants,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// The model id `/v1/models` reports.
+    pub model_id: String,
+}
+
+/// The router with every endpoint.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat))
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "no such endpoint")
+        })
+        .with_state(state)
+}
+
+/// Serves until `shutdown` resolves, then lets open streams finish (axum's graceful shutdown).
+pub async fn serve(
+    state: Arc<AppState>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+}
+
+/// An error with its HTTP status, in OpenAI's shape.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+    retry_after_s: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { status, kind, message: message.into(), retry_after_s: None }
+    }
+
+    fn bad(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let code = match self.status {
+            StatusCode::UNAUTHORIZED => "invalid_api_key",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_exceeded",
+            StatusCode::BAD_REQUEST => "invalid_request",
+            StatusCode::NOT_FOUND => "not_found",
+            _ => "server_error",
+        };
+        let body = json!({"error": {"message": self.message, "type": self.kind, "code": code}});
+        let mut r = (self.status, axum::Json(body)).into_response();
+        if let Some(s) = self.retry_after_s {
+            if let Ok(v) = HeaderValue::from_str(&s.to_string()) {
+                r.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        r
+    }
+}
+
+async fn health() -> impl IntoResponse {
+    axum::Json(json!({"status": "ok"}))
+}
+
+async fn metrics_text(State(st): State<Arc<AppState>>) -> impl IntoResponse {
+    let text = st.metrics.render(&st.engine.counters());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> impl IntoResponse {
+    axum::Json(
+        json!({"object": "list", "data": [{"id": st.model_id, "object": "model", "owned_by": "fastlane"}]}),
+    )
+}
+
+/// A string or a list of strings (`stop`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// A prompt: text, or token ids.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+/// Fields both endpoints share (OpenAI's names; vLLM's extensions `top_k`, `ignore_eos`,
+/// `stop_token_ids`, `return_token_ids`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompletionBody {
+    #[serde(default)]
+    model: Option<String>,
+    prompt: Prompt,
+    #[serde(flatten)]
+    common: Common,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChatBody {
+    #[serde(default)]
+    model: Option<String>,
+    messages: Vec<Message>,
+    #[serde(flatten)]
+    common: Common,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Message {
+    role: String,
+    content: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Common {
+    #[serde(default)]
+    max_tokens: Option<u32>,
+    #[serde(default)]
+    temperature: Option<f32>,
+    #[serde(default)]
+    top_p: Option<f32>,
+    #[serde(default)]
+    top_k: Option<usize>,
+    #[serde(default)]
+    seed: Option<u64>,
+    #[serde(default)]
+    stop: Option<OneOrMany>,
+    #[serde(default)]
+    stop_token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    ignore_eos: Option<bool>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    return_token_ids: Option<bool>,
+    #[serde(default)]
+    n: Option<u32>,
+    #[serde(default)]
+    user: Option<String>,
+}
+
+/// Parses JSON into `T`; the 400's message names the field serde complained about.
+fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| ApiError::bad(format!("request body: {e}")))
+}
+
+fn tenant(st: &AppState, headers: &HeaderMap) -> Result<usize, ApiError> {
+    let key = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    st.tenants.tenant_of(key).ok_or_else(|| {
+        st.metrics.requests.with_label_values(&["unknown", "unauthorized"]).inc();
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "unknown or missing API key",
+        )
+    })
+}
+
+async fn body_bytes(req: Request) -> Result<(HeaderMap, axum::body::Bytes), ApiError> {
+    let (parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, BODY_BYTES_MAX).await.map_err(|_| {
+        ApiError::bad(format!("request body over {BODY_BYTES_MAX} bytes or unreadable"))
+    })?;
+    Ok((parts.headers, bytes))
+}
+
+async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    let arrived = Instant::now();
+    let r = async {
+        let (headers, bytes) = body_bytes(req).await?;
+        let t = tenant(&st, &headers)?;
+        let b: CompletionBody = parse(&bytes)?;
+        check_model(&st, b.model.as_deref())?;
+        let prompt = match b.prompt {
+            Prompt::Text(s) => st
+                .engine
+                .model()
+                .tokenizer()
+                .encode(&s)
+                .map_err(|e| ApiError::bad(e.to_string()))?,
+            Prompt::Ids(ids) => ids,
+        };
+        run(st.clone(), t, prompt, b.common, arrived, Kind::Completion).await
+    }
+    .await;
+    r.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn chat(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    let arrived = Instant::now();
+    let r = async {
+        let (headers, bytes) = body_bytes(req).await?;
+        let t = tenant(&st, &headers)?;
+        let b: ChatBody = parse(&bytes)?;
+        check_model(&st, b.model.as_deref())?;
+        if b.messages.is_empty() {
+            return Err(ApiError::bad("messages: at least one message"));
+        }
+        let mut text = String::new();
+        for m in &b.messages {
+            if !matches!(m.role.as_str(), "system" | "user" | "assistant") {
+                return Err(ApiError::bad(format!(
+                    "messages: role {:?}: system, user or assistant",
+                    m.role
+                )));
+            }
+            text.push_str(&format!("<|{}|>\n{}\n", m.role, m.content));
+        }
+        text.push_str("<|assistant|>\n");
+        let prompt = st
+            .engine
+            .model()
+            .tokenizer()
+            .encode(&text)
+            .map_err(|e| ApiError::bad(e.to_string()))?;
+        run(st.clone(), t, prompt, b.common, arrived, Kind::Chat).await
+    }
+    .await;
+    r.unwrap_or_else(IntoResponse::into_response)
+}
+
+fn check_model(st: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if m != st.model_id => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("model {m:?} is not served here (GET /v1/models)"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Completion,
+    Chat,
+}
+
+/// Ends the engine request if the client goes away first (the guard is dropped with the
+/// response body).
+struct AbortOnDrop {
+    engine: Arc<Engine>,
+    id: u64,
+    done: bool,
+    metrics: Metrics,
+    tenant: String,
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.metrics.streams_open.with_label_values(&[&self.tenant]).dec();
+        if !self.done {
+            self.engine.abort(self.id);
+            self.metrics.requests.with_label_values(&[&self.tenant, "aborted"]).inc();
+        }
+    }
+}
+
+fn finish_reason(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Length => "length",
+        FinishReason::Stop => "stop",
+        FinishReason::Abort => "abort",
+        FinishReason::Fenced => "length",
+        FinishReason::Rejected | FinishReason::Error => "error",
+    }
+}
+
+async fn run(
+    st: Arc<AppState>,
+    t: usize,
+    prompt: Vec<u32>,
+    c: Common,
+    arrived: Instant,
+    kind: Kind,
+) -> Result<Response, ApiError> {
+    let tname = st.tenants.get(t).name.clone();
+    if c.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad("n: only 1 is supported"));
+    }
+    let _ = &c.user;
+    let req = GenRequest {
+        prompt,
+        max_tokens: c.max_tokens.unwrap_or(16),
+        sampling: SamplingParams {
+            temperature: c.temperature.unwrap_or(1.0),
+            top_p: c.top_p.unwrap_or(1.0),
+            top_k: c.top_k.unwrap_or(0),
+            seed: c.seed.unwrap_or_else(|| arrived.elapsed().as_nanos() as u64 ^ 0x9e37_79b9),
+        },
+        stop: match c.stop {
+            None => Vec::new(),
+            Some(OneOrMany::One(s)) => vec![s],
+            Some(OneOrMany::Many(v)) => v,
+        },
+        stop_token_ids: c.stop_token_ids.unwrap_or_default(),
+        ignore_eos: c.ignore_eos.unwrap_or(false),
+        tenant: t,
+        digest_logits: false,
+    };
+    let prompt_tokens = req.prompt.len();
+    let stream = st.engine.submit(req).map_err(|e| {
+        st.metrics.requests.with_label_values(&[&tname, "rejected_invalid"]).inc();
+        ApiError::bad(e.to_string())
+    })?;
+    // The first event says whether the request was admitted.
+    let first = stream.next_async().await;
+    if let Some(StreamEvent::Done(f)) = &first {
+        if f.reason == FinishReason::Rejected {
+            if f.text.contains("cannot run") {
+                st.metrics.requests.with_label_values(&[&tname, "rejected_invalid"]).inc();
+                return Err(ApiError::bad(f.text.clone()));
+            }
+            st.metrics.requests.with_label_values(&[&tname, "rejected_rate"]).inc();
+            let rpm = st.tenants.get(t).rpm;
+            let mut e = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                format!("tenant {tname:?} is over its rate or queue"),
+            );
+            e.retry_after_s = Some((60.0 / rpm).ceil().max(1.0) as u64);
+            return Err(e);
+        }
+    }
+    st.metrics.requests.with_label_values(&[&tname, "admitted"]).inc();
+    st.metrics.streams_open.with_label_values(&[&tname]).inc();
+    let guard = AbortOnDrop {
+        engine: st.engine.clone(),
+        id: stream.id,
+        done: false,
+        metrics: st.metrics.clone(),
+        tenant: tname.clone(),
+    };
+    let fence = st.tenants.get(t).max_stream_seconds.map(Duration::from_secs_f64);
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let ctx = Ctx {
+        st,
+        tname,
+        arrived,
+        kind,
+        id: format!("cmpl-{}", stream.id),
+        created,
+        prompt_tokens,
+        fence,
+    };
+    if c.stream.unwrap_or(false) {
+        Ok(sse(ctx, stream, first, guard, c.return_token_ids.unwrap_or(false)))
+    } else {
+        whole(ctx, stream, first, guard, c.return_token_ids.unwrap_or(false)).await
+    }
+}
+
+struct Ctx {
+    st: Arc<AppState>,
+    tname: String,
+    arrived: Instant,
+    kind: Kind,
+    id: String,
+    created: u64,
+    prompt_tokens: usize,
+    fence: Option<Duration>,
+}
+
+impl Ctx {
+    fn usage(&self, completion: usize) -> Value {
+        json!({"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+               "total_tokens": self.prompt_tokens + completion})
+    }
+
+    fn model(&self) -> &str {
+        &self.st.model_id
+    }
+
+    fn record_end(&self, outcome: &str) {
+        self.st
+            .metrics
+            .e2e
+            .with_label_values(&[&self.tname])
+            .observe(self.arrived.elapsed().as_secs_f64());
+        self.st.metrics.requests.with_label_values(&[&self.tname, outcome]).inc();
+    }
+}
+
+/// Waits for the next event within the fence.
+async fn next_event(stream: &Stream, deadline: Option<Instant>) -> Option<Result<StreamEvent, ()>> {
+    match deadline {
+        None => stream.next_async().await.map(Ok),
+        Some(d) => match tokio::time::timeout_at(d.into(), stream.next_async()).await {
+            Ok(ev) => ev.map(Ok),
+            Err(_) => Some(Err(())),
+        },
+    }
+}
+
+async fn whole(
+    ctx: Ctx,
+    stream: Stream,
+    first: Option<StreamEvent>,
+    mut guard: AbortOnDrop,
+    return_ids: bool,
+) -> Result<Response, ApiError> {
+    let deadline = ctx.fence.map(|f| ctx.arrived + f);
+    let mut pending = first;
+    let mut first_seen = false;
+    let finished: Finished = loop {
+        let ev = match pending.take() {
+            Some(ev) => ev,
+            None => match next_event(&stream, deadline).await {
+                Some(Ok(ev)) => ev,
+                Some(Err(())) => {
+                    ctx.record_end("fenced");
+                    return Err(ApiError::new(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "timeout_error",
+                        "the request ran past its tenant's max_stream_seconds",
+                    ));
+                }
+                None => {
+                    return Err(ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "server_error",
+                        "engine stopped",
+                    ))
+                }
+            },
+        };
+        match ev {
+            StreamEvent::Token { .. } => {
+                if !first_seen {
+                    first_seen = true;
+                    ctx.st
+                        .metrics
+                        .ttft
+                        .with_label_values(&[&ctx.tname])
+                        .observe(ctx.arrived.elapsed().as_secs_f64());
+                }
+            }
+            StreamEvent::Done(f) => break f,
+        }
+    };
+    guard.done = true;
+    if matches!(finished.reason, FinishReason::Error | FinishReason::Abort) {
+        ctx.record_end("error");
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            finished.text,
+        ));
+    }
+    ctx.record_end("finished");
+    let n = finished.token_ids.len();
+    let mut choice = match ctx.kind {
+        Kind::Completion => {
+            json!({"index": 0, "text": finished.text, "finish_reason": finish_reason(finished.reason), "logprobs": null})
+        }
+        Kind::Chat => {
+            json!({"index": 0, "message": {"role": "assistant", "content": finished.text},
+                             "finish_reason": finish_reason(finished.reason)})
+        }
+    };
+    if return_ids {
+        choice["token_ids"] = json!(finished.token_ids);
+    }
+    let object = if ctx.kind == Kind::Chat { "chat.completion" } else { "text_completion" };
+    let body = json!({"id": ctx.id, "object": object, "created": ctx.created, "model": ctx.model(),
+                      "choices": [choice], "usage": ctx.usage(n)});
+    Ok(axum::Json(body).into_response())
+}
+
+/// State of an SSE body.
+struct Sse {
+    ctx: Ctx,
+    stream: Stream,
+    pending: Option<StreamEvent>,
+    guard: AbortOnDrop,
+    return_ids: bool,
+    last_token: Option<Instant>,
+    tokens: usize,
+    deadline: Option<Instant>,
+    ended: bool,
+}
+
+fn chunk(v: &Value) -> axum::body::Bytes {
+    axum::body::Bytes::from(format!("data: {v}\n\n"))
+}
+
+impl Sse {
+    fn token_chunk(&self, id: u32, text: &str) -> Value {
+        let mut choice = match self.ctx.kind {
+            Kind::Completion => {
+                json!({"index": 0, "text": text, "finish_reason": null, "logprobs": null})
+            }
+            Kind::Chat => json!({"index": 0, "delta": {"content": text}, "finish_reason": null}),
+        };
+        if self.return_ids {
+            choice["token_ids"] = json!([id]);
+        }
+        let object =
+            if self.ctx.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
+        json!({"id": self.ctx.id, "object": object, "created": self.ctx.created, "model": self.ctx.model(),
+               "choices": [choice]})
+    }
+
+    fn final_chunk(&self, f: &Finished) -> Value {
+        let choice = match self.ctx.kind {
+            Kind::Completion => {
+                json!({"index": 0, "text": "", "finish_reason": finish_reason(f.reason), "logprobs": null})
+            }
+            Kind::Chat => {
+                json!({"index": 0, "delta": {}, "finish_reason": finish_reason(f.reason)})
+            }
+        };
+        let object =
+            if self.ctx.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
+        json!({"id": self.ctx.id, "object": object, "created": self.ctx.created, "model": self.ctx.model(),
+               "choices": [choice], "usage": self.ctx.usage(f.token_ids.len())})
+    }
+
+    /// The next bytes of the body, `None` at its end.
+    async fn next_bytes(&mut self) -> Option<axum::body::Bytes> {
+        if self.ended {
+            return None;
+        }
+        let ev = match self.pending.take() {
+            Some(ev) => Ok(ev),
+            None => match next_event(&self.stream, self.deadline).await {
+                Some(r) => r,
+                None => {
+                    self.ended = true;
+                    return Some(chunk(
+                        &json!({"error": {"message": "engine stopped", "type": "server_error", "code": "server_error"}}),
+                    ));
+                }
+            },
+        };
+        match ev {
+            Ok(StreamEvent::Token { id, text }) => {
+                let now = Instant::now();
+                let m = &self.ctx.st.metrics;
+                match self.last_token {
+                    None => m
+                        .ttft
+                        .with_label_values(&[&self.ctx.tname])
+                        .observe(self.ctx.arrived.elapsed().as_secs_f64()),
+                    Some(t) => m
+                        .inter_token
+                        .with_label_values(&[&self.ctx.tname])
+                        .observe(now.duration_since(t).as_secs_f64()),
+                }
+                self.last_token = Some(now);
+                self.tokens += 1;
+                Some(chunk(&self.token_chunk(id, &text)))
+            }
+            Ok(StreamEvent::Done(f)) => {
+                self.ended = true;
+                self.guard.done = true;
+                let outcome = if f.reason == FinishReason::Fenced { "fenced" } else { "finished" };
+                self.ctx.record_end(outcome);
+                let mut out = String::from_utf8_lossy(&chunk(&self.final_chunk(&f))).into_owned();
+                out.push_str("data: [DONE]\n\n");
+                Some(axum::body::Bytes::from(out))
+            }
+            Err(()) => {
+                // The fence: a final error event, then the end; the guard aborts the request
+                // in the engine, which frees its slot and blocks.
+                self.ended = true;
+                self.ctx.record_end("fenced");
+                let e = json!({"error": {"message": "the stream ran past its tenant's max_stream_seconds",
+                                         "type": "timeout_error", "code": "max_stream_seconds"}});
+                let mut out = String::from_utf8_lossy(&chunk(&e)).into_owned();
+                out.push_str("data: [DONE]\n\n");
+                Some(axum::body::Bytes::from(out))
+            }
+        }
+    }
+}
+
+fn sse(
+    ctx: Ctx,
+    stream: Stream,
+    first: Option<StreamEvent>,
+    guard: AbortOnDrop,
+    return_ids: bool,
+) -> Response {
+    let deadline = ctx.fence.map(|f| ctx.arrived + f);
+    let state = Sse {
+        ctx,
+        stream,
+        pending: first,
+        guard,
+        return_ids,
+        last_token: None,
+        tokens: 0,
+        deadline,
+        ended: false,
+    };
+    let body = futures_util::stream::unfold(state, |mut s| async move {
+        s.next_bytes().await.map(|b| (Ok::<_, std::convert::Infallible>(b), s))
+    });
+    let mut r = Response::new(Body::from_stream(body));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}

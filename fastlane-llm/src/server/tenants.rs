@@ -1,0 +1,238 @@
+//! Tenants from TOML: who a bearer key belongs to, and that tenant's admission settings.
+//!
+//! ```toml
+//! [[tenant]]
+//! name = "quiet"
+//! keys = ["key-quiet"]
+//! rpm = 60                 # token bucket refill, requests per minute
+//! burst = 5                # bucket capacity
+//! weight = 1               # DRR weight (only 1 is supported yet)
+//! max_concurrent = 4       # admission slots (streams in flight)
+//! tier = "interactive"     # or "batch"
+//! max_stream_seconds = 60  # the fence
+//! queue = 64               # requests waiting at the router beyond the slots (then 429)
+//! ```
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use kvswap::sched::{Overflow, TenantConfig, Tier};
+use serde::Deserialize;
+
+use crate::error::LlmError;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    tenant: Vec<Entry>,
+}
+
+/// One `[[tenant]]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entry {
+    /// Name (metrics label; letters, digits, `-`, `_`).
+    pub name: String,
+    /// Bearer keys that identify it.
+    pub keys: Vec<String>,
+    /// Requests per minute refilled into its token bucket.
+    pub rpm: f64,
+    /// Bucket capacity.
+    pub burst: f64,
+    /// DRR weight.
+    #[serde(default = "one")]
+    pub weight: u32,
+    /// Streams in flight at most.
+    pub max_concurrent: u32,
+    /// `interactive` or `batch`.
+    pub tier: String,
+    /// Longest stream, seconds (the fence).
+    #[serde(default)]
+    pub max_stream_seconds: Option<f64>,
+    /// Requests that may wait at the router; beyond, 429.
+    #[serde(default = "queue_default")]
+    pub queue: usize,
+}
+
+fn one() -> u32 {
+    1
+}
+fn queue_default() -> usize {
+    64
+}
+
+/// The tenant table.
+#[derive(Debug, Clone)]
+pub struct Tenants {
+    entries: Vec<Entry>,
+    by_key: HashMap<String, usize>,
+    /// No tenants file: every request is tenant 0, `default`, with no key needed.
+    open: bool,
+}
+
+impl Tenants {
+    /// No authentication: one interactive tenant `default` with no limits.
+    pub fn open() -> Tenants {
+        Tenants {
+            entries: vec![Entry {
+                name: "default".into(),
+                keys: Vec::new(),
+                rpm: 1e12,
+                burst: 1e12,
+                weight: 1,
+                max_concurrent: u32::MAX,
+                tier: "interactive".into(),
+                max_stream_seconds: None,
+                queue: 1 << 20,
+            }],
+            by_key: HashMap::new(),
+            open: true,
+        }
+    }
+
+    /// Reads a tenants file.
+    pub fn load(path: &Path) -> Result<Tenants, LlmError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| LlmError::Io { path: path.display().to_string(), source: e })?;
+        Tenants::parse(&text)
+            .map_err(|reason| LlmError::Config { path: path.display().to_string(), reason })
+    }
+
+    /// Parses and checks a tenants file's text; the error names the tenant and field.
+    pub fn parse(text: &str) -> Result<Tenants, String> {
+        let f: File = toml::from_str(text).map_err(|e| e.to_string())?;
+        if f.tenant.is_empty() {
+            return Err("no [[tenant]]".into());
+        }
+        let mut by_key = HashMap::new();
+        for (i, t) in f.tenant.iter().enumerate() {
+            let bad = |field: &str, why: &str| Err(format!("tenant {:?}: {field}: {why}", t.name));
+            if t.name.is_empty()
+                || !t.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return bad("name", "letters, digits, '-' and '_' only");
+            }
+            if f.tenant[..i].iter().any(|o| o.name == t.name) {
+                return bad("name", "used twice");
+            }
+            if !(t.rpm.is_finite() && t.rpm > 0.0) {
+                return bad("rpm", "must be positive");
+            }
+            if !(t.burst.is_finite() && t.burst >= 1.0) {
+                return bad("burst", "must be at least 1");
+            }
+            if t.weight != 1 {
+                return bad("weight", "only 1 is supported yet (DRR shares by equal quanta)");
+            }
+            if t.max_concurrent == 0 {
+                return bad("max_concurrent", "must be at least 1");
+            }
+            if t.tier != "interactive" && t.tier != "batch" {
+                return bad("tier", "interactive or batch");
+            }
+            if t.max_stream_seconds.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
+                return bad("max_stream_seconds", "must be positive");
+            }
+            if t.keys.is_empty() {
+                return bad("keys", "at least one key");
+            }
+            for k in &t.keys {
+                if k.is_empty() {
+                    return bad("keys", "empty key");
+                }
+                if by_key.insert(k.clone(), i).is_some() {
+                    return bad("keys", "a key belongs to two tenants");
+                }
+            }
+        }
+        Ok(Tenants { entries: f.tenant, by_key, open: false })
+    }
+
+    /// The tenant of a bearer key (`None`: 401). Without a tenants file, everyone is tenant 0.
+    pub fn tenant_of(&self, key: Option<&str>) -> Option<usize> {
+        if self.open {
+            return Some(0);
+        }
+        key.and_then(|k| self.by_key.get(k).copied())
+    }
+
+    /// Whether requests need a key.
+    pub fn needs_key(&self) -> bool {
+        !self.open
+    }
+
+    /// Tenant `i`.
+    pub fn get(&self, i: usize) -> &Entry {
+        &self.entries[i]
+    }
+
+    /// Tenants in order.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// The scheduler's view.
+    pub fn sched_configs(&self) -> Vec<TenantConfig> {
+        self.entries
+            .iter()
+            .map(|t| TenantConfig {
+                name: t.name.clone(),
+                tier: if t.tier == "batch" { Tier::Batch } else { Tier::Interactive },
+                bucket_capacity: t.burst,
+                rpm: t.rpm,
+                concurrency_max: t.max_concurrent,
+                overflow: Overflow::Queue { depth_max: t.queue },
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[[tenant]]
+name = "quiet"
+keys = ["key-quiet"]
+rpm = 60
+burst = 5
+weight = 1
+max_concurrent = 4
+tier = "interactive"
+max_stream_seconds = 60
+
+[[tenant]]
+name = "flood"
+keys = ["key-flood", "key-flood-2"]
+rpm = 1800
+burst = 30
+max_concurrent = 8
+tier = "batch"
+"#;
+
+    #[test]
+    fn the_issue_form_parses_and_keys_map_to_tenants() {
+        let t = Tenants::parse(GOOD).unwrap();
+        assert_eq!(t.tenant_of(Some("key-quiet")), Some(0));
+        assert_eq!(t.tenant_of(Some("key-flood-2")), Some(1));
+        assert_eq!(t.tenant_of(Some("nope")), None);
+        assert_eq!(t.tenant_of(None), None);
+        let c = t.sched_configs();
+        assert_eq!((c[1].tier, c[1].concurrency_max), (Tier::Batch, 8));
+        assert_eq!(t.get(0).max_stream_seconds, Some(60.0));
+    }
+
+    #[test]
+    fn mistakes_name_the_field() {
+        let typo = GOOD.replace("max_concurrent = 4", "max_concurent = 4");
+        assert!(Tenants::parse(&typo).unwrap_err().contains("max_concurent"));
+        let tier = GOOD.replace("\"interactive\"", "\"gold\"");
+        assert!(Tenants::parse(&tier).unwrap_err().contains("tier"));
+        let dup = GOOD.replace("key-flood-2", "key-quiet");
+        assert!(Tenants::parse(&dup).unwrap_err().contains("two tenants"));
+        let rpm = GOOD.replace("rpm = 60", "rpm = 0");
+        assert!(Tenants::parse(&rpm).unwrap_err().contains("rpm"));
+        assert!(Tenants::parse("").is_err());
+    }
+}
