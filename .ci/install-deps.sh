@@ -21,6 +21,7 @@ PKGS=(
     perftest            # ib_write_lat / ib_write_bw: the peer of `fastlane rdma bench`
     python3-numpy       # fastlane-llm: the independent reference forward pass (/usr/bin/python3)
     libopenblas0-pthread # numpy's BLAS: the GEMM peer of `fastlane llm bench` (not reference BLAS)
+    curl                # the real HTTP client of the `fastlane llm serve` tests and of run.sh
     # fio               # optional, not needed by tests/vm today: guest-side load generator
 )
 

@@ -7,7 +7,10 @@
 #   3. the daemon stops (SIGTERM: flush, socket removed, per-queue latency .hlog written) and
 #      `fastlane hist` prints the guest's request latencies as the daemon saw them;
 #   4. a generated ITCH 5.0 feed (1M messages) is replayed through the software FPGA card into
-#      order books, with the per-message latency histogram.
+#      order books, with the per-message latency histogram;
+#   5. the serving path: `fastlane llm serve` on the random model (random weights: not a
+#      language model), two tenants; a completion streamed with curl; the quiet tenant's TTFT
+#      from /metrics; a request over the other tenant's rate refused with 429.
 # Outputs land in target/run/.
 #
 # Options:
@@ -72,4 +75,46 @@ echo "== 4. ITCH feed through the software FPGA card =="
 "$bin" itch replay "$out/feed.itch" --through-card --hlog "$out/itch-card.hlog"
 "$bin" hist "$out/itch-card.hlog"
 echo
-echo "outputs in $out: serve.hlog serve.svg serve.log guest.log feed.itch itch-card.hlog"
+echo "== 5. the serving path: fastlane llm serve (random:tiny) =="
+cat > "$out/tenants.toml" <<'TOML'
+[[tenant]]
+name = "quiet"
+keys = ["key-quiet"]
+rpm = 600
+burst = 10
+max_concurrent = 4
+tier = "interactive"
+max_stream_seconds = 60
+
+[[tenant]]
+name = "flood"
+keys = ["key-flood"]
+rpm = 1
+burst = 1
+max_concurrent = 1
+tier = "batch"
+queue = 0
+TOML
+"$bin" llm serve --tenants "$out/tenants.toml" --listen 127.0.0.1:0 >"$out/llm.out" 2>"$out/llm.log" &
+llm_pid=$!
+trap 'kill "$llm_pid" 2>/dev/null || true' EXIT
+for _ in $(seq 100); do grep -q listening "$out/llm.out" 2>/dev/null && break; sleep 0.1; done
+url=$(sed -n 's/^listening on //p' "$out/llm.out")
+echo "llm serve on $url (log: $out/llm.log)"
+echo "-- a streamed completion (curl -N $url/v1/completions ...):"
+curl -sN --max-time 60 -H "Authorization: Bearer key-quiet" "$url/v1/completions" \
+  -d '{"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "stream": true}' >"$out/llm-stream.txt" || true
+head -c 600 "$out/llm-stream.txt"; echo "... ($(grep -c '^data:' "$out/llm-stream.txt") events, ending in $(tail -n 2 "$out/llm-stream.txt" | head -n 1))"
+for i in 1 2 3; do
+  curl -s --max-time 60 -o /dev/null -H "Authorization: Bearer key-quiet" "$url/v1/completions" \
+    -d '{"prompt": "hello", "max_tokens": 4}'
+done
+echo "-- the flood tenant's second request in its minute:"
+curl -s --max-time 60 -o /dev/null -H "Authorization: Bearer key-flood" "$url/v1/completions" -d '{"prompt": "x", "max_tokens": 2}'
+curl -s --max-time 60 -i -H "Authorization: Bearer key-flood" "$url/v1/completions" -d '{"prompt": "x", "max_tokens": 2}' \
+  | grep -i -E "^HTTP|^retry-after|error" || true
+echo "-- the quiet tenant's time to first token, from /metrics:"
+curl -s "$url/metrics" | grep -E '^fastlane_llm_ttft_seconds_(sum|count)\{tenant="quiet"\}'
+kill -TERM "$llm_pid"; wait "$llm_pid" || true
+echo
+echo "outputs in $out: serve.hlog serve.svg serve.log guest.log feed.itch itch-card.hlog llm.log"
