@@ -53,9 +53,22 @@ pub struct BenchArgs {
     /// jobs: solo, fifo, drr+preempt).
     #[arg(long)]
     scenario: Option<String>,
-    /// Seconds of chat arrivals in scenario b.
+    /// Seconds of arrivals (scenario b, and --url).
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
+    /// Load a running OpenAI-compatible server over HTTP instead (scenario a: tenants with
+    /// keys `key-quiet` and `key-flood`; see docs/serving.md).
+    #[arg(long)]
+    url: Option<String>,
+    /// With --url: the quiet tenant's arrival rate, requests/s (the flood sends 30x).
+    #[arg(long, default_value_t = 1.0)]
+    rate: f64,
+    /// With --url: only the quiet tenant (the solo baseline).
+    #[arg(long)]
+    solo: bool,
+    /// With --url: tokens per request.
+    #[arg(long, default_value_t = 16)]
+    max_tokens: u32,
 }
 
 #[derive(Debug, Serialize)]
@@ -189,6 +202,19 @@ impl Fixture {
 
 /// Runs `fastlane llm bench`.
 pub fn run(a: &BenchArgs) -> Result<()> {
+    if let Some(url) = &a.url {
+        let v = crate::llm_load::bench(url, a.solo, a.rate, a.seconds, a.max_tokens, a.json)?;
+        if let Some(p) = &a.out {
+            if let Some(dir) = p.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::write(p, serde_json::to_string_pretty(&v)?)?;
+        }
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        return Ok(());
+    }
     let model = Arc::new(
         Model::load(&a.model, a.model_seed).with_context(|| format!("loading {}", a.model))?,
     );

@@ -17,6 +17,7 @@ mod kv;
 mod kv_sim;
 mod llm;
 mod llm_bench;
+mod llm_load;
 mod llm_sched;
 mod logging;
 mod mem;
