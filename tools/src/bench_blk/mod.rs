@@ -17,6 +17,10 @@
 //!
 //! Not here: multiple queues, coordinated-omission correction (each request starts when the previous one of its
 //! slot completed, which is what a closed-loop client measures).
+//!
+//! This file holds the command line and `run`; `client` is the vhost-user-blk connection,
+//! `clock` the TSC or `Instant` clock, `load` the load loop of a case, `verify` the
+//! `--verify` pass, and `report` the `--json` report, the table and `--compare`.
 
 mod client;
 mod clock;
