@@ -8,6 +8,9 @@
 #   4. cargo check -p kvswap --features cuda, doc tests
 #   5. the loom models of fastlane-ring (RUSTFLAGS="--cfg loom", own target dir)
 # Options: --skip-install  do not touch system packages (for a machine already set up).
+# Not run here: `cargo deny check licenses bans sources` (deny.toml), checked by hand where
+# cargo-deny is installed; building it (`cargo install cargo-deny --locked`) took more than
+# 7 minutes on a 2-core machine, too long to add to every CI run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,7 +18,7 @@ skip_install=0
 for arg in "$@"; do
   case "$arg" in
     --skip-install) skip_install=1 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done

@@ -20,7 +20,6 @@
 //! a spurious `FUTEX_WAKE` or a missing one (the waiter's timed wait still ends); producers treat
 //! the writer's fields as advisory and bound every wait.
 
-use std::ffi::CString;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -117,7 +116,7 @@ impl Control {
         next_seq: u64,
         durable_seq: u64,
     ) -> Result<Control, JournalError> {
-        let name = CString::new("fastlane-journal-ctl").expect("no NUL");
+        let name = c"fastlane-journal-ctl";
         // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
         let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {

@@ -27,6 +27,11 @@ unsafe impl Send for AlignedBuf {}
 pub(crate) const BUF_ALIGN: usize = 4096;
 
 impl AlignedBuf {
+    // `from_size_align` fails only when the size rounded up to `BUF_ALIGN` (a non-zero power
+    // of two) exceeds `isize::MAX`. Every caller passes a size below 2^33: a chunk constant,
+    // a superblock's `max_batch_bytes` (a `u32`, bounded by the decoder) plus two write
+    // alignments, or another buffer's length.
+    #[allow(clippy::expect_used)]
     pub(crate) fn new(len: usize) -> AlignedBuf {
         let len = len.max(BUF_ALIGN).div_ceil(BUF_ALIGN) * BUF_ALIGN;
         let layout = Layout::from_size_align(len, BUF_ALIGN).expect("buffer layout");
@@ -60,6 +65,8 @@ impl AlignedBuf {
 }
 
 impl Drop for AlignedBuf {
+    // The very layout `new` built from `self.len`, which it accepted then.
+    #[allow(clippy::expect_used)]
     fn drop(&mut self) {
         let layout = Layout::from_size_align(self.len, BUF_ALIGN).expect("buffer layout");
         // SAFETY: allocated in `new` with this very layout and not freed since.

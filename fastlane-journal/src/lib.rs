@@ -34,6 +34,8 @@
 //! producer role), or reuse of space (a journal fills its device and then reports
 //! [`JournalError::DeviceFull`]). A replica that fell behind is brought up to date on open,
 //! after its claimed position was checked against the hash chain (see `resync`).
+// Files on disk are outside input (format, scan, verify): errors, not panics.
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod control;
 mod flusher;

@@ -7,6 +7,8 @@
 //!
 //! What this crate does not do: more than one producer or consumer per ring, allocation after
 //! construction, or any syscall in a `try_*` operation.
+// The shared-memory ring reads a peer's memory: a panic here is a peer taking us down.
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 #[cfg(not(loom))]
 pub mod shm;

@@ -391,6 +391,9 @@ fn has_prefetchw() -> bool {
 }
 
 /// The allocation for `capacity` slots of `T`, and the offset of the first slot in it.
+// The in-process ring (no peer): `channel_with` documents this panic for a capacity whose
+// slots do not fit the address space, a caller's bug.
+#[allow(clippy::expect_used)]
 fn layout_for<T>(capacity: usize) -> (Layout, usize) {
     Layout::array::<T>(capacity)
         .and_then(|slots| Layout::new::<Header>().extend(slots))
@@ -424,6 +427,8 @@ pub fn channel<T>(capacity: usize) -> (Producer<T>, Consumer<T>) {
 }
 
 /// Like [`channel`], with the strategy the `*_blocking` variants of both sides wait with.
+// The documented panic of a capacity above `usize::MAX / 2 + 1` (in-process, no peer).
+#[allow(clippy::expect_used)]
 pub fn channel_with<T>(capacity: usize, strategy: WaitStrategy) -> (Producer<T>, Consumer<T>) {
     assert!(capacity > 0, "spsc: a ring needs at least one slot");
     let capacity = capacity.checked_next_power_of_two().expect("spsc: capacity overflow");

@@ -531,6 +531,8 @@ where
 /// and check what the parser promises. Used by `fuzz/` and by the corpus test.
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
+// A test harness (built only for tests and `fuzz/`): its panics are the findings.
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 pub mod fuzzing {
     use super::*;
     use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;

@@ -1,4 +1,6 @@
 //! A Rust client of `fastlane kv serve` (the protocol of [`crate::proto`]).
+// Reads a server's replies: errors, not panics.
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -96,9 +98,9 @@ impl KvClient {
         if p.len() != 20 {
             return Err(KvClientError::BadReply("HELLO payload"));
         }
-        let block_bytes = u64::from_le_bytes(p[0..8].try_into().expect("8")) as usize;
-        let blocks = u32::from_le_bytes(p[8..12].try_into().expect("4"));
-        let map_len = u64::from_le_bytes(p[12..20].try_into().expect("8")) as usize;
+        let block_bytes = u64_at(p, 0)? as usize;
+        let blocks = u32_at(p, 8)?;
+        let map_len = u64_at(p, 12)? as usize;
         if map_len != block_bytes * blocks as usize || map_len == 0 {
             return Err(KvClientError::BadReply("pool size"));
         }
@@ -160,10 +162,11 @@ impl KvClient {
     /// Takes `n` device blocks for `seq`.
     pub fn alloc(&mut self, seq: u32, n: u32) -> Result<Vec<u32>, KvClientError> {
         let p = self.call(&Request::Alloc { seq, n })?;
-        if p.len() < 4 || p.len() != 4 + 4 * u32_at(&p, 0) as usize {
+        let n = u32_at(&p, 0)? as usize;
+        if p.len() != 4 + 4 * n {
             return Err(KvClientError::BadReply("ALLOC payload"));
         }
-        Ok((0..u32_at(&p, 0) as usize).map(|i| u32_at(&p, 4 + 4 * i)).collect())
+        (0..n).map(|i| u32_at(&p, 4 + 4 * i)).collect()
     }
 
     /// Gives blocks back.
@@ -180,8 +183,8 @@ impl KvClient {
         Ok(Lookup {
             phase: p[0],
             tier: p[1],
-            blocks_out: u32_at(&p, 4),
-            device_blocks: u32_at(&p, 8),
+            blocks_out: u32_at(&p, 4)?,
+            device_blocks: u32_at(&p, 8)?,
         })
     }
 
@@ -223,14 +226,29 @@ impl KvClient {
         if p.len() != 56 {
             return Err(KvClientError::BadReply("STATS payload"));
         }
-        let u64_at = |i: usize| u64::from_le_bytes(p[i..i + 8].try_into().expect("8"));
-        let tiers = [(u64_at(0), u64_at(8)), (u64_at(16), u64_at(24)), (u64_at(32), u64_at(40))];
-        Ok((tiers, u32_at(&p, 48), u32_at(&p, 52)))
+        let tiers = [
+            (u64_at(&p, 0)?, u64_at(&p, 8)?),
+            (u64_at(&p, 16)?, u64_at(&p, 24)?),
+            (u64_at(&p, 32)?, u64_at(&p, 40)?),
+        ];
+        Ok((tiers, u32_at(&p, 48)?, u32_at(&p, 52)?))
     }
 }
 
-fn u32_at(b: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes(b[i..i + 4].try_into().expect("4"))
+/// The little-endian `u32` at byte `i` of a reply; a reply too short for it is `BadReply`.
+fn u32_at(b: &[u8], i: usize) -> Result<u32, KvClientError> {
+    b.get(i..i + 4)
+        .and_then(|s| s.try_into().ok())
+        .map(u32::from_le_bytes)
+        .ok_or(KvClientError::BadReply("reply shorter than its fields"))
+}
+
+/// The little-endian `u64` at byte `i` of a reply; a reply too short for it is `BadReply`.
+fn u64_at(b: &[u8], i: usize) -> Result<u64, KvClientError> {
+    b.get(i..i + 8)
+        .and_then(|s| s.try_into().ok())
+        .map(u64::from_le_bytes)
+        .ok_or(KvClientError::BadReply("reply shorter than its fields"))
 }
 
 fn ticket(p: &[u8]) -> Result<u64, KvClientError> {
@@ -241,7 +259,7 @@ fn check(p: &[u8]) -> Result<&[u8], KvClientError> {
     if p.len() < 4 {
         return Err(KvClientError::BadReply("no status"));
     }
-    match ErrorCode::from_u32(u32_at(p, 0)) {
+    match ErrorCode::from_u32(u32_at(p, 0)?) {
         ErrorCode::Ok => Ok(&p[4..]),
         code => Err(KvClientError::Server {
             code,

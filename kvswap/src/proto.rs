@@ -10,6 +10,8 @@
 //! `status u32` (0 = OK, else an [`ErrorCode`]). The parser treats its input as hostile: it
 //! checks magic, version, op, exact payload lengths and counts before it allocates, and a
 //! [`ProtoError`] closes that connection only.
+// Bytes from a peer: errors, not panics.
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 use crate::error::KvSwapError;
 

@@ -5,6 +5,8 @@
 //! are namespaced per connection (engine id = connection id << 32 | client id), and so are
 //! tickets; a connection's sequences are dropped when it closes. A frame that does not parse
 //! closes that connection only.
+// Serves peers: a panic here is a client taking the server down; errors instead.
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
@@ -12,7 +14,7 @@ use std::os::fd::RawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
@@ -170,13 +172,24 @@ impl Conn {
                 }
             }
         }
-        let mut e = self.engine.lock().expect("engine lock");
+        let mut e = self.engine();
         for s in &self.seqs {
             let _ = e.drop_seq(self.seq(*s));
         }
         for t in &self.tickets {
             let _ = e.wait(Ticket(*t), Duration::ZERO);
         }
+    }
+
+    /// The shared engine, locked.
+    ///
+    /// The lock is poisoned only when another connection's thread panicked while it held it,
+    /// i.e. inside a `SwapEngine` call: an assertion of ours failed, never a peer's input
+    /// (requests are validated before they reach the engine). Going on with an engine left
+    /// half-updated could hand one sequence's blocks to another, so this thread stops too.
+    #[allow(clippy::expect_used)]
+    fn engine(&self) -> MutexGuard<'_, SwapEngine> {
+        self.engine.lock().expect("kv serve: engine lock poisoned by a panic in the engine")
     }
 
     fn read_exact(&mut self, out: &mut [u8]) -> Result<(), ReadErr> {
@@ -249,7 +262,7 @@ impl Conn {
         let blocks = |v: &[u32]| v.iter().map(|b| BlockId(*b)).collect::<Vec<_>>();
         let r: Result<Vec<u8>, KvSwapError> = match req {
             Request::Hello => {
-                let e = self.engine.lock().expect("engine lock");
+                let e = self.engine();
                 let mut b = Vec::new();
                 b.extend_from_slice(&(e.block_bytes() as u64).to_le_bytes());
                 b.extend_from_slice(&e.device().blocks().to_le_bytes());
@@ -259,7 +272,7 @@ impl Conn {
                 return self.reply(h, Ok(b), Some(fd));
             }
             Request::Alloc { seq, n } => {
-                let r = self.engine.lock().expect("engine lock").alloc_blocks(self.seq(seq), n);
+                let r = self.engine().alloc_blocks(self.seq(seq), n);
                 r.map(|v| {
                     self.seqs.insert(seq);
                     let mut b = (v.len() as u32).to_le_bytes().to_vec();
@@ -269,14 +282,11 @@ impl Conn {
                     b
                 })
             }
-            Request::Free { seq, blocks: bl } => self
-                .engine
-                .lock()
-                .expect("engine lock")
-                .free_blocks(self.seq(seq), &blocks(&bl))
-                .map(|_| Vec::new()),
+            Request::Free { seq, blocks: bl } => {
+                self.engine().free_blocks(self.seq(seq), &blocks(&bl)).map(|_| Vec::new())
+            }
             Request::Lookup { seq } => {
-                let info = self.engine.lock().expect("engine lock").lookup(self.seq(seq));
+                let info = self.engine().lookup(self.seq(seq));
                 match info {
                     None => Err(KvSwapError::UnknownSequence { seq: SeqId(u64::from(seq)) }),
                     Some(i) => {
@@ -295,16 +305,14 @@ impl Conn {
                 }
             }
             Request::PrepareStore { seq, blocks: bl } => {
-                let r =
-                    self.engine.lock().expect("engine lock").swap_out(self.seq(seq), &blocks(&bl));
+                let r = self.engine().swap_out(self.seq(seq), &blocks(&bl));
                 r.map(|t| {
                     self.tickets.insert(t.0);
                     t.0.to_le_bytes().to_vec()
                 })
             }
             Request::PrepareLoad { seq, blocks: bl } => {
-                let r =
-                    self.engine.lock().expect("engine lock").swap_in(self.seq(seq), &blocks(&bl));
+                let r = self.engine().swap_in(self.seq(seq), &blocks(&bl));
                 r.map(|t| {
                     self.tickets.insert(t.0);
                     t.0.to_le_bytes().to_vec()
@@ -317,11 +325,7 @@ impl Conn {
                     let deadline = Instant::now()
                         + Duration::from_millis(u64::from(timeout_ms)).min(COMPLETE_WAIT_MAX);
                     loop {
-                        let r = self
-                            .engine
-                            .lock()
-                            .expect("engine lock")
-                            .wait(Ticket(ticket), Duration::from_millis(1));
+                        let r = self.engine().wait(Ticket(ticket), Duration::from_millis(1));
                         match r {
                             Err(KvSwapError::Timeout { .. })
                                 if Instant::now() < deadline
@@ -340,11 +344,9 @@ impl Conn {
                     }
                 }
             }
-            Request::Touch { seq } => {
-                self.engine.lock().expect("engine lock").touch(self.seq(seq)).map(|_| Vec::new())
-            }
+            Request::Touch { seq } => self.engine().touch(self.seq(seq)).map(|_| Vec::new()),
             Request::Drop { seq } => {
-                let r = self.engine.lock().expect("engine lock").drop_seq(self.seq(seq));
+                let r = self.engine().drop_seq(self.seq(seq));
                 self.seqs.remove(&seq);
                 r.map(|_| Vec::new())
             }
@@ -352,15 +354,11 @@ impl Conn {
                 if !self.tickets.contains(&ticket) {
                     Err(KvSwapError::UnknownTicket { ticket })
                 } else {
-                    self.engine
-                        .lock()
-                        .expect("engine lock")
-                        .cancel(Ticket(ticket))
-                        .map(|_| Vec::new())
+                    self.engine().cancel(Ticket(ticket)).map(|_| Vec::new())
                 }
             }
             Request::Stats => {
-                let st = self.engine.lock().expect("engine lock").stats();
+                let st = self.engine().stats();
                 let mut b = Vec::new();
                 for t in &st.tiers {
                     b.extend_from_slice(&t.capacity_bytes.to_le_bytes());

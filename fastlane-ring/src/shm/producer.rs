@@ -146,6 +146,9 @@ impl Producer {
     /// # Panics
     ///
     /// If no reservation is open, or `record_type` is [`layout::PAD_TYPE`].
+    // The documented panic of a caller's misuse in this process (stage without reserve),
+    // not something the peer's memory can cause.
+    #[allow(clippy::expect_used)]
     pub fn stage(&mut self, record_type: u32) {
         assert!(record_type != PAD_TYPE, "record type u32::MAX is reserved for padding");
         let res = self.reservation.take().expect("stage or commit without a reservation");
@@ -296,6 +299,9 @@ impl Producer {
         unsafe { std::ptr::copy(payload.as_ptr(), ptr, len) }
     }
 
+    // Called only right after a successful `prepare`, which opened the reservation (our own
+    // state; the peer's memory plays no part in whether it is set).
+    #[allow(clippy::expect_used)]
     fn reservation_ptr(&self) -> (*mut u8, usize) {
         let res = self.reservation.expect("reservation prepared");
         let idx = (res.start & self.shared.mask()) + layout::RECORD_HEADER_LEN as u64;
