@@ -22,6 +22,8 @@
 //! It does not talk to real hardware yet: the VFIO-mapped BAR backend is a documented seam
 //! ([`card::MmioBar`] + [`card::HostQueue`]), not a driver.
 
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod card;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;

@@ -765,6 +765,10 @@ impl Engine {
     }
 
     /// Process what the doorbell covers; false if there was nothing to do.
+    // The `expect`s re-borrow `self.ring` after `self.execute`/`self.complete` (which need
+    // `&mut self`): it is `Some` (checked on entry) and only `run`, between steps, sets it to
+    // `None`, so they cannot fail.
+    #[allow(clippy::expect_used)]
     fn step(&mut self, control: u32) -> bool {
         let Some(ring) = self.ring.as_mut() else { return false };
         // Acquire: pairs with the host's release store of DESC_PROD in `HostQueue::doorbell`.
@@ -808,6 +812,8 @@ impl Engine {
         did
     }
 
+    // Called only from `step`, while `self.ring` is `Some` (see there): cannot fail.
+    #[allow(clippy::expect_used)]
     fn complete(&mut self, mut c: Completion) {
         let ring = self.ring.as_mut().expect("configured");
         c.timestamp_ns = self.clock.now_ns();

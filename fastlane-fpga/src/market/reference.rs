@@ -58,6 +58,10 @@ impl ReferenceBooks {
         e.1 += 1;
     }
 
+    // Callers pass a live order (they checked `orders`); a live order always has its side and
+    // price level (`level_add` made them, and they go only when the level's last order goes),
+    // so the `expect`s cannot fail. A failure would be a bug in this oracle, not bad input.
+    #[allow(clippy::expect_used)]
     fn take(&mut self, order_ref: u64, shares: u32) {
         let o = self.orders[&order_ref];
         if shares > o.shares {
