@@ -7,6 +7,8 @@
 #      benches run once in test mode so they keep compiling)
 #   4. cargo check -p kvswap --features cuda, doc tests
 #   5. the loom models of fastlane-ring (RUSTFLAGS="--cfg loom", own target dir)
+#   6. every fuzz target builds (each */fuzz crate, plain `cargo build` on stable, own target
+#      dir target/fuzz; running them is scripts/fuzz-campaign.sh)
 # Options: --skip-install  do not touch system packages (for a machine already set up).
 # Not run here: `cargo deny check licenses bans sources` (deny.toml), checked by hand where
 # cargo-deny is installed; building it (`cargo install cargo-deny --locked`) took more than
@@ -18,7 +20,7 @@ skip_install=0
 for arg in "$@"; do
   case "$arg" in
     --skip-install) skip_install=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -52,5 +54,14 @@ cargo test --workspace --doc --locked
 step "loom models of fastlane-ring"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
   cargo test -p fastlane-ring --test loom --release --locked
+
+step "fuzz targets build"
+# Plain `cargo build` of each fuzz crate: libfuzzer-sys builds on stable (it compiles libFuzzer
+# with the C++ compiler), so this needs neither nightly nor cargo-fuzz, and a target that no
+# longer compiles or links fails here. The crates are outside the workspace (their own
+# [workspace], lock files ignored), hence no --locked; target/fuzz keeps the main cache intact.
+for manifest in */fuzz/Cargo.toml; do
+  CARGO_TARGET_DIR=target/fuzz cargo build --manifest-path "$manifest" --bins
+done
 
 printf '\nall checks passed in %ss\n' "$(( $(date +%s) - start ))"

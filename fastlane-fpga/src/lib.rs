@@ -1,38 +1,37 @@
 //! FastLane's preprocessing card: the interface an FPGA will implement, a software model
-//! behind it, and the operations it runs.
+//! behind it, and the operations it runs. Two halves, each its own folder:
 //!
-//! - [`abi`]: the register map, descriptor and completion layouts, op codes (the contract
-//!   with hardware; `docs/fpga-abi.md` is its prose form).
-//! - [`mod@card`]: the [`card::Card`] trait, [`card::HostQueue`] (the driver side of the rings
-//!   over any [`card::Bar`]), and [`card::SoftCard`], the software model (an engine thread that
-//!   honours doorbells, reads descriptors, runs the op and writes completions).
-//! - [`itch`]: NASDAQ TotalView-ITCH 5.0 decoding of every message type, and encoding.
-//! - [`book`]: order-book reconstruction per stock locate with top-of-book changes.
-//! - [`event`]: the 64-byte normalized event the card writes.
-//! - [`filter`]: filtering by symbol set.
-//! - [`clock`]: the card clock, callable directly by the journal without a ring round trip
-//!   ([`clock::CardClock::now_ns`]). The card's `OP_CRC32C` runs the `crc32c` crate, the same
-//!   function the journal and kvswap call directly.
-//! - [`gen`]: a deterministic, realistic ITCH feed generator for tests and benchmarks.
-//! - [`mod@reference`]: a naive `BTreeMap` order book, the oracle for tests and fuzzing.
+//! - [`mod@card`] (`src/card/`), the card itself: the ABI ([`card::abi`]: register map,
+//!   descriptor and completion layouts, op codes; `docs/fpga-abi.md` is its prose form), DMA
+//!   memory ([`card::dma`]), the [`card::Card`] trait with [`card::HostQueue`] (the driver side
+//!   of the rings over any [`card::Bar`]) and [`card::SoftCard`], the software model
+//!   ([`card::soft`]), the card clock ([`card::clock`]: [`card::CardClock::now_ns`], callable
+//!   directly by the journal without a ring round trip) and [`card::CardError`]. The card's
+//!   `OP_CRC32C` runs the `crc32c` crate, the same function the journal and kvswap call
+//!   directly.
+//! - [`market`] (`src/market/`), the market data the card processes: NASDAQ TotalView-ITCH 5.0
+//!   decoding and encoding ([`market::itch`]), order books per stock locate
+//!   ([`market::book`]), the 64-byte normalized event ([`market::event`]), filtering by symbol
+//!   set ([`market::filter`]), a deterministic feed generator ([`market::gen`]) and a naive
+//!   `BTreeMap` order book, the oracle for tests and fuzzing ([`market::reference`]).
+//!
+//! `market` does not depend on `card`; `card`'s engine calls `market` for `OP_ITCH`. The
+//! modules are also re-exported at the crate root under their earlier paths
+//! (`fastlane_fpga::itch`, `fastlane_fpga::abi`, ...), which callers use.
 //!
 //! It does not talk to real hardware yet: the VFIO-mapped BAR backend is a documented seam
 //! ([`card::MmioBar`] + [`card::HostQueue`]), not a driver.
 
-pub mod abi;
-pub mod book;
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod card;
-pub mod clock;
-pub mod dma;
-pub mod event;
-pub mod filter;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
-pub mod gen;
-pub mod itch;
-pub mod reference;
+pub mod market;
+
+pub use card::{abi, clock, dma};
+pub use market::{book, event, filter, gen, itch, reference};
 
 pub use book::{BookConfig, OrderBooks, TopOfBook};
-pub use card::{Card, CardError, SoftCard, SoftCardConfig};
-pub use clock::CardClock;
+pub use card::{Card, CardClock, CardError, SoftCard, SoftCardConfig};
 pub use itch::{decode, FeedReader, ItchError, Message};

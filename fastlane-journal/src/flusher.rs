@@ -25,7 +25,7 @@ use fastlane_block::BlockDevice;
 
 use super::control::Control;
 use super::io::Dev;
-use super::writer::WriterStats;
+use super::stats::WriterStats;
 use super::JournalError;
 
 /// Flusher threads, so flushes in flight at once (as `FLUSHES_MAX` of the pipelined writer).

@@ -48,6 +48,7 @@ pub mod rdma;
 pub mod replica;
 mod resync;
 pub mod scan;
+mod stats;
 pub mod verify;
 mod writer;
 
@@ -80,8 +81,9 @@ pub use verify::{verify, Anchor, Problem, VerifyReport};
 use control::Control;
 use format::{SuperError, DATA_OFFSET};
 use io::{AlignedBuf, BlockReader, Dev};
+use stats::WriterStats;
 pub use writer::WriterIo;
-use writer::{Writer, WriterParts, WriterStats};
+use writer::{Writer, WriterParts};
 
 /// A record's sequence number. The first record of a journal is 1; 0 means "none".
 pub type Seq = u64;

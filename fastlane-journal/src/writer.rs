@@ -77,7 +77,7 @@
 //! reaped; on an error the writer returns and [`Writer`] drops `dev` (its first field; the
 //! queue's drop waits for in-flight requests) before the buffers.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -91,18 +91,9 @@ use super::format::{frame_len, Chain, Durability, Superblock, FRAME_HEADER_LEN};
 use super::io::{AlignedBuf, Dev, IO_TIMEOUT};
 use super::preprocess::{FrameSlot, Preprocess};
 use super::replica::Replica;
+use super::stats::WriterStats;
 use super::{JournalError, RECORD_TYPE, SEQ_PREFIX_LEN};
 use fastlane_block::{BlockDevice, Completion};
-
-/// Counters the writer keeps (read with [`Journal::stats`](super::Journal::stats)).
-#[derive(Debug, Default)]
-pub(crate) struct WriterStats {
-    pub(crate) batches: AtomicU64,
-    pub(crate) records: AtomicU64,
-    pub(crate) bytes_written: AtomicU64,
-    pub(crate) flushes: AtomicU64,
-    pub(crate) end: AtomicU64,
-}
 
 /// How long one idle wait on the ring lasts before the writer looks at its stop flag.
 const IDLE_SLICE: Duration = Duration::from_millis(5);

@@ -200,7 +200,8 @@ pub struct Mapping {
 
 /// Host-to-IOVA table of externally mapped memory (vhost guest regions, caller buffers from
 /// [`super::NvmeDevice::alloc_dma`]), sorted by host address, non-overlapping. Immutable:
-/// a change publishes a new table (see [`super::device`]); queues keep an `Arc` snapshot.
+/// a change publishes a new table (`Controller::publish` in [`super::controller`]); queues
+/// keep an `Arc` snapshot.
 #[derive(Debug, Clone, Default)]
 pub struct Translations {
     maps: Vec<Mapping>,

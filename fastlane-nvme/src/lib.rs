@@ -79,15 +79,18 @@ use std::time::Duration;
 use fastlane_block::BlockDevice;
 
 pub mod cmd;
+mod controller;
 mod device;
 pub mod dma;
 pub mod pci;
 pub mod prp;
 mod queue;
 pub mod regs;
+mod rings;
 
 pub use cmd::{ControllerId, NamespaceId, Status};
-pub use device::{DmaBuffer, NvmeDevice, TransferStats};
+pub use controller::TransferStats;
+pub use device::{DmaBuffer, NvmeDevice};
 pub use pci::Bdf;
 pub use queue::NvmeQueue;
 

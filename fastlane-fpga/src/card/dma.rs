@@ -8,7 +8,7 @@
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;
 
-use crate::card::CardError;
+use super::error::CardError;
 
 /// Alignment of every DMA buffer (one page).
 pub const DMA_ALIGN: usize = 4096;

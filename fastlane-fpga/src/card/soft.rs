@@ -29,48 +29,15 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::abi::{self, cpl_status, ctrl, reg, status, CardFault, Completion, Descriptor};
-use crate::book::{BookConfig, BookStats, OrderBooks};
-use crate::clock::CardClock;
-use crate::dma::DmaBuffer;
-use crate::event::Event;
-use crate::filter::SymbolFilter;
-use crate::itch::{decode_at, DecodeStats, Stock};
+use super::abi::{self, cpl_status, ctrl, reg, status, CardFault, Completion, Descriptor};
+use super::clock::CardClock;
+use super::dma::DmaBuffer;
+use crate::market::book::{BookConfig, BookStats, OrderBooks};
+use crate::market::event::Event;
+use crate::market::filter::SymbolFilter;
+use crate::market::itch::{decode_at, DecodeStats, Stock};
 
-/// Errors of the card interface.
-#[derive(Debug, thiserror::Error)]
-pub enum CardError {
-    /// The descriptor ring (or the in-flight window) is full; the descriptor is handed back.
-    #[error("descriptor ring full")]
-    Full(Descriptor),
-    /// `REG_ID` did not read the magic.
-    #[error("not a FastLane card: ID register reads {id:#010x}")]
-    BadMagic { id: u32 },
-    /// The card's major ABI version is not ours.
-    #[error("card ABI version {major}.{minor}, driver speaks {}.x", abi::ABI_VERSION_MAJOR)]
-    Version { major: u16, minor: u16 },
-    /// A ring size outside 1..=16 (log2).
-    #[error("ring log2 size {log2} outside 1..={}", abi::RING_LOG2_MAX)]
-    RingSize { log2: u32 },
-    /// A DMA buffer could not be allocated.
-    #[error("cannot allocate {bytes} bytes of DMA memory")]
-    Alloc { bytes: usize },
-    /// The card halted on a fault.
-    #[error("card halted: fault {fault}")]
-    Halted { fault: u32 },
-    /// The card did not answer in time (it has been stopped).
-    #[error("card did not complete tag {tag} within {waited:?}")]
-    Timeout { tag: u32, waited: Duration },
-    /// The operation needs an idle queue.
-    #[error("{in_flight} descriptors in flight")]
-    Busy { in_flight: u32 },
-    /// The input does not fit the card's staging slot.
-    #[error("input of {bytes} bytes exceeds the {max} byte staging slot")]
-    TooLarge { bytes: usize, max: usize },
-    /// The card answered something that cannot be right.
-    #[error("card completion out of protocol: {reason}")]
-    Protocol { reason: &'static str },
-}
+use super::error::CardError;
 
 /// 32-bit register access to a card's BAR0.
 pub trait Bar: Send + Sync {
@@ -798,6 +765,10 @@ impl Engine {
     }
 
     /// Process what the doorbell covers; false if there was nothing to do.
+    // The `expect`s re-borrow `self.ring` after `self.execute`/`self.complete` (which need
+    // `&mut self`): it is `Some` (checked on entry) and only `run`, between steps, sets it to
+    // `None`, so they cannot fail.
+    #[allow(clippy::expect_used)]
     fn step(&mut self, control: u32) -> bool {
         let Some(ring) = self.ring.as_mut() else { return false };
         // Acquire: pairs with the host's release store of DESC_PROD in `HostQueue::doorbell`.
@@ -841,6 +812,8 @@ impl Engine {
         did
     }
 
+    // Called only from `step`, while `self.ring` is `Some` (see there): cannot fail.
+    #[allow(clippy::expect_used)]
     fn complete(&mut self, mut c: Completion) {
         let ring = self.ring.as_mut().expect("configured");
         c.timestamp_ns = self.clock.now_ns();

@@ -1,11 +1,11 @@
 //! A naive order-book model (hash map of orders, `BTreeMap` of levels per side) with the same
-//! semantics as [`crate::book::OrderBooks`]: the oracle that property tests and the book fuzz
+//! semantics as [`crate::market::book::OrderBooks`]: the oracle that property tests and the book fuzz
 //! target compare the real book against after every message. Not for production use.
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::book::{BookStats, Level, Order, TopOfBook};
-use crate::itch::{Body, Message, Side};
+use crate::market::book::{BookStats, Level, Order, TopOfBook};
+use crate::market::itch::{Body, Message, Side};
 
 /// The reference books.
 #[derive(Debug, Default)]
@@ -58,6 +58,10 @@ impl ReferenceBooks {
         e.1 += 1;
     }
 
+    // Callers pass a live order (they checked `orders`); a live order always has its side and
+    // price level (`level_add` made them, and they go only when the level's last order goes),
+    // so the `expect`s cannot fail. A failure would be a bug in this oracle, not bad input.
+    #[allow(clippy::expect_used)]
     fn take(&mut self, order_ref: u64, shares: u32) {
         let o = self.orders[&order_ref];
         if shares > o.shares {

@@ -7,8 +7,8 @@
 //! type's main one-byte field (event code, trading state, cross type, ...). For
 //! [`KIND_TOP_OF_BOOK`]: `price`/`shares` are the best bid, `price2`/`shares2` the best ask.
 
-use crate::book::TopOfBook;
-use crate::itch::{Body, Message, Stock};
+use crate::market::book::TopOfBook;
+use crate::market::itch::{Body, Message, Stock};
 
 /// `kind` of a top-of-book change (not an ITCH type byte).
 pub const KIND_TOP_OF_BOOK: u8 = 0x01;
@@ -25,16 +25,29 @@ pub struct Event {
     pub code: u8,
     /// Bit 0: `F` (attributed add), bit 1: `C` printable.
     pub flags: u8,
+    /// The message's stock locate (0 for market-wide messages).
     pub locate: u16,
+    /// The message's tracking number.
     pub tracking: u16,
     /// Nanoseconds since midnight (the message's timestamp).
     pub timestamp_ns: u64,
+    /// The stock symbol, space-padded; all spaces for types without one and for
+    /// [`KIND_TOP_OF_BOOK`].
     pub stock: Stock,
+    /// The order reference (`U`: the old one; `V`: MWCB level 1, `Price(8)`), or 0.
     pub order_ref: u64,
+    /// The new reference (`U`), the match number (`E`/`C`/`P`/`Q`/`B`), the release time
+    /// (`K`, seconds since midnight), the near execution time (`O`), MWCB level 2 (`V`), or 0.
     pub aux_ref: u64,
+    /// The message's quantity in shares (`I`: paired shares; `R`: round lot size); the best
+    /// bid's shares for [`KIND_TOP_OF_BOOK`].
     pub shares: u64,
+    /// `I`: imbalance shares; [`KIND_TOP_OF_BOOK`]: the best ask's shares; else 0.
     pub shares2: u64,
+    /// The message's `Price(4)` (`I`: current reference price); the best bid for
+    /// [`KIND_TOP_OF_BOOK`].
     pub price: u32,
+    /// `J`: upper collar; `I`: near price; [`KIND_TOP_OF_BOOK`]: the best ask; else 0.
     pub price2: u32,
 }
 

@@ -102,46 +102,80 @@ pub struct Message {
 /// `R`: Stock Directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StockDirectory {
+    /// The symbol (offset 11).
     pub stock: Stock,
+    /// Listing market: `Q` NASDAQ Global Select, `G` Global Market, `S` Capital Market, `N`
+    /// NYSE, `A` NYSE American, `P` NYSE Arca, `Z` BATS, `V` IEX, space: not available.
     pub market_category: u8,
+    /// NASDAQ-listed issues: `N` normal, `D` deficient, `E` delinquent, `Q` bankrupt, ...;
+    /// space for other listings.
     pub financial_status: u8,
+    /// Shares in one round lot.
     pub round_lot_size: u32,
+    /// `Y`: only round lots are accepted; `N`: odd and mixed lots too.
     pub round_lots_only: u8,
+    /// The security class (`C` common stock, `A` ADR, `U` unit, ...).
     pub issue_classification: u8,
+    /// Two-character subtype of the class (`Z` not applicable, ...).
     pub issue_subtype: [u8; 2],
+    /// `P` live/production, `T` test.
     pub authenticity: u8,
+    /// Reg SHO threshold list: `Y` restricted, `N` not, space: not available.
     pub short_sale_threshold: u8,
+    /// `Y` a new IPO, `N` not, space: not available.
     pub ipo_flag: u8,
+    /// Limit Up-Limit Down reference price tier: `1`, `2`, or space.
     pub luld_ref_price_tier: u8,
+    /// `Y` an exchange-traded product, `N` not, space: not available.
     pub etp_flag: u8,
+    /// The ETP's leverage factor (an integer; 0 when not an ETP).
     pub etp_leverage_factor: u32,
+    /// `Y` an inverse ETP, `N` not.
     pub inverse_indicator: u8,
 }
 
 /// `I`: Net Order Imbalance Indicator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Imbalance {
+    /// Shares paired at the current reference price.
     pub paired_shares: u64,
+    /// Shares not paired at the current reference price.
     pub imbalance_shares: u64,
+    /// `B` buy imbalance, `S` sell, `N` none, `O` insufficient orders, `P` paused.
     pub direction: u8,
+    /// The symbol (offset 28).
     pub stock: Stock,
+    /// Hypothetical clearing price for cross orders only, `Price(4)`.
     pub far_price: u32,
+    /// Hypothetical clearing price for cross and continuous orders, `Price(4)`.
     pub near_price: u32,
+    /// The price the paired and imbalance shares are computed at, `Price(4)`.
     pub current_ref_price: u32,
+    /// `O` opening cross, `C` closing, `H` IPO or halted security, `A` extended trading close.
     pub cross_type: u8,
+    /// How far the near price is from the current reference price (`L` under 1 %, `1`..`9`,
+    /// `A`..`C` wider bands, space: not available).
     pub price_variation: u8,
 }
 
 /// `O`: Direct Listing with Capital Raise Price Discovery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DlcrPriceDiscovery {
+    /// The symbol (offset 11).
     pub stock: Stock,
+    /// `Y` eligible to open (the volatility test passed), `N` not.
     pub open_eligibility: u8,
+    /// Lowest price the listing may open at, `Price(4)`.
     pub min_allowable_price: u32,
+    /// Highest price the listing may open at, `Price(4)`.
     pub max_allowable_price: u32,
+    /// The price the security would open at now, `Price(4)`.
     pub near_execution_price: u32,
+    /// When the near execution price was set (the 8-byte integer at offset 32, as sent).
     pub near_execution_time: u64,
+    /// Lower collar around the near execution price, `Price(4)`.
     pub lower_price_collar: u32,
+    /// Upper collar around the near execution price, `Price(4)`.
     pub upper_price_collar: u32,
 }
 
@@ -279,19 +313,52 @@ impl Message {
 pub enum ItchError {
     /// The stream ended inside a length prefix or a message.
     #[error("feed truncated at offset {offset}: need {needed} bytes, {available} left")]
-    Truncated { offset: u64, needed: usize, available: usize },
+    Truncated {
+        /// Byte offset of the message's length prefix in the feed.
+        offset: u64,
+        /// Bytes the prefix or message needs.
+        needed: usize,
+        /// Bytes the feed has left.
+        available: usize,
+    },
     /// A length prefix of 0.
     #[error("empty message at offset {offset}")]
-    Empty { offset: u64 },
+    Empty {
+        /// Byte offset of the length prefix in the feed.
+        offset: u64,
+    },
     /// A type byte ITCH 5.0 does not define.
     #[error("unknown message type {msg_type:#04x} at offset {offset}")]
-    UnknownType { offset: u64, msg_type: u8 },
+    UnknownType {
+        /// Byte offset of the message's length prefix in the feed.
+        offset: u64,
+        /// The type byte read.
+        msg_type: u8,
+    },
     /// The length prefix disagrees with the type's length in the spec.
     #[error("message type {} at offset {offset}: length {declared}, spec says {expected}", *msg_type as char)]
-    LengthMismatch { offset: u64, msg_type: u8, expected: usize, declared: usize },
+    LengthMismatch {
+        /// Byte offset of the message's length prefix in the feed.
+        offset: u64,
+        /// The type byte.
+        msg_type: u8,
+        /// The type's length in the spec.
+        expected: usize,
+        /// The length the prefix declared.
+        declared: usize,
+    },
     /// A field whose value the spec does not allow and we depend on (an order's side).
     #[error("message type {} at offset {offset}: bad {field} {value:#04x}", *msg_type as char)]
-    BadField { offset: u64, msg_type: u8, field: &'static str, value: u8 },
+    BadField {
+        /// Byte offset of the message's length prefix in the feed.
+        offset: u64,
+        /// The type byte.
+        msg_type: u8,
+        /// The field's name in the spec.
+        field: &'static str,
+        /// The byte found.
+        value: u8,
+    },
 }
 
 #[inline(always)]

@@ -7,7 +7,7 @@
 //! book and level vectors are allocated the first time the locate is seen; after that the
 //! per-message path allocates only if a side outgrows its reserved levels.
 //!
-//! Semantics (the reference model in [`crate::reference`] implements the same ones, naively):
+//! Semantics (the reference model in [`crate::market::reference`] implements the same ones, naively):
 //! - `A`/`F` add an order; a reference already live is a [`BookAnomaly::DuplicateRef`], zero
 //!   shares a [`BookAnomaly::ZeroShares`]; both are ignored.
 //! - `E`/`C`/`X` take shares off an order (the order's resting price, not the `C` price); at
@@ -18,7 +18,7 @@
 //! - An order reference never added is [`BookAnomaly::UnknownRef`]; a message whose locate
 //!   is not the order's is [`BookAnomaly::LocateMismatch`]; both are ignored.
 
-use crate::itch::{Body, Message, Side};
+use crate::market::itch::{Body, Message, Side};
 
 /// Sizing of the order table and books.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,41 +66,80 @@ pub struct TopOfBook {
 pub enum BookAnomaly {
     /// An execute/cancel/delete/replace named an order that is not live.
     #[error("order {order_ref} is not live")]
-    UnknownRef { order_ref: u64 },
+    UnknownRef {
+        /// The order reference the message named.
+        order_ref: u64,
+    },
     /// An add (or a replace's new reference) named an order that is already live.
     #[error("order {order_ref} is already live")]
-    DuplicateRef { order_ref: u64 },
+    DuplicateRef {
+        /// The order reference the message named.
+        order_ref: u64,
+    },
     /// An add or replace with zero shares.
     #[error("order {order_ref} has zero shares")]
-    ZeroShares { order_ref: u64 },
+    ZeroShares {
+        /// The order reference the message named.
+        order_ref: u64,
+    },
     /// The message's locate is not the order's.
     #[error("order {order_ref} belongs to locate {order_locate}, message says {locate}")]
-    LocateMismatch { order_ref: u64, order_locate: u16, locate: u16 },
+    LocateMismatch {
+        /// The order reference the message named.
+        order_ref: u64,
+        /// The stock locate the order was added under.
+        order_locate: u16,
+        /// The stock locate of the message.
+        locate: u16,
+    },
     /// More shares executed or cancelled than the order had (the order is removed).
     #[error("order {order_ref}: {shares} shares taken, {left} left")]
-    Overfill { order_ref: u64, shares: u32, left: u32 },
+    Overfill {
+        /// The order reference the message named.
+        order_ref: u64,
+        /// Shares the message executed or cancelled.
+        shares: u32,
+        /// Shares the order had left.
+        left: u32,
+    },
     /// The order table is full; the add was dropped.
     #[error("order table full ({orders_max} orders); order {order_ref} dropped")]
-    CapacityExhausted { order_ref: u64, orders_max: usize },
+    CapacityExhausted {
+        /// The order reference of the dropped add.
+        order_ref: u64,
+        /// The table's capacity ([`BookConfig`]'s).
+        orders_max: usize,
+    },
 }
 
 /// Counters of what the books did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BookStats {
+    /// Orders added (`A`, `F`).
     pub adds: u64,
+    /// Executions applied (`E`, `C`).
     pub executions: u64,
+    /// Partial cancels applied (`X`).
     pub cancels: u64,
+    /// Deletes applied (`D`).
     pub deletes: u64,
+    /// Replaces applied (`U`).
     pub replaces: u64,
     /// Messages that changed a book (the "book updates" of the benchmark).
     pub updates: u64,
     /// Top-of-book changes emitted.
     pub top_changes: u64,
+    /// [`BookAnomaly::UnknownRef`] seen.
     pub unknown_ref: u64,
+    /// [`BookAnomaly::DuplicateRef`] seen.
     pub duplicate_ref: u64,
+    /// [`BookAnomaly::ZeroShares`] seen.
     pub zero_shares: u64,
+    /// [`BookAnomaly::LocateMismatch`] seen.
     pub locate_mismatch: u64,
+    /// [`BookAnomaly::Overfill`] seen.
     pub overfill: u64,
+    /// [`BookAnomaly::CapacityExhausted`] seen.
     pub capacity_exhausted: u64,
 }
 
@@ -130,10 +169,15 @@ impl BookStats {
 /// A live order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Order {
+    /// The order reference number (ITCH's unique id of the order for the day).
     pub order_ref: u64,
+    /// Limit price, `Price(4)`.
     pub price: u32,
+    /// Shares still open.
     pub shares: u32,
+    /// The stock locate it was added under.
     pub locate: u16,
+    /// Buy or sell.
     pub side: Side,
 }
 
@@ -532,7 +576,7 @@ impl OrderBooks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::itch::stock_from_str;
+    use crate::market::itch::stock_from_str;
 
     fn msg(locate: u16, body: Body) -> Message {
         Message { msg_type: body.msg_type(), locate, tracking: 0, timestamp_ns: 0, body }
