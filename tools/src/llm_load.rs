@@ -108,7 +108,8 @@ pub(crate) async fn run(
     let start = Instant::now();
     let mut handles = Vec::new();
     for (ti, l) in loads.iter().enumerate() {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ ((ti as u64 + 1) * 0x9e37_79b9));
+        let mut rng =
+            rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ ((ti as u64 + 1) * 0x9e37_79b9));
         let mut at = 0.0f64;
         let mut i = 0u64;
         // Bounded: rate × seconds arrivals.
