@@ -22,6 +22,7 @@ PKGS=(
     perftest            # ib_write_lat / ib_write_bw: the peer of `fastlane rdma bench`
     python3-numpy       # fastlane-llm: the independent reference forward pass (/usr/bin/python3)
     libopenblas0-pthread # numpy's BLAS: the GEMM peer of `fastlane llm bench` (not reference BLAS)
+    binutils            # strip: guest binaries go into the initramfs without debug info
     curl                # the real HTTP client of the `fastlane llm serve` tests and of run.sh
     prometheus          # a real scrape of `fastlane llm serve` checks every dashboard query
     # fio               # optional, not needed by tests/vm today: guest-side load generator
