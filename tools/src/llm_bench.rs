@@ -200,36 +200,32 @@ impl Fixture {
     }
 }
 
+/// Writes `--out` and prints `--json` of a finished run.
+fn emit(a: &BenchArgs, v: &serde_json::Value) -> Result<()> {
+    if let Some(p) = &a.out {
+        if let Some(dir) = p.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(p, serde_json::to_string_pretty(v)?)?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(v)?);
+    }
+    Ok(())
+}
+
 /// Runs `fastlane llm bench`.
 pub fn run(a: &BenchArgs) -> Result<()> {
     if let Some(url) = &a.url {
         let v = crate::llm_load::bench(url, a.solo, a.rate, a.seconds, a.max_tokens, a.json)?;
-        if let Some(p) = &a.out {
-            if let Some(dir) = p.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            std::fs::write(p, serde_json::to_string_pretty(&v)?)?;
-        }
-        if a.json {
-            println!("{}", serde_json::to_string_pretty(&v)?);
-        }
-        return Ok(());
+        return emit(a, &v);
     }
     let model = Arc::new(
         Model::load(&a.model, a.model_seed).with_context(|| format!("loading {}", a.model))?,
     );
     if let Some(sc) = &a.scenario {
         let v = crate::llm_sched::run(&model, sc, a.seconds, a.json)?;
-        if let Some(p) = &a.out {
-            if let Some(dir) = p.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            std::fs::write(p, serde_json::to_string_pretty(&v)?)?;
-        }
-        if a.json {
-            println!("{}", serde_json::to_string_pretty(&v)?);
-        }
-        return Ok(());
+        return emit(a, &v);
     }
     let threads = rayon::current_num_threads();
     eprintln!(
@@ -366,14 +362,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         loadavg: std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string(),
         rows,
     };
-    if let Some(p) = &a.out {
-        if let Some(dir) = p.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
-    }
+    emit(a, &serde_json::to_value(&report)?)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
     println!(
