@@ -12,8 +12,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kvswap::sched::{
-    Admission, Overflow, Policy, PreemptCosts, PreemptMode, Request, SchedConfig, SchedEvent,
-    Scheduler, StepKind, TenantConfig, Tier,
+    Admission, Overflow, Policy, PreemptCosts, PreemptMode, RejectReason, Request, SchedConfig,
+    SchedEvent, Scheduler, SeqCounts, StepKind, TenantConfig, Tier,
 };
 use kvswap::{ChecksumMode, SeqId, SwapEngine};
 use rand::{Rng, SeedableRng};
@@ -150,8 +150,12 @@ pub enum FinishReason {
     Abort,
     /// Ended by the max-stream-duration fence.
     Fenced,
-    /// Refused at admission (rate limit, queue full).
+    /// Refused: it can never run here (bigger than the KV pool); the text says why.
     Rejected,
+    /// Refused at admission: its tenant's token bucket is empty (HTTP 429).
+    RateLimited,
+    /// Refused at admission: its tenant's router queue is full (HTTP 503).
+    QueueFull,
     /// The engine failed or shut down.
     Error,
 }
@@ -276,6 +280,71 @@ pub struct EngineCounters {
     pub prefill_ns_per_token: f64,
     /// Swap cost per byte the cost model uses now, ns.
     pub swap_ns_per_byte: f64,
+    /// Live sequences by state (router queue, waiting, running, swapping, swapped out).
+    #[serde(skip)]
+    pub seqs: SeqCounts,
+    /// Requests waiting at the router, per tenant (index order).
+    pub queued_by_tenant: Vec<usize>,
+    /// Bytes of one KV block.
+    pub block_bytes: u64,
+}
+
+/// Histograms the engine thread observes as it goes (atomic updates, no lock); the HTTP
+/// front end registers them with its Prometheus registry.
+#[derive(Debug, Clone)]
+pub struct EngineHistograms {
+    /// Wall time of a step's forward pass, seconds.
+    pub step_seconds: prometheus::Histogram,
+    /// Tokens (rows) in a step's batch: decodes plus prefill chunk tokens.
+    pub batch_tokens: prometheus::Histogram,
+    /// Sequences in a step's batch.
+    pub batch_sequences: prometheus::Histogram,
+    /// Swap durations by direction (`out`, `in`), start to completion seen at a step
+    /// boundary, seconds.
+    pub swap_seconds: prometheus::HistogramVec,
+}
+
+impl EngineHistograms {
+    fn new() -> EngineHistograms {
+        let h = |name: &str, help: &str, buckets: Vec<f64>| {
+            prometheus::Histogram::with_opts(
+                prometheus::HistogramOpts::new(name, help).buckets(buckets),
+            )
+        };
+        let secs = vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+        let sizes = vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
+        // The names, help strings and buckets are constants prometheus accepts.
+        #[allow(clippy::expect_used)]
+        EngineHistograms {
+            step_seconds: h(
+                "fastlane_llm_engine_step_seconds",
+                "Wall time of an engine step's forward pass",
+                secs.clone(),
+            )
+            .expect("valid histogram"),
+            batch_tokens: h(
+                "fastlane_llm_engine_batch_tokens",
+                "Tokens in a step's batch (decodes + prefill chunks)",
+                sizes.clone(),
+            )
+            .expect("valid histogram"),
+            batch_sequences: h(
+                "fastlane_llm_engine_batch_sequences",
+                "Sequences in a step's batch",
+                sizes,
+            )
+            .expect("valid histogram"),
+            swap_seconds: prometheus::HistogramVec::new(
+                prometheus::HistogramOpts::new(
+                    "fastlane_llm_swap_seconds",
+                    "Duration of a KV swap, by direction",
+                )
+                .buckets(secs),
+                &["direction"],
+            )
+            .expect("valid histogram"),
+        }
+    }
 }
 
 enum Command {
@@ -291,6 +360,7 @@ pub struct Engine {
     thread: Option<JoinHandle<Result<(), LlmError>>>,
     next_id: AtomicU64,
     counters: Arc<Mutex<EngineCounters>>,
+    histograms: EngineHistograms,
     model: Arc<Model>,
 }
 
@@ -341,6 +411,7 @@ impl Engine {
                 bucket_capacity: 1e12,
                 rpm: 1e12,
                 concurrency_max: u32::MAX,
+                weight: 1,
                 overflow: Overflow::Queue { depth_max: 1 << 20 },
             }]
         } else {
@@ -372,13 +443,16 @@ impl Engine {
             preempt: costs,
             protect: None,
         };
-        let sched = Scheduler::new(sched_cfg, tenants, EnginePort::new(swap))?;
+        let histograms = EngineHistograms::new();
+        let port = EnginePort::new(swap).with_histogram(histograms.swap_seconds.clone());
+        let sched = Scheduler::new(sched_cfg, tenants, port)?;
         let (tx, rx) = mpsc::channel();
         let counters = Arc::new(Mutex::new(EngineCounters {
             blocks_total: cfg.device_blocks,
             blocks_free: cfg.device_blocks,
             prefill_ns_per_token: prefill_ns,
             swap_ns_per_byte: swap_ns,
+            block_bytes: crate::kv::block_bytes(&geom) as u64,
             ..EngineCounters::default()
         }));
         let mut lp = Loop {
@@ -389,7 +463,11 @@ impl Engine {
             rx,
             live: HashMap::new(),
             counters: counters.clone(),
-            local: EngineCounters::default(),
+            histograms: histograms.clone(),
+            local: EngineCounters {
+                block_bytes: crate::kv::block_bytes(&geom) as u64,
+                ..EngineCounters::default()
+            },
             start: Instant::now(),
             cfg,
             prefill_ns,
@@ -404,12 +482,24 @@ impl Engine {
             .name("fastlane-llm-engine".into())
             .spawn(move || lp.run())
             .map_err(|e| LlmError::Stopped { reason: format!("spawn: {e}") })?;
-        Ok(Engine { tx, thread: Some(thread), next_id: AtomicU64::new(1), counters, model })
+        Ok(Engine {
+            tx,
+            thread: Some(thread),
+            next_id: AtomicU64::new(1),
+            counters,
+            histograms,
+            model,
+        })
     }
 
     /// The model.
     pub fn model(&self) -> &Arc<Model> {
         &self.model
+    }
+
+    /// The histograms the engine thread observes (step time, batch size, swap durations).
+    pub fn histograms(&self) -> &EngineHistograms {
+        &self.histograms
     }
 
     /// Submits a request; its tokens arrive on the returned stream.
@@ -539,6 +629,7 @@ struct Loop {
     rx: Receiver<Command>,
     live: HashMap<u64, Live>,
     counters: Arc<Mutex<EngineCounters>>,
+    histograms: EngineHistograms,
     local: EngineCounters,
     start: Instant,
     cfg: EngineConfig,
@@ -658,10 +749,16 @@ impl Loop {
                     Ok(Admission::Admitted | Admission::Queued) => {
                         self.live.insert(id, live);
                     }
-                    Ok(Admission::Rejected) => {
+                    Ok(Admission::Rejected(why)) => {
                         self.local.rejected += 1;
                         self.live.insert(id, live);
-                        self.end(id, FinishReason::Rejected);
+                        self.end(
+                            id,
+                            match why {
+                                RejectReason::RateLimited => FinishReason::RateLimited,
+                                RejectReason::QueueFull => FinishReason::QueueFull,
+                            },
+                        );
                     }
                     Err(e) => {
                         // A request the scheduler can never run (bigger than the pool, unknown
@@ -813,6 +910,9 @@ impl Loop {
         self.local.rows += rows;
         self.local.prefill_tokens += u64::from(plan.prefill_tokens);
         self.local.forward_ns += fwd_ns;
+        self.histograms.step_seconds.observe(fwd_ns as f64 * 1e-9);
+        self.histograms.batch_tokens.observe(rows as f64);
+        self.histograms.batch_sequences.observe(inputs.len() as f64);
         let done_ns = self.now();
         let events: Vec<SchedEvent> = self.sched.complete_step(done_ns)?.to_vec();
         self.sched.clear_events();
@@ -938,7 +1038,7 @@ impl Loop {
         }
         match reason {
             FinishReason::Abort => self.local.aborted += 1,
-            FinishReason::Rejected => {}
+            FinishReason::Rejected | FinishReason::RateLimited | FinishReason::QueueFull => {}
             _ => self.local.finished += 1,
         }
         let _ = l.tx.send(StreamEvent::Done(Finished {
@@ -967,6 +1067,12 @@ impl Loop {
         self.local.blocks_free = self.sched.blocks().free();
         self.local.blocks_total = self.sched.blocks().total();
         self.local.live = self.live.len() as u64;
+        self.local.seqs = self.sched.seq_counts();
+        let n = self.sched.tenant_names().len();
+        self.local.queued_by_tenant.resize(n, 0);
+        for t in 0..n {
+            self.local.queued_by_tenant[t] = self.sched.router_queued_of(t);
+        }
         self.local.prefill_ns_per_token = self.prefill_ns;
         self.local.swap_ns_per_byte = self.swap_ns;
         if let Ok(mut c) = self.counters.lock() {

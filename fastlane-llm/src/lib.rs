@@ -38,8 +38,8 @@ pub mod weights;
 
 pub use config::LlamaConfig;
 pub use engine::{
-    Engine, EngineConfig, EngineCounters, FinishReason, Finished, GenRequest, PreemptChoice,
-    Stream, StreamEvent,
+    Engine, EngineConfig, EngineCounters, EngineHistograms, FinishReason, Finished, GenRequest,
+    PreemptChoice, Stream, StreamEvent,
 };
 pub use error::LlmError;
 pub use model::{BatchItem, Model, Scratch, TOKENS_PER_BLOCK};

@@ -60,6 +60,7 @@ pub struct EnginePort {
     tickets: HashMap<Ticket, InFlight>,
     done: Vec<TicketDone>,
     stats: PortStats,
+    swap_seconds: Option<prometheus::HistogramVec>,
 }
 
 impl std::fmt::Debug for EnginePort {
@@ -72,6 +73,12 @@ impl std::fmt::Debug for EnginePort {
 }
 
 impl EnginePort {
+    /// Observe every finished swap's duration into `h` (label: `out` or `in`).
+    pub fn with_histogram(mut self, h: prometheus::HistogramVec) -> EnginePort {
+        self.swap_seconds = Some(h);
+        self
+    }
+
     /// A port over `engine` (built on the model's pool).
     pub fn new(engine: SwapEngine) -> EnginePort {
         let block_bytes = engine.block_bytes() as u64;
@@ -81,6 +88,7 @@ impl EnginePort {
             tickets: HashMap::new(),
             done: Vec::new(),
             stats: PortStats::default(),
+            swap_seconds: None,
         }
     }
 
@@ -178,6 +186,10 @@ impl SwapPort for EnginePort {
             let _ = self.engine.free_blocks(f.seq, &f.blocks);
             let ns = f.started.elapsed().as_nanos() as u64;
             let bytes = f.blocks.len() as u64 * self.block_bytes;
+            if let (Some(h), Ok(())) = (&self.swap_seconds, &d.result) {
+                let dir = if f.dir == SwapDir::Out { "out" } else { "in" };
+                h.with_label_values(&[dir]).observe(ns as f64 * 1e-9);
+            }
             match &d.result {
                 Ok(()) => match f.dir {
                     SwapDir::Out => {

@@ -53,10 +53,87 @@ pub struct ServeArgs {
     /// Address to listen on (port 0: any free port; the address is printed).
     #[arg(long, default_value = "127.0.0.1:8000")]
     listen: std::net::SocketAddr,
+    #[command(flatten)]
+    http: HttpArgs,
+}
+
+/// Listener flags shared by `llm serve` and `router`.
+#[derive(Debug, Args, Clone)]
+pub struct HttpArgs {
     /// After SIGTERM or SIGINT: stop accepting, let open streams finish for at most this
-    /// many seconds, then exit.
+    /// many seconds, then exit 0.
     #[arg(long, default_value_t = 30)]
-    drain_seconds: u64,
+    pub drain_seconds: u64,
+    /// A client must send a request's headers within this many seconds (slow-header clients
+    /// are cut off).
+    #[arg(long, default_value_t = 10.0)]
+    pub header_timeout_seconds: f64,
+    /// Open connections at most (beyond, new ones wait in the accept backlog).
+    #[arg(long, default_value_t = 16_384)]
+    pub max_connections: usize,
+}
+
+impl HttpArgs {
+    /// The listener options.
+    pub fn options(&self) -> Result<fastlane_llm::server::http::HttpOptions> {
+        if !(self.header_timeout_seconds.is_finite() && self.header_timeout_seconds > 0.0) {
+            bail!("--header-timeout-seconds must be positive");
+        }
+        Ok(fastlane_llm::server::http::HttpOptions {
+            header_timeout: Duration::from_secs_f64(self.header_timeout_seconds),
+            max_connections: self.max_connections,
+            drain: Duration::from_secs(self.drain_seconds),
+        })
+    }
+
+    /// Binds `addr`, prints `listening on http://ADDR` (scripts read it), serves `app` until
+    /// SIGTERM/SIGINT, drains.
+    pub fn run(
+        &self,
+        addr: std::net::SocketAddr,
+        app: fastlane_llm::server::Router,
+        what: &str,
+    ) -> Result<()> {
+        self.run_with(addr, what, move || app)
+    }
+
+    /// [`HttpArgs::run`] with the app built inside the runtime (it may spawn tasks).
+    pub fn run_with(
+        &self,
+        addr: std::net::SocketAddr,
+        what: &str,
+        app: impl FnOnce() -> fastlane_llm::server::Router,
+    ) -> Result<()> {
+        use fastlane_llm::server::http;
+        let opts = self.options()?;
+        let fds = http::raise_fd_limit();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .thread_name("fastlane-http")
+            .build()?;
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr}"))?;
+            let local = listener.local_addr()?;
+            let app = app();
+            println!("listening on http://{local}");
+            log::info!(
+                "{what} on http://{local} (header timeout {:.1}s, {} connections at most, {fds} fds)",
+                opts.header_timeout.as_secs_f64(),
+                opts.max_connections
+            );
+            match http::serve(listener, app, opts, http::shutdown_signal()).await {
+                http::Drained::Clean => log::info!("drained: every stream finished"),
+                http::Drained::TimedOut => log::warn!(
+                    "drain timeout ({}s): exiting with streams still open",
+                    opts.drain.as_secs()
+                ),
+            }
+            Ok::<(), anyhow::Error>(())
+        })
+    }
 }
 
 /// The model and engine flags shared by `generate` and `bench`.
@@ -268,51 +345,11 @@ fn serve(a: &ServeArgs) -> Result<()> {
     let state = Arc::new(AppState {
         engine: engine.clone(),
         tenants,
-        metrics: Metrics::new(),
+        metrics: Metrics::new().with_engine(engine.histograms()),
         model_id: model.name().to_string(),
     });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .thread_name("fastlane-http")
-        .build()?;
-    let drain = Duration::from_secs(a.drain_seconds);
-    rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(a.listen)
-            .await
-            .with_context(|| format!("binding {}", a.listen))?;
-        let addr = listener.local_addr()?;
-        println!("listening on http://{addr}");
-        log::info!("serving {} on http://{addr} ({} tenants)", model.name(), state.tenants.entries().len());
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        let stop = async move {
-            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(e) => {
-                    log::error!("cannot watch SIGTERM: {e}");
-                    return std::future::pending().await;
-                }
-            };
-            tokio::select! {
-                _ = term.recv() => log::info!("SIGTERM: draining open streams (at most {}s)", drain.as_secs()),
-                _ = tokio::signal::ctrl_c() => log::info!("SIGINT: draining open streams (at most {}s)", drain.as_secs()),
-            }
-            let _ = tx.send(true);
-        };
-        let server = fastlane_llm::server::serve(state, listener, stop);
-        let mut rx2 = rx.clone();
-        let bounded = async move {
-            // After the signal, give the graceful shutdown `drain` to finish.
-            let _ = rx2.wait_for(|s| *s).await;
-            tokio::time::sleep(drain).await;
-        };
-        tokio::select! {
-            r = server => r?,
-            _ = bounded => log::warn!("drain timeout: exiting with streams still open"),
-        }
-        drop(rx);
-        Ok::<(), anyhow::Error>(())
-    })?;
+    let what = format!("serving {} ({} tenants)", model.name(), state.tenants.entries().len());
+    a.http.run(a.listen, fastlane_llm::server::router(state), &what)?;
     match Arc::try_unwrap(engine) {
         Ok(e) => {
             let c = e.shutdown()?;
@@ -459,12 +496,14 @@ fn generate(a: &GenerateArgs) -> Result<()> {
             c.checksum_mismatches
         );
     }
-    if results.iter().any(|f| f.reason == FinishReason::Rejected) {
-        let why: Vec<&str> = results
-            .iter()
-            .filter(|f| f.reason == FinishReason::Rejected)
-            .map(|f| f.text.as_str())
-            .collect();
+    let refused = |f: &&Finished| {
+        matches!(
+            f.reason,
+            FinishReason::Rejected | FinishReason::RateLimited | FinishReason::QueueFull
+        )
+    };
+    if results.iter().any(|f| refused(&f)) {
+        let why: Vec<&str> = results.iter().filter(refused).map(|f| f.text.as_str()).collect();
         bail!("{} prompt(s) refused: {}", why.len(), why.join("; "));
     }
     Ok(())

@@ -131,6 +131,7 @@ pub(crate) fn scenario_b(
             bucket_capacity: 1e9,
             rpm: 1e9,
             concurrency_max: 1_000,
+            weight: 1,
             overflow: Overflow::Queue { depth_max: 10_000 },
         },
         TenantConfig {
@@ -139,6 +140,7 @@ pub(crate) fn scenario_b(
             bucket_capacity: 1e9,
             rpm: 1e9,
             concurrency_max: 1_000,
+            weight: 1,
             overflow: Overflow::Queue { depth_max: 10_000 },
         },
     ];

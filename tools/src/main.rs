@@ -22,6 +22,7 @@ mod llm_sched;
 mod logging;
 mod mem;
 mod rdma;
+mod router;
 mod serve;
 mod signals;
 
@@ -49,6 +50,9 @@ enum Command {
     Llm(llm::LlmArgs),
     /// RDMA: serve a remote memory pool; WRITE latency/bandwidth benchmark.
     Rdma(rdma::RdmaArgs),
+    /// The multi-tenant front end (tenants, rate limits, DRR, fence, TTFT metrics) as a
+    /// proxy before an OpenAI-compatible server.
+    Router(router::RouterArgs),
     /// Export a block backend as a vhost-user-blk device on a Unix socket.
     Serve(serve::ServeArgs),
 }
@@ -63,6 +67,7 @@ fn main() -> ExitCode {
         Command::Kv(args) => kv::run(&args),
         Command::Llm(args) => llm::run(&args),
         Command::Rdma(args) => rdma::run(&args),
+        Command::Router(args) => router::run(&args),
         Command::Serve(args) => serve::run(&args),
     };
     match result {

@@ -4,7 +4,7 @@ use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::engine::EngineCounters;
+use crate::engine::{EngineCounters, EngineHistograms};
 
 /// Latency buckets, seconds: 1 ms … 120 s.
 const BUCKETS: &[f64] = &[
@@ -21,11 +21,13 @@ pub struct Metrics {
     pub inter_token: HistogramVec,
     /// Request arrival → last byte.
     pub e2e: HistogramVec,
-    /// Requests by outcome: admitted, rejected_rate, rejected_invalid, unauthorized, aborted,
-    /// fenced, finished.
+    /// Requests by outcome: admitted, rejected_rate, rejected_queue_full, rejected_invalid,
+    /// unauthorized, aborted, fenced, finished, upstream_error (router).
     pub requests: IntCounterVec,
     /// Streams open now.
     pub streams_open: IntGaugeVec,
+    /// Requests waiting at the router queue, per tenant.
+    pub queue_depth: IntGaugeVec,
     engine: IntGaugeVec,
     blocks: IntGaugeVec,
     preemptions: IntCounterVec,
@@ -70,8 +72,21 @@ impl Metrics {
         };
         let streams_open =
             gauge("fastlane_llm_streams_open", "Streams open now, per tenant", &["tenant"]);
-        let engine = gauge("fastlane_llm_sequences", "Sequences in the engine now", &["state"]);
-        let blocks = gauge("fastlane_llm_kv_blocks", "KV blocks of the device pool", &["state"]);
+        let queue_depth = gauge(
+            "fastlane_llm_queue_depth",
+            "Requests waiting at the router for a slot, per tenant",
+            &["tenant"],
+        );
+        let engine = gauge(
+            "fastlane_llm_sequences",
+            "Sequences in the engine now, by state (queued, waiting, running, swapping, swapped_out)",
+            &["state"],
+        );
+        let blocks = gauge(
+            "fastlane_llm_kv_blocks",
+            "KV blocks: free and used in the device pool, swapped out per tier",
+            &["state"],
+        );
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let c = must(IntCounterVec::new(Opts::new(name, help), labels));
             must(registry.register(Box::new(c.clone())));
@@ -96,6 +111,7 @@ impl Metrics {
             e2e,
             requests,
             streams_open,
+            queue_depth,
             engine,
             blocks,
             preemptions,
@@ -104,11 +120,47 @@ impl Metrics {
         }
     }
 
-    /// The text exposition, with the engine's counters as of now.
-    pub fn render(&self, c: &EngineCounters) -> String {
-        self.engine.with_label_values(&["live"]).set(c.live as i64);
+    /// Registers the engine's histograms (step time, batch size, swap durations) too.
+    pub fn with_engine(self, h: &EngineHistograms) -> Metrics {
+        let reg = |c: Box<dyn prometheus::core::Collector>| must(self.registry.register(c));
+        reg(Box::new(h.step_seconds.clone()));
+        reg(Box::new(h.batch_tokens.clone()));
+        reg(Box::new(h.batch_sequences.clone()));
+        reg(Box::new(h.swap_seconds.clone()));
+        self
+    }
+
+    /// The text exposition of the front end's families alone (the router has no engine).
+    pub fn render_front(&self) -> String {
+        let mut buf = Vec::new();
+        // Writing text into a Vec cannot fail.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    /// The text exposition, with the engine's counters as of now; `tenants` names the
+    /// scheduler's tenants in index order.
+    pub fn render(&self, c: &EngineCounters, tenants: &[&str]) -> String {
+        let states = [
+            ("queued", c.seqs.queued),
+            ("waiting", c.seqs.waiting),
+            ("running", c.seqs.running),
+            ("swapping", c.seqs.swapping),
+            ("swapped_out", c.seqs.swapped_out),
+        ];
+        for (state, n) in states {
+            self.engine.with_label_values(&[state]).set(n as i64);
+        }
+        for (t, name) in tenants.iter().enumerate() {
+            let q = c.queued_by_tenant.get(t).copied().unwrap_or(0);
+            self.queue_depth.with_label_values(&[name]).set(q as i64);
+        }
         self.blocks.with_label_values(&["free"]).set(i64::from(c.blocks_free));
         self.blocks.with_label_values(&["used"]).set(i64::from(c.blocks_total - c.blocks_free));
+        for (i, tier) in ["swapped_host", "swapped_nvme", "swapped_remote"].iter().enumerate() {
+            let n = c.tier_used_bytes[i] / c.block_bytes.max(1);
+            self.blocks.with_label_values(&[tier]).set(n as i64);
+        }
         // The engine's counters only grow: bring each Prometheus counter up to them.
         let up = |v: &IntCounterVec, labels: &[&str], to: u64| {
             let c = v.with_label_values(labels);
@@ -121,10 +173,7 @@ impl Metrics {
         }
         up(&self.swap_bytes, &["in", "all"], c.swap_in_bytes);
         up(&self.steps, &[], c.steps);
-        let mut buf = Vec::new();
-        // Writing text into a Vec cannot fail.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
-        String::from_utf8_lossy(&buf).into_owned()
+        self.render_front()
     }
 }
 

@@ -9,7 +9,10 @@
 //! Chat template (the random models have none of their own): each message becomes
 //! `<|ROLE|>\nCONTENT\n`, and `<|assistant|>\n` follows the last one.
 
+pub mod gate;
+pub mod http;
 pub mod metrics;
+pub mod proxy;
 pub mod tenants;
 
 use std::sync::Arc;
@@ -17,10 +20,11 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
+pub use axum::http::Uri;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::Router;
+pub use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -59,15 +63,6 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Serves until `shutdown` resolves, then lets open streams finish (axum's graceful shutdown).
-pub async fn serve(
-    state: Arc<AppState>,
-    listener: tokio::net::TcpListener,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
-}
-
 /// An error with its HTTP status, in OpenAI's shape.
 #[derive(Debug)]
 pub struct ApiError {
@@ -78,12 +73,38 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+    pub(crate) fn new(
+        status: StatusCode,
+        kind: &'static str,
+        message: impl Into<String>,
+    ) -> ApiError {
         ApiError { status, kind, message: message.into(), retry_after_s: None }
     }
 
-    fn bad(message: impl Into<String>) -> ApiError {
+    pub(crate) fn bad(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    /// 429: the tenant's bucket is empty; `Retry-After` is one refill (60 / rpm, rounded up).
+    pub(crate) fn rate_limited(tenant: &str, rpm: f64) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            format!("tenant {tenant:?} is over its request rate (rpm)"),
+        );
+        e.retry_after_s = Some((60.0 / rpm).ceil().max(1.0) as u64);
+        e
+    }
+
+    /// 503: the tenant's router queue is full; try again in a second.
+    pub(crate) fn queue_full(tenant: &str) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_overloaded",
+            format!("tenant {tenant:?} has its router queue full (all slots busy)"),
+        );
+        e.retry_after_s = Some(1);
+        e
     }
 }
 
@@ -94,6 +115,7 @@ impl IntoResponse for ApiError {
             StatusCode::TOO_MANY_REQUESTS => "rate_limit_exceeded",
             StatusCode::BAD_REQUEST => "invalid_request",
             StatusCode::NOT_FOUND => "not_found",
+            StatusCode::SERVICE_UNAVAILABLE => "queue_full",
             _ => "server_error",
         };
         let body = json!({"error": {"message": self.message, "type": self.kind, "code": code}});
@@ -112,7 +134,8 @@ async fn health() -> impl IntoResponse {
 }
 
 async fn metrics_text(State(st): State<Arc<AppState>>) -> impl IntoResponse {
-    let text = st.metrics.render(&st.engine.counters());
+    let names: Vec<&str> = st.tenants.entries().iter().map(|t| t.name.as_str()).collect();
+    let text = st.metrics.render(&st.engine.counters(), &names);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
@@ -201,13 +224,22 @@ fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
 }
 
 fn tenant(st: &AppState, headers: &HeaderMap) -> Result<usize, ApiError> {
+    tenant_of_headers(&st.tenants, &st.metrics, headers)
+}
+
+/// The tenant of a request's bearer key; 401 (counted) when there is none or it is unknown.
+pub(crate) fn tenant_of_headers(
+    tenants: &Tenants,
+    metrics: &Metrics,
+    headers: &HeaderMap,
+) -> Result<usize, ApiError> {
     let key = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    st.tenants.tenant_of(key).ok_or_else(|| {
-        st.metrics.requests.with_label_values(&["unknown", "unauthorized"]).inc();
+    tenants.tenant_of(key).ok_or_else(|| {
+        metrics.requests.with_label_values(&["unknown", "unauthorized"]).inc();
         ApiError::new(
             StatusCode::UNAUTHORIZED,
             "authentication_error",
@@ -216,7 +248,7 @@ fn tenant(st: &AppState, headers: &HeaderMap) -> Result<usize, ApiError> {
     })
 }
 
-async fn body_bytes(req: Request) -> Result<(HeaderMap, axum::body::Bytes), ApiError> {
+pub(crate) async fn body_bytes(req: Request) -> Result<(HeaderMap, axum::body::Bytes), ApiError> {
     let (parts, body) = req.into_parts();
     let bytes = axum::body::to_bytes(body, BODY_BYTES_MAX).await.map_err(|_| {
         ApiError::bad(format!("request body over {BODY_BYTES_MAX} bytes or unreadable"))
@@ -322,7 +354,10 @@ fn finish_reason(r: FinishReason) -> &'static str {
         FinishReason::Stop => "stop",
         FinishReason::Abort => "abort",
         FinishReason::Fenced => "length",
-        FinishReason::Rejected | FinishReason::Error => "error",
+        FinishReason::Rejected
+        | FinishReason::RateLimited
+        | FinishReason::QueueFull
+        | FinishReason::Error => "error",
     }
 }
 
@@ -366,20 +401,20 @@ async fn run(
     // The first event says whether the request was admitted.
     let first = stream.next_async().await;
     if let Some(StreamEvent::Done(f)) = &first {
-        if f.reason == FinishReason::Rejected {
-            if f.text.contains("cannot run") {
+        match f.reason {
+            FinishReason::Rejected => {
                 st.metrics.requests.with_label_values(&[&tname, "rejected_invalid"]).inc();
                 return Err(ApiError::bad(f.text.clone()));
             }
-            st.metrics.requests.with_label_values(&[&tname, "rejected_rate"]).inc();
-            let rpm = st.tenants.get(t).rpm;
-            let mut e = ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_error",
-                format!("tenant {tname:?} is over its rate or queue"),
-            );
-            e.retry_after_s = Some((60.0 / rpm).ceil().max(1.0) as u64);
-            return Err(e);
+            FinishReason::RateLimited => {
+                st.metrics.requests.with_label_values(&[&tname, "rejected_rate"]).inc();
+                return Err(ApiError::rate_limited(&tname, st.tenants.get(t).rpm));
+            }
+            FinishReason::QueueFull => {
+                st.metrics.requests.with_label_values(&[&tname, "rejected_queue_full"]).inc();
+                return Err(ApiError::queue_full(&tname));
+            }
+            _ => {}
         }
     }
     st.metrics.requests.with_label_values(&[&tname, "admitted"]).inc();

@@ -6,12 +6,16 @@
 //! keys = ["key-quiet"]
 //! rpm = 60                 # token bucket refill, requests per minute
 //! burst = 5                # bucket capacity
-//! weight = 1               # DRR weight (only 1 is supported yet)
+//! weight = 1               # DRR weight: backlogged tenants share prefill in proportion
 //! max_concurrent = 4       # admission slots (streams in flight)
 //! tier = "interactive"     # or "batch"
 //! max_stream_seconds = 60  # the fence
-//! queue = 64               # requests waiting at the router beyond the slots (then 429)
+//! queue = 64               # requests waiting for a slot at the router (beyond: 503)
 //! ```
+//!
+//! A request whose tenant's bucket is empty gets 429 with `Retry-After` at once; one that has
+//! a bucket token but finds every slot of its tenant busy waits in the router queue without
+//! spending the token (spent when it is admitted); a full queue gives 503.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -49,7 +53,7 @@ pub struct Entry {
     /// Longest stream, seconds (the fence).
     #[serde(default)]
     pub max_stream_seconds: Option<f64>,
-    /// Requests that may wait at the router; beyond, 429.
+    /// Requests that may wait at the router for a slot; beyond, 503.
     #[serde(default = "queue_default")]
     pub queue: usize,
 }
@@ -121,8 +125,8 @@ impl Tenants {
             if !(t.burst.is_finite() && t.burst >= 1.0) {
                 return bad("burst", "must be at least 1");
             }
-            if t.weight != 1 {
-                return bad("weight", "only 1 is supported yet (DRR shares by equal quanta)");
+            if !(1..=1000).contains(&t.weight) {
+                return bad("weight", "1 to 1000");
             }
             if t.max_concurrent == 0 {
                 return bad("max_concurrent", "must be at least 1");
@@ -181,7 +185,8 @@ impl Tenants {
                 bucket_capacity: t.burst,
                 rpm: t.rpm,
                 concurrency_max: t.max_concurrent,
-                overflow: Overflow::Queue { depth_max: t.queue },
+                weight: t.weight,
+                overflow: Overflow::Gate { depth_max: t.queue },
             })
             .collect()
     }

@@ -28,8 +28,18 @@ pub enum Admission {
     Admitted,
     /// It waits at the router for a bucket token or a slot.
     Queued,
-    /// Refused (429).
-    Rejected,
+    /// Refused, for this reason.
+    Rejected(RejectReason),
+}
+
+/// Why the router refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectReason {
+    /// Its tenant's token bucket is empty (HTTP 429 with `Retry-After`).
+    RateLimited,
+    /// Its tenant's router queue is full (HTTP 503; [`Overflow::Reject`] and the queue bound
+    /// of [`Overflow::Queue`] also end here).
+    QueueFull,
 }
 
 impl<P: SwapPort> Scheduler<P> {
@@ -62,15 +72,26 @@ impl<P: SwapPort> Scheduler<P> {
             return Ok(Admission::Admitted);
         }
         let ts = &mut self.tenants[t];
-        match ts.cfg.overflow {
-            Overflow::Queue { depth_max } if ts.router.len() < depth_max => {
+        let reject = match ts.cfg.overflow {
+            Overflow::Gate { .. } if ts.bucket.tokens(now_ns) < 1.0 + ts.router.len() as f64 => {
+                Some(RejectReason::RateLimited)
+            }
+            Overflow::Queue { depth_max } | Overflow::Gate { depth_max }
+                if ts.router.len() < depth_max =>
+            {
+                None
+            }
+            _ => Some(RejectReason::QueueFull),
+        };
+        match reject {
+            None => {
                 ts.router.push_back(req);
                 ts.stats.queued += 1;
                 Ok(Admission::Queued)
             }
-            _ => {
+            Some(why) => {
                 ts.stats.rejected += 1;
-                Ok(Admission::Rejected)
+                Ok(Admission::Rejected(why))
             }
         }
     }

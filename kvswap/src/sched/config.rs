@@ -60,6 +60,15 @@ pub enum Overflow {
     },
     /// Refuse it (HTTP 429).
     Reject,
+    /// The HTTP gate's rule: a request whose tenant's bucket has no token left for it (the
+    /// tokens of requests already waiting are reserved) is refused at once as rate-limited
+    /// (429); one that has a token but no free slot waits in the router queue without
+    /// spending it (at most `depth_max`; beyond, refused as queue-full, 503). The token is
+    /// spent when the request is admitted.
+    Gate {
+        /// Queue bound; beyond it requests are refused as queue-full.
+        depth_max: usize,
+    },
 }
 
 /// One tenant's admission settings.
@@ -75,6 +84,9 @@ pub struct TenantConfig {
     pub rpm: f64,
     /// Streams in flight at most (admission slots).
     pub concurrency_max: u32,
+    /// DRR weight: a backlogged tenant's share of the prefill budget is proportional to it
+    /// (its quantum is `drr_quantum_tokens × weight`). At least 1.
+    pub weight: u32,
     /// What to do with a request that cannot be admitted now.
     pub overflow: Overflow,
 }

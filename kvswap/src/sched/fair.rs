@@ -38,6 +38,11 @@ impl TokenBucket {
         self.tokens -= 1.0;
     }
 
+    /// Give back a token spent on something that did not happen (capped at capacity).
+    pub fn refund(&mut self) {
+        self.tokens = (self.tokens + 1.0).min(self.capacity);
+    }
+
     /// Capacity B.
     pub fn capacity(&self) -> f64 {
         self.capacity
@@ -71,7 +76,8 @@ impl TokenBucket {
 /// the caller can decline a pick it cannot place (no KV blocks) without charging for it.
 #[derive(Debug, Clone)]
 pub struct Drr {
-    quantum: u64,
+    /// Quantum of each flow (`quantum × weight`).
+    quanta: Vec<u64>,
     deficit: Vec<u64>,
     cursor: usize,
     topped_up: bool,
@@ -80,7 +86,15 @@ pub struct Drr {
 impl Drr {
     /// `flows` flows, each getting `quantum` tokens per round.
     pub fn new(flows: usize, quantum: u64) -> Self {
-        Self { quantum: quantum.max(1), deficit: vec![0; flows], cursor: 0, topped_up: false }
+        Self::weighted(&vec![1; flows], quantum)
+    }
+
+    /// One flow per weight; flow `f` gets `quantum × weights[f]` tokens per round, so
+    /// backlogged flows are served in proportion to their weights (a weight of 0 counts as 1).
+    pub fn weighted(weights: &[u32], quantum: u64) -> Self {
+        let quanta =
+            weights.iter().map(|&w| quantum.max(1).saturating_mul(u64::from(w.max(1)))).collect();
+        Self { quanta, deficit: vec![0; weights.len()], cursor: 0, topped_up: false }
     }
 
     /// Current deficit of `flow`.
@@ -112,7 +126,7 @@ impl Drr {
                     }
                     Some(cost) => {
                         if !self.topped_up {
-                            self.deficit[f] = self.deficit[f].saturating_add(self.quantum);
+                            self.deficit[f] = self.deficit[f].saturating_add(self.quanta[f]);
                             self.topped_up = true;
                         }
                         if self.deficit[f] >= cost {
@@ -127,12 +141,13 @@ impl Drr {
                 let rounds = (0..n)
                     .filter_map(|f| {
                         head_cost(f)
-                            .map(|c| c.saturating_sub(self.deficit[f]).div_ceil(self.quantum))
+                            .map(|c| c.saturating_sub(self.deficit[f]).div_ceil(self.quanta[f]))
                     })
                     .min()?;
                 for f in 0..n {
                     if head_cost(f).is_some() {
-                        self.deficit[f] = self.deficit[f].saturating_add(rounds * self.quantum);
+                        let add = rounds.saturating_mul(self.quanta[f]);
+                        self.deficit[f] = self.deficit[f].saturating_add(add);
                     }
                 }
             }
@@ -184,6 +199,22 @@ mod tests {
         }
         let diff = served[0].abs_diff(served[1]);
         assert!(diff <= 1000, "{served:?}");
+    }
+
+    #[test]
+    fn weighted_drr_serves_in_proportion_to_weights() {
+        // Weights 3:1, equal request sizes, both backlogged: tokens served 3:1 within one
+        // request's cost of the exact share.
+        let mut drr = Drr::weighted(&[3, 1], 256);
+        let mut served = [0u64; 2];
+        for _ in 0..4000 {
+            let f = drr.pick(|_| Some(100)).unwrap();
+            drr.charge(f, 100);
+            served[f] += 100;
+        }
+        let total = served[0] + served[1];
+        let want0 = total * 3 / 4;
+        assert!(served[0].abs_diff(want0) <= 3 * 256, "{served:?}");
     }
 
     #[test]

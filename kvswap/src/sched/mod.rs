@@ -69,7 +69,7 @@ mod tests;
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 
-pub use admission::{Admission, Request};
+pub use admission::{Admission, RejectReason, Request};
 pub use blocks::{blocks_for_tokens, BlockError, BlockManager, PinnedBlocks, BLOCK_TOKENS};
 pub use config::{
     Overflow, Policy, PreemptCosts, ProtectConfig, SchedConfig, SchedError, TenantConfig, Tier,
@@ -81,6 +81,21 @@ pub use preempt::PreemptMode;
 pub use stats::{new_histogram, record, TenantStats, LATENCY_NS_MAX};
 
 pub use crate::{BlockId, SeqId};
+
+/// Live sequences by state ([`Scheduler::seq_counts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SeqCounts {
+    /// Held at the router (not admitted yet).
+    pub queued: usize,
+    /// Admitted, waiting to start or to restart after a recompute preemption.
+    pub waiting: usize,
+    /// Running (prefilling or decoding).
+    pub running: usize,
+    /// With a swap in flight, out or in.
+    pub swapping: usize,
+    /// Preempted by swap, their KV in a swap tier.
+    pub swapped_out: usize,
+}
 
 /// Index of a tenant in the scheduler's tenant list.
 pub type TenantIndex = usize;
@@ -256,6 +271,7 @@ impl<P: SwapPort> Scheduler<P> {
         }
         for t in &tenants {
             if t.concurrency_max == 0
+                || t.weight == 0
                 || t.rpm.is_nan()
                 || t.rpm < 0.0
                 || t.bucket_capacity.is_nan()
@@ -265,6 +281,7 @@ impl<P: SwapPort> Scheduler<P> {
             }
         }
         let n = tenants.len();
+        let weights: Vec<u32> = tenants.iter().map(|t| t.weight).collect();
         let tenants = tenants
             .into_iter()
             .map(|cfg| TenantState {
@@ -285,7 +302,7 @@ impl<P: SwapPort> Scheduler<P> {
             seqs: HashMap::new(),
             fifo: VecDeque::new(),
             running: Vec::new(),
-            drr: [Drr::new(n, quantum), Drr::new(n, quantum)],
+            drr: [Drr::weighted(&weights, quantum), Drr::weighted(&weights, quantum)],
             plan: StepPlan::default(),
             planned: false,
             events: Vec::new(),
@@ -332,6 +349,25 @@ impl<P: SwapPort> Scheduler<P> {
     /// Requests waiting at the router.
     pub fn router_queued(&self) -> usize {
         self.tenants.iter().map(|t| t.router.len()).sum()
+    }
+
+    /// Requests of `tenant` waiting at the router (0 for an unknown tenant).
+    pub fn router_queued_of(&self, tenant: TenantIndex) -> usize {
+        self.tenants.get(tenant).map_or(0, |t| t.router.len())
+    }
+
+    /// Live sequences by state (for gauges).
+    pub fn seq_counts(&self) -> SeqCounts {
+        let mut c = SeqCounts { queued: self.router_queued(), ..SeqCounts::default() };
+        for s in self.seqs.values() {
+            match s.state {
+                State::Waiting => c.waiting += 1,
+                State::Running => c.running += 1,
+                State::SwappingOut(_) | State::SwappingIn => c.swapping += 1,
+                State::SwappedOut => c.swapped_out += 1,
+            }
+        }
+        c
     }
 
     /// Whether a stream has not produced its first token yet: admitted and waiting, or held

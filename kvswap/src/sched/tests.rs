@@ -40,6 +40,7 @@ fn tenant(
         bucket_capacity: cap,
         rpm,
         concurrency_max: conc,
+        weight: 1,
         overflow,
     }
 }
@@ -77,15 +78,60 @@ fn bucket_pass_but_concurrency_fail_keeps_the_token() {
     let mut s = Scheduler::new(cfg(Policy::Drr, 1000), vec![t], port()).unwrap();
     assert_eq!(s.submit(0, req(1, 0, 16, 4, 0)).unwrap(), Admission::Admitted);
     // Slot taken: rejected, and the bucket still has its second token.
-    assert_eq!(s.submit(0, req(2, 0, 16, 4, 0)).unwrap(), Admission::Rejected);
+    assert_eq!(
+        s.submit(0, req(2, 0, 16, 4, 0)).unwrap(),
+        Admission::Rejected(RejectReason::QueueFull)
+    );
     drain(&mut s, 0, 100);
     assert_eq!(s.stats(0).unwrap().completed, 1);
     assert_eq!(s.submit(1, req(3, 0, 16, 4, 1)).unwrap(), Admission::Admitted);
     drain(&mut s, 1, 100);
     // Now both tokens are spent (rpm 0: no refill).
-    assert_eq!(s.submit(2, req(4, 0, 16, 4, 2)).unwrap(), Admission::Rejected);
+    assert_eq!(
+        s.submit(2, req(4, 0, 16, 4, 2)).unwrap(),
+        Admission::Rejected(RejectReason::QueueFull)
+    );
     let st = s.stats(0).unwrap();
     assert_eq!((st.admitted, st.rejected, st.completed), (2, 2, 2));
+}
+
+#[test]
+fn the_gate_tells_an_empty_bucket_from_a_full_queue() {
+    // Bucket of 3, no refill, one slot, queue of 1.
+    let t = tenant("a", Tier::Interactive, 3.0, 0.0, 1, Overflow::Gate { depth_max: 1 });
+    let mut s = Scheduler::new(cfg(Policy::Drr, 1000), vec![t], port()).unwrap();
+    assert_eq!(s.submit(0, req(1, 0, 16, 4, 0)).unwrap(), Admission::Admitted);
+    // Token left, no slot: waits without spending it.
+    assert_eq!(s.submit(0, req(2, 0, 16, 4, 0)).unwrap(), Admission::Queued);
+    // A token is left for it too, but the queue is full: 503's reason.
+    assert_eq!(
+        s.submit(0, req(3, 0, 16, 4, 0)).unwrap(),
+        Admission::Rejected(RejectReason::QueueFull)
+    );
+    drain(&mut s, 0, 200);
+    let st = s.stats(0).unwrap();
+    assert_eq!(st.completed, 2, "the queued request ran when the slot freed");
+    // Two tokens spent, one left: admitted; then the bucket is empty: 429's reason, although
+    // the queue has room.
+    assert_eq!(s.submit(1, req(4, 0, 16, 4, 1)).unwrap(), Admission::Admitted);
+    assert_eq!(
+        s.submit(1, req(5, 0, 16, 4, 1)).unwrap(),
+        Admission::Rejected(RejectReason::RateLimited)
+    );
+}
+
+#[test]
+fn the_gate_reserves_tokens_for_waiting_requests() {
+    // Two tokens, one slot: the first runs (spends one), the second waits holding a claim on
+    // the last token, so a third is rate-limited rather than queued on a token it cannot get.
+    let t = tenant("a", Tier::Interactive, 2.0, 0.0, 1, Overflow::Gate { depth_max: 8 });
+    let mut s = Scheduler::new(cfg(Policy::Drr, 1000), vec![t], port()).unwrap();
+    assert_eq!(s.submit(0, req(1, 0, 16, 4, 0)).unwrap(), Admission::Admitted);
+    assert_eq!(s.submit(0, req(2, 0, 16, 4, 0)).unwrap(), Admission::Queued);
+    assert_eq!(
+        s.submit(0, req(3, 0, 16, 4, 0)).unwrap(),
+        Admission::Rejected(RejectReason::RateLimited)
+    );
 }
 
 #[test]
@@ -240,6 +286,38 @@ fn drr_shares_the_engine_between_a_flooder_and_a_quiet_tenant() {
     }
     assert!(quiet_first.unwrap() < 10, "quiet tenant served at step {quiet_first:?}");
 }
+#[test]
+fn drr_weights_split_the_prefill_budget() {
+    // Two backlogged batch tenants with long prompts, weights 3 and 1: over many steps the
+    // prefill tokens they get are 3:1 (within a quantum).
+    let mut a = tenant("heavy", Tier::Batch, 1e9, 1e9, 1000, Overflow::Reject);
+    a.weight = 3;
+    let b = tenant("light", Tier::Batch, 1e9, 1e9, 1000, Overflow::Reject);
+    let mut c = cfg(Policy::Drr, 100_000);
+    c.batch_tokens_max = 512;
+    c.chunk_tokens = Some(128);
+    c.drr_quantum_tokens = 128;
+    let mut s = Scheduler::new(c, vec![a, b], port()).unwrap();
+    for i in 0..40 {
+        s.submit(0, req(i, 0, 4096, 1, 0)).unwrap();
+        s.submit(0, req(1000 + i, 1, 4096, 1, 0)).unwrap();
+    }
+    let mut got = [0u32; 2];
+    let mut now = 0;
+    for _ in 0..200 {
+        let plan = s.schedule(now).unwrap();
+        for t in 0..2 {
+            got[t] += tenant_tokens(plan, t).0;
+        }
+        now += 10_000_000;
+        s.complete_step(now).unwrap();
+    }
+    let total = got[0] + got[1];
+    assert!(total >= 200 * 500, "the budget was used: {got:?}");
+    let share = f64::from(got[0]) / f64::from(total);
+    assert!((share - 0.75).abs() < 0.02, "heavy's share {share:.3} of {got:?}");
+}
+
 /// Prefill tokens of `tenant` in `plan`, and its decodes.
 fn tenant_tokens(plan: &StepPlan, tenant: TenantIndex) -> (u32, u32) {
     plan.items.iter().filter(|i| i.tenant == tenant).fold((0, 0), |(p, d), i| match i.kind {

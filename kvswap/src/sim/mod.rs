@@ -309,7 +309,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, SimError> {
                 window = Some((r.arrival_ns, None));
             }
             let adm = sched.submit(r.arrival_ns, r)?;
-            if adm != crate::sched::Admission::Rejected {
+            if !matches!(adm, crate::sched::Admission::Rejected(_)) {
                 arrived_unserved.insert(r.seq, (r.tenant, r.arrival_ns));
             }
         }

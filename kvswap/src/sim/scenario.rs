@@ -99,6 +99,7 @@ fn tenant(
         bucket_capacity: cap,
         rpm,
         concurrency_max: conc,
+        weight: 1,
         overflow,
     }
 }

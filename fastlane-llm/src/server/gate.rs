@@ -1,0 +1,304 @@
+//! The router's admission gate (`fastlane router`): the same rules as the engine's scheduler
+//! applies in `llm serve`, in front of an upstream server that has none.
+//!
+//! - Per tenant: a token bucket (capacity `burst`, refill `rpm / 60` per second) and at most
+//!   `max_concurrent` requests in flight. A request whose bucket has no token for it (the
+//!   tokens of the tenant's waiting requests are reserved for them) is refused at once
+//!   ([`GateError::RateLimited`], HTTP 429). One that has a token but finds no free slot, its
+//!   own tenant's or the upstream's, waits in the tenant's queue without spending the token
+//!   (at most `queue` waiting; beyond, [`GateError::QueueFull`], HTTP 503).
+//! - The upstream gets at most `upstream_slots` requests at a time. When a slot frees, the
+//!   next request to dispatch is chosen by deficit round robin on estimated tokens (prompt +
+//!   `max_tokens`), weighted by tenant `weight`, the interactive tier before the batch tier;
+//!   that is kvswap's [`Drr`] and [`TokenBucket`], the scheduler's own.
+//! - A [`Permit`] is the slot: it is held until the response's last byte (the proxy keeps it
+//!   in the body) and its drop dispatches the next waiter. A waiter whose client goes away is
+//!   removed from the queue.
+//!
+//! The lock is a plain mutex around a few comparisons, never held across an await.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use kvswap::sched::{Drr, TokenBucket};
+use tokio::sync::{oneshot, Notify};
+
+use super::tenants::Tenants;
+
+/// Why the gate refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateError {
+    /// The tenant's bucket is empty (429); retry after this many seconds.
+    RateLimited {
+        /// One refill, rounded up.
+        retry_after_s: u64,
+    },
+    /// The tenant's queue is full (503).
+    QueueFull,
+}
+
+struct Waiter {
+    id: u64,
+    cost: u64,
+    tx: oneshot::Sender<()>,
+}
+
+struct TenantGate {
+    bucket: TokenBucket,
+    inflight: u32,
+    max_concurrent: u32,
+    queue_max: usize,
+    interactive: bool,
+    rpm: f64,
+    queue: VecDeque<Waiter>,
+}
+
+struct Inner {
+    tenants: Vec<TenantGate>,
+    /// DRR per tier: interactive, batch.
+    drr: [Drr; 2],
+    upstream_inflight: usize,
+    upstream_max: usize,
+    next_id: u64,
+}
+
+/// The gate.
+pub struct Gate {
+    inner: Mutex<Inner>,
+    start: Instant,
+    wake: Arc<Notify>,
+    depth: Option<prometheus::IntGaugeVec>,
+    names: Vec<String>,
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let i = self.lock();
+        f.debug_struct("Gate")
+            .field("upstream_inflight", &i.upstream_inflight)
+            .field("upstream_max", &i.upstream_max)
+            .finish()
+    }
+}
+
+/// A slot at the upstream, held by one request; dropping it frees the slot.
+#[derive(Debug)]
+pub struct Permit {
+    gate: Arc<Gate>,
+    tenant: usize,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut i = self.gate.lock();
+        i.tenants[self.tenant].inflight -= 1;
+        i.upstream_inflight -= 1;
+        self.gate.pump(&mut i);
+    }
+}
+
+/// Removes a waiter from its queue if its request is dropped before dispatch.
+struct Cancel<'a> {
+    gate: &'a Gate,
+    tenant: usize,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for Cancel<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut i = self.gate.lock();
+            i.tenants[self.tenant].queue.retain(|w| w.id != self.id);
+            self.gate.publish_depth(&i, self.tenant);
+        }
+    }
+}
+
+impl Gate {
+    /// A gate for `tenants` in front of an upstream that takes `upstream_slots` requests at
+    /// a time; `depth` (optional) is set to each tenant's queue length as it changes. Spawns
+    /// the refill task on the current tokio runtime.
+    pub fn new(
+        tenants: &Tenants,
+        upstream_slots: usize,
+        quantum_tokens: u64,
+        depth: Option<prometheus::IntGaugeVec>,
+    ) -> Arc<Gate> {
+        let weights: Vec<u32> = tenants.entries().iter().map(|t| t.weight).collect();
+        let g = Arc::new(Gate {
+            inner: Mutex::new(Inner {
+                tenants: tenants
+                    .entries()
+                    .iter()
+                    .map(|t| TenantGate {
+                        bucket: TokenBucket::new(t.burst, t.rpm / 60.0),
+                        inflight: 0,
+                        max_concurrent: t.max_concurrent,
+                        queue_max: t.queue,
+                        interactive: t.tier != "batch",
+                        rpm: t.rpm,
+                        queue: VecDeque::new(),
+                    })
+                    .collect(),
+                drr: [
+                    Drr::weighted(&weights, quantum_tokens),
+                    Drr::weighted(&weights, quantum_tokens),
+                ],
+                upstream_inflight: 0,
+                upstream_max: upstream_slots.max(1),
+                next_id: 0,
+            }),
+            start: Instant::now(),
+            wake: Arc::new(Notify::new()),
+            depth,
+            names: tenants.entries().iter().map(|t| t.name.clone()).collect(),
+        });
+        // Waiters held only by an empty bucket need a wake-up when it refills: a task that
+        // sleeps until the earliest refill (or until told something was queued).
+        let weak = Arc::downgrade(&g);
+        let wake = g.wake.clone();
+        tokio::spawn(async move {
+            // Ends when the gate is dropped (no strong reference is kept while sleeping).
+            loop {
+                let notified = wake.notified();
+                tokio::pin!(notified);
+                let next = {
+                    let Some(g) = weak.upgrade() else { return };
+                    let mut i = g.lock();
+                    g.pump(&mut i);
+                    g.next_refill(&mut i)
+                };
+                tokio::select! {
+                    _ = &mut notified => {}
+                    _ = tokio::time::sleep(next.unwrap_or(Duration::from_secs(1))) => {}
+                }
+            }
+        });
+        g
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves counters that are still consistent enough to
+        // go on with; never propagate the poison.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    fn publish_depth(&self, i: &Inner, t: usize) {
+        if let Some(d) = &self.depth {
+            d.with_label_values(&[&self.names[t]]).set(i.tenants[t].queue.len() as i64);
+        }
+    }
+
+    /// Requests in flight at the upstream now.
+    pub fn upstream_inflight(&self) -> usize {
+        self.lock().upstream_inflight
+    }
+
+    /// Requests waiting in `tenant`'s queue now.
+    pub fn queued(&self, tenant: usize) -> usize {
+        self.lock().tenants.get(tenant).map_or(0, |t| t.queue.len())
+    }
+
+    /// Admits a request of `tenant` with estimated `cost` tokens: at once, after waiting in
+    /// the tenant's queue, or refused. Cancel-safe: dropping the future leaves the queue.
+    pub async fn acquire(self: &Arc<Self>, tenant: usize, cost: u64) -> Result<Permit, GateError> {
+        let (id, rx) = {
+            let mut i = self.lock();
+            let now = self.now_ns();
+            let upstream_free = i.upstream_inflight < i.upstream_max;
+            let t = &mut i.tenants[tenant];
+            if t.bucket.tokens(now) < 1.0 + t.queue.len() as f64 {
+                return Err(GateError::RateLimited {
+                    retry_after_s: (60.0 / t.rpm).ceil().max(1.0) as u64,
+                });
+            }
+            if t.queue.is_empty() && t.inflight < t.max_concurrent && upstream_free {
+                t.bucket.spend();
+                t.inflight += 1;
+                i.upstream_inflight += 1;
+                return Ok(Permit { gate: self.clone(), tenant });
+            }
+            if t.queue.len() >= t.queue_max {
+                return Err(GateError::QueueFull);
+            }
+            let (tx, rx) = oneshot::channel();
+            i.next_id += 1;
+            let id = i.next_id;
+            i.tenants[tenant].queue.push_back(Waiter { id, cost, tx });
+            self.publish_depth(&i, tenant);
+            (id, rx)
+        };
+        // The refill task recomputes its sleep: this waiter may need a bucket refill.
+        self.wake.notify_one();
+        let mut cancel = Cancel { gate: self, tenant, id, armed: true };
+        match rx.await {
+            Ok(()) => {
+                cancel.armed = false;
+                Ok(Permit { gate: self.clone(), tenant })
+            }
+            // The sender is only dropped by the gate itself when it goes away.
+            Err(_) => {
+                cancel.armed = false;
+                Err(GateError::QueueFull)
+            }
+        }
+    }
+
+    /// Dispatches waiters while the upstream has free slots.
+    fn pump(&self, i: &mut Inner) {
+        let now = self.now_ns();
+        // Bounded: each turn dispatches one waiter or stops.
+        while i.upstream_inflight < i.upstream_max {
+            let heads: Vec<Option<u64>> = i
+                .tenants
+                .iter_mut()
+                .map(|t| {
+                    let ok = t.inflight < t.max_concurrent && t.bucket.has_token(now);
+                    t.queue.front().filter(|_| ok).map(|w| w.cost)
+                })
+                .collect();
+            let mut picked = None;
+            for (tier, interactive) in [(0, true), (1, false)] {
+                let of_tier =
+                    |f: usize| heads[f].filter(|_| i.tenants[f].interactive == interactive);
+                if let Some(f) = i.drr[tier].pick(of_tier) {
+                    picked = Some((tier, f));
+                    break;
+                }
+            }
+            let Some((tier, f)) = picked else { break };
+            let Some(w) = i.tenants[f].queue.pop_front() else { break };
+            i.drr[tier].charge(f, w.cost);
+            let t = &mut i.tenants[f];
+            t.bucket.spend();
+            t.inflight += 1;
+            i.upstream_inflight += 1;
+            if w.tx.send(()).is_err() {
+                // Its request went away between the pick and now: undo.
+                let t = &mut i.tenants[f];
+                t.bucket.refund();
+                t.inflight -= 1;
+                i.upstream_inflight -= 1;
+            }
+            self.publish_depth(i, f);
+        }
+    }
+
+    /// Time until the earliest bucket refill a waiting head needs (`None`: none waits on
+    /// its bucket).
+    fn next_refill(&self, i: &mut Inner) -> Option<Duration> {
+        let now = self.now_ns();
+        i.tenants
+            .iter_mut()
+            .filter(|t| !t.queue.is_empty() && t.inflight < t.max_concurrent)
+            .filter_map(|t| t.bucket.next_token_ns(now).filter(|&at| at > now))
+            .min()
+            .map(|at| Duration::from_nanos(at.saturating_sub(now).max(1_000_000)))
+    }
+}

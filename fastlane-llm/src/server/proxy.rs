@@ -1,0 +1,349 @@
+//! `fastlane router`: the multi-tenant front end as a proxy before any OpenAI-compatible
+//! server (ours with `--policy fifo`, vLLM, SGLang, llama.cpp's server).
+//!
+//! Per request: the tenant from its bearer key (401), the body checked as JSON (400 naming
+//! what is wrong), admission through the [`Gate`] (429 / 503), then the request is sent
+//! upstream unchanged and the response streamed back frame by frame, never buffered. The
+//! slot is held until the response's last byte. TTFT is measured at the router: request
+//! arrival to the first body bytes written towards the client; inter-token latency is the
+//! gap between body frames (one SSE event each from our server and from vLLM's).
+//!
+//! The fence (`max_stream_seconds`) ends a stream with a final SSE error event and
+//! `data: [DONE]`, then drops the upstream response, which closes that upstream connection:
+//! the upstream server sees a disconnected client and aborts the request (ours within one
+//! step). A client that disconnects drops the response body here, with the same effect.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+
+use super::gate::{Gate, GateError, Permit};
+use super::{body_bytes, tenant_of_headers, ApiError, Metrics, Router, Tenants};
+
+/// Router settings.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// Base URL of the upstream, `http://HOST:PORT` (no TLS).
+    pub upstream: Uri,
+    /// Requests in flight at the upstream at most (the dispatch slots).
+    pub upstream_slots: usize,
+    /// Sent upstream as `Authorization: Bearer KEY` (the client's own key is not forwarded).
+    pub upstream_key: Option<String>,
+    /// Time to get the upstream's response headers; beyond, 504.
+    pub upstream_timeout: Duration,
+    /// DRR quantum, estimated tokens.
+    pub quantum_tokens: u64,
+}
+
+/// What the proxy's handlers share.
+pub struct ProxyState {
+    gate: Arc<Gate>,
+    tenants: Tenants,
+    metrics: Metrics,
+    client: Client<HttpConnector, Full<Bytes>>,
+    cfg: ProxyConfig,
+}
+
+impl std::fmt::Debug for ProxyState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyState").field("cfg", &self.cfg).field("gate", &self.gate).finish()
+    }
+}
+
+impl ProxyState {
+    /// The state; call inside a tokio runtime (the gate spawns its refill task).
+    pub fn new(cfg: ProxyConfig, tenants: Tenants, metrics: Metrics) -> Arc<ProxyState> {
+        let gate = Gate::new(
+            &tenants,
+            cfg.upstream_slots,
+            cfg.quantum_tokens,
+            Some(metrics.queue_depth.clone()),
+        );
+        let mut conn = HttpConnector::new();
+        conn.set_nodelay(true);
+        conn.set_connect_timeout(Some(cfg.upstream_timeout));
+        let client = Client::builder(TokioExecutor::new()).build(conn);
+        Arc::new(ProxyState { gate, tenants, metrics, client, cfg })
+    }
+
+    /// The gate (for tests and logs).
+    pub fn gate(&self) -> &Arc<Gate> {
+        &self.gate
+    }
+}
+
+/// The router's endpoints: the two generation endpoints gated and proxied, `/v1/models`
+/// proxied, `/health` and `/metrics` its own.
+pub fn router(state: Arc<ProxyState>) -> Router {
+    Router::new()
+        .route("/health", get(|| async { axum::Json(json!({"status": "ok"})) }))
+        .route("/metrics", get(metrics_text))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(generate))
+        .route("/v1/chat/completions", post(generate))
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "no such endpoint")
+        })
+        .with_state(state)
+}
+
+async fn metrics_text(State(st): State<Arc<ProxyState>>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], st.metrics.render_front())
+}
+
+fn upstream_uri(st: &ProxyState, path: &str) -> Result<Uri, ApiError> {
+    let base = st.cfg.upstream.to_string();
+    format!("{}{path}", base.trim_end_matches('/')).parse().map_err(|_| {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "bad upstream URL")
+    })
+}
+
+fn upstream_error(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(StatusCode::BAD_GATEWAY, "upstream_error", format!("upstream: {e}"))
+}
+
+async fn send(
+    st: &ProxyState,
+    method: axum::http::Method,
+    path: &str,
+    body: Bytes,
+) -> Result<Response<hyper::body::Incoming>, ApiError> {
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(upstream_uri(st, path)?)
+        .header(header::CONTENT_TYPE, "application/json");
+    if let Some(k) = &st.cfg.upstream_key {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {k}"));
+    }
+    let req = req.body(Full::new(body)).map_err(upstream_error)?;
+    match tokio::time::timeout(st.cfg.upstream_timeout, st.client.request(req)).await {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(e)) => Err(upstream_error(e)),
+        Err(_) => Err(ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream_error",
+            format!("upstream sent no response headers within {:?}", st.cfg.upstream_timeout),
+        )),
+    }
+}
+
+async fn models(State(st): State<Arc<ProxyState>>) -> Response {
+    match send(&st, axum::http::Method::GET, "/v1/models", Bytes::new()).await {
+        Ok(r) => {
+            let (parts, body) = r.into_parts();
+            Response::from_parts(parts, Body::new(body))
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A rough token count for DRR's cost: 4 bytes a token (the estimate only orders tenants).
+fn estimate_tokens(v: &Value) -> u64 {
+    let text_len = |v: &Value| -> usize {
+        match v {
+            Value::String(s) => s.len(),
+            Value::Array(a) => a.len() * 4,
+            _ => 0,
+        }
+    };
+    let prompt = match (v.get("prompt"), v.get("messages")) {
+        (Some(p), _) => text_len(p),
+        (None, Some(Value::Array(ms))) => {
+            ms.iter().map(|m| m.get("content").map_or(0, text_len)).sum()
+        }
+        _ => 0,
+    };
+    let max_tokens = v.get("max_tokens").and_then(Value::as_u64).unwrap_or(16);
+    (prompt as u64).div_ceil(4) + max_tokens
+}
+
+async fn generate(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
+    let arrived = Instant::now();
+    let path = req.uri().path().to_string();
+    let r = async {
+        let (headers, bytes) = body_bytes(req).await?;
+        let t = tenant_of_headers(&st.tenants, &st.metrics, &headers)?;
+        let tname = st.tenants.get(t).name.clone();
+        let v: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::bad(format!("request body: {e}")))?;
+        if !v.is_object() {
+            return Err(ApiError::bad("request body: a JSON object"));
+        }
+        match v.get("stream") {
+            None | Some(Value::Bool(_)) | Some(Value::Null) => {}
+            Some(_) => return Err(ApiError::bad("stream: a boolean")),
+        }
+        match v.get("max_tokens") {
+            None | Some(Value::Null) => {}
+            Some(m) if m.as_u64().is_some() => {}
+            Some(_) => return Err(ApiError::bad("max_tokens: a non-negative integer")),
+        }
+        let streaming = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
+        let permit = match st.gate.acquire(t, estimate_tokens(&v)).await {
+            Ok(p) => p,
+            Err(GateError::RateLimited { retry_after_s }) => {
+                st.metrics.requests.with_label_values(&[&tname, "rejected_rate"]).inc();
+                let mut e = ApiError::rate_limited(&tname, st.tenants.get(t).rpm);
+                e.retry_after_s = Some(retry_after_s);
+                return Err(e);
+            }
+            Err(GateError::QueueFull) => {
+                st.metrics.requests.with_label_values(&[&tname, "rejected_queue_full"]).inc();
+                return Err(ApiError::queue_full(&tname));
+            }
+        };
+        st.metrics.requests.with_label_values(&[&tname, "admitted"]).inc();
+        let upstream = match send(&st, axum::http::Method::POST, &path, bytes).await {
+            Ok(r) => r,
+            Err(e) => {
+                st.metrics.requests.with_label_values(&[&tname, "upstream_error"]).inc();
+                return Err(e);
+            }
+        };
+        let fence = st.tenants.get(t).max_stream_seconds.map(Duration::from_secs_f64);
+        Ok(relay(st.clone(), tname, arrived, fence, streaming, permit, upstream))
+    }
+    .await;
+    r.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// One relayed response: counts, the fence, the slot.
+struct Relay {
+    st: Arc<ProxyState>,
+    tenant: String,
+    arrived: Instant,
+    deadline: Option<Instant>,
+    streaming: bool,
+    ok: bool,
+    body: hyper::body::Incoming,
+    last: Option<Instant>,
+    ended: bool,
+    _permit: Permit,
+}
+
+impl Relay {
+    fn end(&mut self, outcome: &str) {
+        self.ended = true;
+        let m = &self.st.metrics;
+        m.e2e.with_label_values(&[&self.tenant]).observe(self.arrived.elapsed().as_secs_f64());
+        m.requests.with_label_values(&[&self.tenant, outcome]).inc();
+    }
+
+    /// The next bytes towards the client; `None` at the end.
+    async fn next(&mut self) -> Option<Result<Bytes, std::io::Error>> {
+        if self.ended {
+            return None;
+        }
+        // Bounded by the upstream body: each turn reads one frame.
+        loop {
+            let frame = match self.deadline {
+                None => self.body.frame().await,
+                Some(d) => match tokio::time::timeout_at(d.into(), self.body.frame()).await {
+                    Ok(f) => f,
+                    Err(_) => {
+                        self.end("fenced");
+                        let msg = if self.streaming {
+                            let e = json!({"error": {"message": "the stream ran past its tenant's max_stream_seconds",
+                                                     "type": "timeout_error", "code": "max_stream_seconds"}});
+                            format!("data: {e}\n\ndata: [DONE]\n\n")
+                        } else {
+                            String::new()
+                        };
+                        return Some(Ok(Bytes::from(msg)));
+                    }
+                },
+            };
+            match frame {
+                None => {
+                    self.end(if self.ok { "finished" } else { "upstream_error" });
+                    return None;
+                }
+                Some(Err(e)) => {
+                    self.end("upstream_error");
+                    return Some(Err(std::io::Error::other(e)));
+                }
+                Some(Ok(f)) => {
+                    let Ok(data) = f.into_data() else { continue };
+                    if data.is_empty() {
+                        continue;
+                    }
+                    if self.ok {
+                        let now = Instant::now();
+                        let m = &self.st.metrics;
+                        match self.last {
+                            None => m
+                                .ttft
+                                .with_label_values(&[&self.tenant])
+                                .observe(self.arrived.elapsed().as_secs_f64()),
+                            Some(l) => m
+                                .inter_token
+                                .with_label_values(&[&self.tenant])
+                                .observe(now.duration_since(l).as_secs_f64()),
+                        }
+                        self.last = Some(now);
+                    }
+                    return Some(Ok(data));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.st.metrics.streams_open.with_label_values(&[&self.tenant]).dec();
+        if !self.ended {
+            // The client went away first: dropping the upstream body closes that connection.
+            self.st.metrics.requests.with_label_values(&[&self.tenant, "aborted"]).inc();
+        }
+    }
+}
+
+fn relay(
+    st: Arc<ProxyState>,
+    tenant: String,
+    arrived: Instant,
+    fence: Option<Duration>,
+    streaming: bool,
+    permit: Permit,
+    upstream: Response<hyper::body::Incoming>,
+) -> Response {
+    let (parts, body) = upstream.into_parts();
+    st.metrics.streams_open.with_label_values(&[&tenant]).inc();
+    let relay = Relay {
+        ok: parts.status.is_success(),
+        st,
+        tenant,
+        arrived,
+        deadline: fence.map(|f| arrived + f),
+        streaming,
+        body,
+        last: None,
+        ended: false,
+        _permit: permit,
+    };
+    let stream =
+        futures_util::stream::unfold(relay, |mut r| async move { r.next().await.map(|b| (b, r)) });
+    let mut resp = Response::new(Body::from_stream(stream));
+    *resp.status_mut() = parts.status;
+    for name in [header::CONTENT_TYPE, header::CACHE_CONTROL] {
+        if let Some(v) = parts.headers.get(&name) {
+            resp.headers_mut().insert(name, v.clone());
+        }
+    }
+    if !resp.headers().contains_key(header::CONTENT_TYPE) {
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    }
+    resp
+}

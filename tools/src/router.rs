@@ -1,0 +1,76 @@
+//! `fastlane router`: the multi-tenant front end (tenants, token bucket, slots, DRR, fence,
+//! per-tenant TTFT in Prometheus) as a proxy before an OpenAI-compatible server.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use fastlane_llm::server::proxy::{self, ProxyConfig, ProxyState};
+use fastlane_llm::server::{Metrics, Tenants};
+
+/// Arguments of `fastlane router`.
+#[derive(Debug, Args)]
+pub struct RouterArgs {
+    /// The OpenAI-compatible server to protect, `http://HOST:PORT` (ours started with
+    /// `llm serve --policy fifo`, vLLM, SGLang, llama.cpp's server).
+    #[arg(long)]
+    upstream: String,
+    /// Tenants (TOML, as for `llm serve`): keys, rpm, burst, weight, max_concurrent, tier,
+    /// max_stream_seconds, queue. Without it every request is tenant `default`.
+    #[arg(long)]
+    tenants: Option<PathBuf>,
+    /// Address to listen on (port 0: any free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: std::net::SocketAddr,
+    /// Requests in flight at the upstream at most; when one ends, DRR picks the next.
+    #[arg(long, default_value_t = 64)]
+    upstream_slots: usize,
+    /// Key sent upstream as `Authorization: Bearer KEY` (clients' keys are not forwarded).
+    #[arg(long)]
+    upstream_key: Option<String>,
+    /// Seconds to connect and get the upstream's response headers (then 502/504).
+    #[arg(long, default_value_t = 30.0)]
+    upstream_timeout_seconds: f64,
+    /// DRR quantum in estimated tokens (prompt bytes / 4 + max_tokens).
+    #[arg(long, default_value_t = 256)]
+    quantum_tokens: u64,
+    #[command(flatten)]
+    http: crate::llm::HttpArgs,
+}
+
+/// Runs the router until SIGTERM/SIGINT.
+pub fn run(a: &RouterArgs) -> Result<()> {
+    crate::logging::init();
+    let upstream: fastlane_llm::server::Uri =
+        a.upstream.parse().with_context(|| format!("--upstream {:?}", a.upstream))?;
+    if upstream.scheme_str() != Some("http") || upstream.host().is_none() {
+        bail!("--upstream: http://HOST:PORT (no TLS)");
+    }
+    if !(a.upstream_timeout_seconds.is_finite() && a.upstream_timeout_seconds > 0.0) {
+        bail!("--upstream-timeout-seconds must be positive");
+    }
+    if a.upstream_slots == 0 {
+        bail!("--upstream-slots must be at least 1");
+    }
+    let tenants = match &a.tenants {
+        Some(p) => Tenants::load(p)?,
+        None => Tenants::open(),
+    };
+    let cfg = ProxyConfig {
+        upstream,
+        upstream_slots: a.upstream_slots,
+        upstream_key: a.upstream_key.clone(),
+        upstream_timeout: Duration::from_secs_f64(a.upstream_timeout_seconds),
+        quantum_tokens: a.quantum_tokens.max(1),
+    };
+    let what = format!(
+        "routing to {} ({} tenants, {} upstream slots)",
+        a.upstream,
+        tenants.entries().len(),
+        a.upstream_slots
+    );
+    a.http.run_with(a.listen, &what, move || {
+        proxy::router(ProxyState::new(cfg, tenants, Metrics::new()))
+    })
+}
