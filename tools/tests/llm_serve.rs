@@ -4,8 +4,8 @@
 //! SIGTERM's drain. The server picks a free port (`--listen 127.0.0.1:0`) and is stopped by
 //! the test; every wait is bounded.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::io::{Read, Write};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const TENANTS: &str = r#"
@@ -28,6 +28,15 @@ tier = "batch"
 queue = 0
 
 [[tenant]]
+name = "slot"
+keys = ["key-slot"]
+rpm = 6000
+burst = 100
+max_concurrent = 1
+tier = "batch"
+queue = 0
+
+[[tenant]]
 name = "fenced"
 keys = ["key-fenced"]
 rpm = 6000
@@ -37,91 +46,35 @@ tier = "batch"
 max_stream_seconds = 1
 "#;
 
-struct Server {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
+mod common;
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use common::http::{curl, json_body, Server};
 
-fn start() -> Server {
+fn start() -> (Server, tempfile::TempDir) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let tenants = dir.path().join("tenants.toml");
     std::fs::write(&tenants, TENANTS).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fastlane"))
-        .args(["llm", "serve", "--listen", "127.0.0.1:0", "--drain-seconds", "5", "--tenants"])
-        .arg(&tenants)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start fastlane llm serve");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .expect("the server prints its address")
-        .to_string();
-    Server { child, url, _dir: dir }
-}
-
-/// curl: returns (status, headers + body).
-fn curl(args: &[&str]) -> (u16, String) {
-    let out = Command::new("curl")
-        .args(["-s", "-i", "--max-time", "60"])
-        .args(args)
-        .output()
-        .expect("curl runs (CI installs it)");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, text)
+    (Server::llm(&tenants, &["--drain-seconds", "5", "--header-timeout-seconds", "1"]), dir)
 }
 
 fn post(s: &Server, path: &str, key: &str, body: &str) -> (u16, String) {
-    let auth = format!("Authorization: Bearer {key}");
-    curl(&[
-        "-H",
-        &auth,
-        "-H",
-        "Content-Type: application/json",
-        "-d",
-        body,
-        &format!("{}{path}", s.url),
-    ])
-}
-
-fn json_body(text: &str) -> serde_json::Value {
-    let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+    s.post(path, key, body)
 }
 
 fn metric(s: &Server, name_and_labels: &str) -> f64 {
-    let (_, text) = curl(&[&format!("{}/metrics", s.url)]);
-    text.lines()
-        .find(|l| l.starts_with(name_and_labels))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+    s.metric(name_and_labels)
 }
 
 /// Waits (at most 10 s) until no KV block is in use.
 fn blocks_come_back(s: &Server) {
-    let t0 = Instant::now();
-    while metric(s, "fastlane_llm_kv_blocks{state=\"used\"}") > 0.0 {
-        assert!(t0.elapsed() < Duration::from_secs(10), "KV blocks still in use after 10 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    s.wait_metric("fastlane_llm_kv_blocks{state=\"used\"}", 10, "KV blocks still in use", |v| {
+        v == 0.0
+    });
 }
 
 #[test]
 fn openai_endpoints_tenants_fence_disconnect_and_drain() {
-    let s = start();
+    let (s, _dir) = start();
     let (st, text) = curl(&[&format!("{}/health", s.url)]);
     assert_eq!(st, 200, "{text}");
     let models = json_body(&curl(&[&format!("{}/v1/models", s.url)]).1);
@@ -199,6 +152,34 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
         post(&s, "/v1/completions", "key-tight", r#"{"prompt": "x", "max_tokens": 2}"#);
     assert_eq!(st, 429, "{text}");
     assert!(text.to_ascii_lowercase().contains("retry-after: 60"), "{text}");
+    assert_eq!(json_body(&text)["error"]["code"], "rate_limit_exceeded");
+    assert!(
+        metric(&s, "fastlane_llm_requests_total{outcome=\"rejected_rate\",tenant=\"tight\"}")
+            >= 1.0
+    );
+
+    // The one-slot tenant: while its stream runs, a second request finds the slot busy and
+    // its queue (0) full: 503, not 429 (its bucket has tokens).
+    let mut long = std::net::TcpStream::connect(s.addr()).unwrap();
+    let body = r#"{"prompt": "x", "max_tokens": 2000, "stream": true, "ignore_eos": true}"#;
+    write!(
+        long,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-slot\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut first = [0u8; 64];
+    let n = long.read(&mut first).unwrap();
+    assert!(
+        String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"),
+        "the long stream started"
+    );
+    let (st, text) = post(&s, "/v1/completions", "key-slot", r#"{"prompt": "x", "max_tokens": 2}"#);
+    assert_eq!(st, 503, "{text}");
+    assert_eq!(json_body(&text)["error"]["code"], "queue_full");
+    assert!(text.to_ascii_lowercase().contains("retry-after: 1"), "{text}");
+    drop(long);
+    blocks_come_back(&s);
 
     // The fence: a 1-second tenant's long stream ends with an error event, and its blocks
     // come back.
@@ -236,22 +217,74 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
     assert!(metric(&s, "fastlane_llm_ttft_seconds_count{tenant=\"quiet\"}") >= 3.0);
     assert!(metric(&s, "fastlane_llm_engine_steps_total") > 0.0);
 
-    // SIGTERM: the server drains and exits 0.
+    // SIGTERM with a stream in flight: new connections are refused, the stream runs to its
+    // [DONE], and the server exits 0.
     let mut s = s;
-    unsafe_free_sigterm(s.child.id());
+    let mut running = std::net::TcpStream::connect(s.addr()).unwrap();
+    let body = r#"{"prompt": "x", "max_tokens": 300, "stream": true, "ignore_eos": true}"#;
+    write!(
+        running,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-quiet\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut got = vec![0u8; 256];
+    let n = running.read(&mut got).unwrap();
+    got.truncate(n);
+    s.sigterm();
     let t0 = Instant::now();
-    loop {
-        if let Some(status) = s.child.try_wait().unwrap() {
-            assert!(status.success(), "exit status {status:?}");
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(15), "no exit 15 s after SIGTERM");
-        std::thread::sleep(Duration::from_millis(100));
+    while std::net::TcpStream::connect(s.addr()).is_ok() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "still accepting 5 s after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
     }
+    running.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    running.read_to_end(&mut got).unwrap();
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.contains("data: [DONE]"), "the stream in flight finished: {got}");
+    assert!(got.contains("\"completion_tokens\":300"), "all 300 tokens: {got}");
+    let status = s.wait_exit(15);
+    assert!(status.success(), "exit status {status:?}");
 }
 
-/// `kill -TERM PID` (the kill(1) command: no unsafe code in the test).
-fn unsafe_free_sigterm(pid: u32) {
-    let st = Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
-    assert!(st.success());
+#[test]
+fn a_client_that_trickles_its_headers_is_cut_off() {
+    let (s, _dir) = start();
+    let mut c = std::net::TcpStream::connect(s.addr()).unwrap();
+    c.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let t0 = Instant::now();
+    // One byte every 200 ms: the 1-second header timeout ends the connection long before
+    // the headers could end.
+    let mut closed = false;
+    for b in
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-quiet\r\n".iter()
+    {
+        if c.write_all(&[*b]).is_err() {
+            closed = true;
+            break;
+        }
+        let mut buf = [0u8; 256];
+        match c.read(&mut buf) {
+            Ok(0) => {
+                closed = true;
+                break;
+            }
+            Ok(_) => {
+                closed = true; // hyper answers 408 and closes
+                break;
+            }
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => {
+                closed = true;
+                break;
+            }
+        }
+    }
+    let took = t0.elapsed();
+    assert!(closed, "the server kept a trickling client for {took:?}");
+    assert!(took < Duration::from_secs(4), "cut off after {took:?} (timeout 1 s)");
+    // The server still serves.
+    let (st, _) = curl(&[&format!("{}/health", s.url)]);
+    assert_eq!(st, 200);
 }

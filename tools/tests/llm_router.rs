@@ -1,0 +1,272 @@
+//! `fastlane router` end to end: a real `fastlane llm serve --policy fifo` upstream (no gate
+//! of its own), the router in front, curl and raw sockets as clients on loopback. Covers the
+//! passthrough (same token ids as direct), 401/400/429/503, the slot held to the last token,
+//! DRR ordering of dispatch, the fence and a client that goes away (both abort the upstream
+//! request and free its KV blocks), the upstream being down (502), metrics and the drain.
+
+mod common;
+
+use std::io::{Read, Write};
+
+use std::time::{Duration, Instant};
+
+use common::http::{curl, json_body, token_ids, Server};
+
+const TENANTS: &str = r#"
+[[tenant]]
+name = "quiet"
+keys = ["key-quiet"]
+rpm = 6000
+burst = 100
+max_concurrent = 4
+tier = "interactive"
+
+[[tenant]]
+name = "flood"
+keys = ["key-flood"]
+rpm = 6000
+burst = 100
+max_concurrent = 16
+tier = "batch"
+queue = 32
+
+[[tenant]]
+name = "tight"
+keys = ["key-tight"]
+rpm = 1
+burst = 1
+max_concurrent = 1
+tier = "batch"
+
+[[tenant]]
+name = "slot"
+keys = ["key-slot"]
+rpm = 6000
+burst = 100
+max_concurrent = 1
+tier = "batch"
+queue = 1
+
+[[tenant]]
+name = "fenced"
+keys = ["key-fenced"]
+rpm = 6000
+burst = 100
+max_concurrent = 2
+tier = "batch"
+max_stream_seconds = 1
+"#;
+
+struct Pair {
+    upstream: Server,
+    router: Server,
+    _dir: tempfile::TempDir,
+}
+
+fn start(slots: &str) -> Pair {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let tenants = dir.path().join("tenants.toml");
+    std::fs::write(&tenants, TENANTS).unwrap();
+    let upstream = Server::start(&["llm", "serve", "--listen", "127.0.0.1:0", "--policy", "fifo"]);
+    let router = Server::start(&[
+        "router",
+        "--upstream",
+        &upstream.url,
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream-slots",
+        slots,
+        "--drain-seconds",
+        "10",
+        "--tenants",
+        tenants.to_str().unwrap(),
+    ]);
+    Pair { upstream, router, _dir: dir }
+}
+
+/// A raw streamed request; returns the socket after the response's first bytes arrived.
+fn open_stream(addr: &str, key: &str, max_tokens: u32) -> std::net::TcpStream {
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    let body = format!(
+        r#"{{"prompt": "x", "max_tokens": {max_tokens}, "stream": true, "ignore_eos": true}}"#
+    );
+    write!(
+        c,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    c
+}
+
+fn read_all(c: std::net::TcpStream) -> String {
+    common::http::read_response(c)
+}
+
+fn used_blocks_return_to_zero(s: &Server) {
+    s.wait_metric("fastlane_llm_kv_blocks{state=\"used\"}", 10, "upstream KV blocks in use", |v| {
+        v == 0.0
+    });
+}
+
+#[test]
+fn router_passes_through_and_enforces_the_tenants() {
+    let p = start("64");
+    let (r, u) = (&p.router, &p.upstream);
+    let (st, _) = curl(&[&format!("{}/health", r.url)]);
+    assert_eq!(st, 200);
+    assert_eq!(
+        json_body(&curl(&[&format!("{}/v1/models", r.url)]).1)["data"][0]["id"],
+        "random:tiny"
+    );
+
+    // The same greedy tokens through the router as directly, streamed and not.
+    let body = r#"{"prompt": "hello world", "max_tokens": 10, "temperature": 0, "return_token_ids": true}"#;
+    let direct = token_ids(&u.post("/v1/completions", "any", body).1);
+    assert_eq!(direct.len(), 10);
+    let (st, text) = r.post("/v1/completions", "key-quiet", body);
+    assert_eq!(st, 200, "{text}");
+    assert_eq!(token_ids(&text), direct);
+    let sbody = r#"{"prompt": "hello world", "max_tokens": 10, "temperature": 0, "return_token_ids": true, "stream": true}"#;
+    let (st, text) = r.post("/v1/completions", "key-quiet", sbody);
+    assert_eq!(st, 200);
+    assert!(
+        text.contains("text/event-stream") && text.trim_end().ends_with("data: [DONE]"),
+        "{text}"
+    );
+    assert_eq!(token_ids(&text), direct);
+    let chat = r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}"#;
+    let (st, text) = r.post("/v1/chat/completions", "key-quiet", chat);
+    assert_eq!((st, json_body(&text)["object"].as_str()), (200, Some("chat.completion")));
+
+    // Errors at the router, OpenAI-shaped.
+    let (st, text) = r.post("/v1/completions", "nobody", r#"{"prompt": "x"}"#);
+    assert_eq!((st, json_body(&text)["error"]["code"].as_str()), (401, Some("invalid_api_key")));
+    let (st, _) = r.post("/v1/completions", "key-quiet", "{not json");
+    assert_eq!(st, 400);
+    let (st, text) = r.post("/v1/completions", "key-quiet", r#"{"prompt": "x", "stream": "yes"}"#);
+    assert_eq!(st, 400);
+    assert!(json_body(&text)["error"]["message"].as_str().unwrap().contains("stream"));
+    // The upstream's own 400s pass through.
+    let (st, text) = r.post("/v1/completions", "key-quiet", r#"{"prompt": "x", "temprature": 1}"#);
+    assert_eq!(st, 400, "{text}");
+    // Bucket of one: 200 then 429 with Retry-After of one refill (60 s at 1 rpm).
+    let small = r#"{"prompt": "x", "max_tokens": 2}"#;
+    assert_eq!(r.post("/v1/completions", "key-tight", small).0, 200);
+    let (st, text) = r.post("/v1/completions", "key-tight", small);
+    assert_eq!(st, 429, "{text}");
+    assert!(text.to_ascii_lowercase().contains("retry-after: 60"), "{text}");
+
+    // One slot, queue of one: a long stream holds the slot to its last token; a second
+    // request waits for it (and starts only after the first's [DONE]); a third finds the
+    // queue full: 503.
+    let long = open_stream(r.addr(), "key-slot", 1000);
+    r.wait_metric("fastlane_llm_streams_open{tenant=\"slot\"}", 10, "long stream open", |v| {
+        v == 1.0
+    });
+    let waiting = open_stream(r.addr(), "key-slot", 2);
+    r.wait_metric("fastlane_llm_queue_depth{tenant=\"slot\"}", 10, "second request queued", |v| {
+        v == 1.0
+    });
+    let (st, text) = r.post("/v1/completions", "key-slot", small);
+    assert_eq!(st, 503, "{text}");
+    assert_eq!(json_body(&text)["error"]["code"], "queue_full");
+    let long_done = std::thread::spawn(move || {
+        let t = read_all(long);
+        (t, Instant::now())
+    });
+    let waited = read_all(waiting);
+    let second_done = Instant::now();
+    let (long_text, long_end) = long_done.join().unwrap();
+    assert!(long_text.contains("\"completion_tokens\":1000"), "{long_text}");
+    assert!(waited.contains("data: [DONE]"), "{waited}");
+    assert!(long_end <= second_done, "the slot was held until the long stream's last token");
+
+    // The fence: a 1-second tenant's long stream ends with an error event and [DONE]; the
+    // upstream request is aborted and its blocks come back.
+    let aborted = u.metric("fastlane_llm_requests_total{outcome=\"aborted\",tenant=\"default\"}");
+    let t0 = Instant::now();
+    let text = read_all(open_stream(r.addr(), "key-fenced", 3000));
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    assert!(
+        text.contains("max_stream_seconds") && text.trim_end().ends_with("data: [DONE]"),
+        "{text}"
+    );
+    used_blocks_return_to_zero(u);
+    u.wait_metric(
+        "fastlane_llm_requests_total{outcome=\"aborted\",tenant=\"default\"}",
+        10,
+        "the upstream aborted the fenced request",
+        |v| v >= aborted + 1.0,
+    );
+    assert!(r.metric("fastlane_llm_requests_total{outcome=\"fenced\",tenant=\"fenced\"}") >= 1.0);
+
+    // A client that leaves mid-stream: the upstream request is aborted, blocks come back,
+    // the router's slot is free again.
+    let mut c = open_stream(r.addr(), "key-quiet", 3000);
+    let mut buf = [0u8; 512];
+    assert!(c.read(&mut buf).unwrap() > 0);
+    drop(c);
+    used_blocks_return_to_zero(u);
+    u.wait_metric(
+        "fastlane_llm_requests_total{outcome=\"aborted\",tenant=\"default\"}",
+        10,
+        "the upstream aborted the abandoned request",
+        |v| v >= aborted + 2.0,
+    );
+    r.wait_metric("fastlane_llm_streams_open{tenant=\"quiet\"}", 10, "router slot freed", |v| {
+        v == 0.0
+    });
+
+    // Metrics at the router: per-tenant TTFT measured there.
+    assert!(r.metric("fastlane_llm_ttft_seconds_count{tenant=\"quiet\"}") >= 3.0);
+    assert!(
+        r.metric("fastlane_llm_requests_total{outcome=\"rejected_queue_full\",tenant=\"slot\"}")
+            >= 1.0
+    );
+}
+
+#[test]
+fn router_dispatches_by_drr_and_survives_its_upstream() {
+    // One upstream slot: ten flood requests queue at the router, then one quiet request;
+    // DRR (interactive first) sends the quiet one next, not after the whole flood.
+    let mut p = start("1");
+    let r_addr = p.router.addr().to_string();
+    let first = open_stream(&r_addr, "key-flood", 2000);
+    p.router.wait_metric("fastlane_llm_streams_open{tenant=\"flood\"}", 10, "flood running", |v| {
+        v == 1.0
+    });
+    let floods: Vec<_> = (0..10).map(|_| open_stream(&r_addr, "key-flood", 100)).collect();
+    p.router.wait_metric("fastlane_llm_queue_depth{tenant=\"flood\"}", 10, "flood queued", |v| {
+        v == 10.0
+    });
+    let quiet = open_stream(&r_addr, "key-quiet", 4);
+    let quiet_done = std::thread::spawn(move || (read_all(quiet), Instant::now()));
+    let mut flood_ends = Vec::new();
+    let mut handles = vec![std::thread::spawn(move || (read_all(first), Instant::now()))];
+    handles.extend(
+        floods.into_iter().map(|c| std::thread::spawn(move || (read_all(c), Instant::now()))),
+    );
+    for h in handles {
+        let (t, at) = h.join().unwrap();
+        assert!(t.contains("data: [DONE]"), "{t}");
+        flood_ends.push(at);
+    }
+    let (qt, q_end) = quiet_done.join().unwrap();
+    assert!(qt.contains("data: [DONE]"), "{qt}");
+    let floods_before = flood_ends.iter().filter(|&&e| e < q_end).count();
+    assert!(floods_before <= 2, "quiet finished after {floods_before} flood requests, not next");
+
+    // The upstream goes away: 502, and the router keeps serving its own endpoints.
+    let _ = p.upstream.child.kill();
+    let _ = p.upstream.child.wait();
+    let (st, text) =
+        p.router.post("/v1/completions", "key-quiet", r#"{"prompt": "x", "max_tokens": 2}"#);
+    assert_eq!(st, 502, "{text}");
+    assert_eq!(curl(&[&format!("{}/health", p.router.url)]).0, 200);
+
+    // SIGTERM: exits 0.
+    p.router.sigterm();
+    let status = p.router.wait_exit(15);
+    assert!(status.success(), "{status:?}");
+}
