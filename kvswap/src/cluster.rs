@@ -62,7 +62,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use redis::cluster::{ClusterClient, ClusterConnection, ClusterPipeline};
-use redis::{RedisWrite, ToRedisArgs, Value};
+use redis::{Cmd, RedisError, RedisWrite, ToRedisArgs, Value};
 
 use crate::cas::BlockKey;
 
@@ -297,10 +297,24 @@ impl ToRedisArgs for ValueArg<'_> {
     }
 }
 
+/// The answer to one command of a batch.
+#[derive(Debug)]
+enum Reply {
+    /// What the server answered.
+    Value(Value),
+    /// The server refused this command alone (e.g. `WRONGTYPE`: the key holds a list).
+    Refused,
+    /// No answer (the connection failed, or the call's time ran out).
+    Failed,
+}
+
 struct Job {
     pipe: ClusterPipeline,
+    /// The same commands one by one, for a batch that may be retried command by command
+    /// when the server refused one of them (small commands only: GET, EXISTS).
+    singles: Option<Vec<Cmd>>,
     deadline: Instant,
-    reply: SyncSender<Result<Vec<Value>, ClusterTierError>>,
+    reply: SyncSender<Result<Vec<Reply>, ClusterTierError>>,
 }
 
 /// A Redis Cluster as a tier of content-addressed blocks (see the module doc).
@@ -390,7 +404,7 @@ impl ClusterTier {
                 pipe.arg("PX").arg(ttl.as_millis() as u64);
             }
         }
-        let replies = self.call(pipe)?;
+        let replies = self.call(pipe, None)?;
         if replies.len() != items.len() {
             add(&self.counters.errors, 1);
             return Err(ClusterTierError::BadReply {
@@ -399,8 +413,8 @@ impl ClusterTier {
         }
         for r in &replies {
             let ok = match r {
-                Value::Okay => true,
-                Value::SimpleString(s) => s == "OK",
+                Reply::Value(Value::Okay) => true,
+                Reply::Value(Value::SimpleString(s)) => s == "OK",
                 _ => false,
             };
             if !ok {
@@ -427,11 +441,8 @@ impl ClusterTier {
         }
         let n = keys.len() as u64;
         add(&self.counters.gets, n);
-        let mut pipe = ClusterPipeline::with_capacity(keys.len());
-        for key in keys {
-            pipe.cmd("GET").arg(self.redis_key(key));
-        }
-        let replies = match self.call(pipe) {
+        let (pipe, singles) = self.small_batch("GET", keys);
+        let replies = match self.call(pipe, Some(singles)) {
             Ok(r) if r.len() == keys.len() => r,
             Ok(r) => {
                 log::warn!("kvswap cluster: {} replies to {} GETs", r.len(), keys.len());
@@ -444,11 +455,18 @@ impl ClusterTier {
                 return vec![BlockGet::Miss(MissReason::Error); keys.len()];
             }
         };
+        if replies.iter().any(|r| matches!(r, Reply::Failed)) {
+            add(&self.counters.errors, 1);
+        }
         let mut result = Vec::with_capacity(keys.len());
         for ((key, buf), reply) in keys.iter().zip(out.iter_mut()).zip(replies) {
             let outcome = match reply {
-                Value::Nil => BlockGet::Miss(MissReason::Absent),
-                Value::BulkString(value) => {
+                Reply::Failed => {
+                    // Counted as an error once per call, by `call` or just above.
+                    BlockGet::Miss(MissReason::Error)
+                }
+                Reply::Value(Value::Nil) => BlockGet::Miss(MissReason::Absent),
+                Reply::Value(Value::BulkString(value)) => {
                     add(&self.counters.bytes_in, value.len() as u64);
                     match check_value(key, &value, buf.len()) {
                         Some(payload) => {
@@ -461,8 +479,8 @@ impl ClusterTier {
                         }
                     }
                 }
-                // A key holding another type, or an odd reply: not a block of ours.
-                _ => {
+                // A key holding another type (refused), or an odd reply: not a block of ours.
+                Reply::Refused | Reply::Value(_) => {
                     add(&self.counters.integrity_misses, 1);
                     BlockGet::Miss(MissReason::Integrity)
                 }
@@ -483,14 +501,12 @@ impl ClusterTier {
         if keys.is_empty() {
             return Vec::new();
         }
-        let mut pipe = ClusterPipeline::with_capacity(keys.len());
-        for key in keys {
-            pipe.cmd("EXISTS").arg(self.redis_key(key));
-        }
-        match self.call(pipe) {
-            Ok(r) if r.len() == keys.len() => {
-                r.iter().map(|v| matches!(v, Value::Int(1) | Value::Boolean(true))).collect()
-            }
+        let (pipe, singles) = self.small_batch("EXISTS", keys);
+        match self.call(pipe, Some(singles)) {
+            Ok(r) if r.len() == keys.len() => r
+                .iter()
+                .map(|v| matches!(v, Reply::Value(Value::Int(1) | Value::Boolean(true))))
+                .collect(),
             Ok(_) => {
                 add(&self.counters.errors, 1);
                 vec![false; keys.len()]
@@ -516,11 +532,28 @@ impl ClusterTier {
         }
     }
 
-    /// Runs `pipe` on the worker, waiting at most the timeout. Errors are counted here.
-    fn call(&self, pipe: ClusterPipeline) -> Result<Vec<Value>, ClusterTierError> {
+    /// `op key` for every key, as one pipeline and as single commands.
+    fn small_batch(&self, op: &str, keys: &[BlockKey]) -> (ClusterPipeline, Vec<Cmd>) {
+        let mut pipe = ClusterPipeline::with_capacity(keys.len());
+        let mut singles = Vec::with_capacity(keys.len());
+        for key in keys {
+            let mut c = redis::cmd(op);
+            c.arg(self.redis_key(key));
+            singles.push(c.clone());
+            pipe.add_command(c);
+        }
+        (pipe, singles)
+    }
+
+    /// Runs `pipe` on the worker, waiting at most the timeout. Failed calls are counted here.
+    fn call(
+        &self,
+        pipe: ClusterPipeline,
+        singles: Option<Vec<Cmd>>,
+    ) -> Result<Vec<Reply>, ClusterTierError> {
         let deadline = Instant::now() + self.cfg.timeout;
         let (reply, rx) = mpsc::sync_channel(1);
-        let r = match self.jobs.try_send(Job { pipe, deadline, reply }) {
+        let r = match self.jobs.try_send(Job { pipe, singles, deadline, reply }) {
             Ok(()) => match rx.recv_timeout(self.cfg.timeout) {
                 Ok(r) => r,
                 Err(RecvTimeoutError::Timeout) => {
@@ -557,17 +590,13 @@ impl Worker {
             if Instant::now() >= job.deadline {
                 continue; // its caller has given up already
             }
-            let r = self.execute(&job.pipe, job.deadline);
+            let r = self.execute(&job);
             // The caller may have timed out meanwhile; then nobody wants the answer.
             let _ = job.reply.try_send(r);
         }
     }
 
-    fn execute(
-        &mut self,
-        pipe: &ClusterPipeline,
-        deadline: Instant,
-    ) -> Result<Vec<Value>, ClusterTierError> {
+    fn execute(&mut self, job: &Job) -> Result<Vec<Reply>, ClusterTierError> {
         let now = Instant::now();
         if self.conn.is_none() {
             if now < self.next_connect {
@@ -586,25 +615,64 @@ impl Worker {
         let Some(conn) = self.conn.as_mut() else {
             return Err(ClusterTierError::Connect { detail: "no connection".to_string() });
         };
-        // Per-node reads and writes get no more than what is left of the call.
-        let left = deadline.saturating_duration_since(Instant::now());
-        let io = self.cfg.response_timeout.min(left).max(Duration::from_millis(1));
-        if conn.set_read_timeout(Some(io)).is_err() || conn.set_write_timeout(Some(io)).is_err() {
+        if !set_io_timeouts(conn, &self.cfg, job.deadline) {
             self.conn = None;
             return Err(ClusterTierError::Connect {
                 detail: "setting socket timeouts".to_string(),
             });
         }
-        match pipe.query::<Vec<Value>>(conn) {
-            Ok(v) => Ok(v),
-            Err(e) => {
-                // A fresh connection (and slot map) on the next call: the sync client does
-                // not always drop a dead node's connection or refresh after a failover.
-                self.conn = None;
-                Err(ClusterTierError::Redis { detail: e.to_string() })
+        let e = match job.pipe.query::<Vec<Value>>(conn) {
+            Ok(v) => return Ok(v.into_iter().map(Reply::Value).collect()),
+            Err(e) => e,
+        };
+        if connection_broken(&e) {
+            // A fresh connection (and slot map) on the next call: the sync client does not
+            // always drop a dead node's connection or refresh its slots after a failover.
+            self.conn = None;
+            return Err(ClusterTierError::Redis { detail: e.to_string() });
+        }
+        // The server refused a command of the batch (all replies were read, the connection
+        // is in step). Small commands are retried one by one, so one key holding something
+        // else fails only itself.
+        let Some(singles) = &job.singles else {
+            return Err(ClusterTierError::Redis { detail: e.to_string() });
+        };
+        let mut out = Vec::with_capacity(singles.len());
+        for c in singles {
+            if Instant::now() >= job.deadline || !set_io_timeouts(conn, &self.cfg, job.deadline) {
+                out.push(Reply::Failed);
+                continue;
+            }
+            match c.query::<Value>(conn) {
+                Ok(v) => out.push(Reply::Value(v)),
+                Err(e) if connection_broken(&e) => {
+                    self.conn = None;
+                    out.resize_with(singles.len(), || Reply::Failed);
+                    break;
+                }
+                Err(_) => out.push(Reply::Refused),
             }
         }
+        Ok(out)
     }
+}
+
+/// Whether `e` leaves the connection or the slot map unusable (as opposed to the server
+/// refusing one command).
+fn connection_broken(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_cluster_error()
+        || e.is_unrecoverable_error()
+        || !matches!(e.kind(), redis::ErrorKind::Server(_) | redis::ErrorKind::Extension)
+}
+
+/// Per-node reads and writes get no more than what is left of the call.
+fn set_io_timeouts(conn: &ClusterConnection, cfg: &ClusterTierConfig, deadline: Instant) -> bool {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let io = cfg.response_timeout.min(left).max(Duration::from_millis(1));
+    conn.set_read_timeout(Some(io)).is_ok() && conn.set_write_timeout(Some(io)).is_ok()
 }
 
 #[cfg(test)]
