@@ -319,3 +319,52 @@ fn whole_cluster_down_means_misses_and_errors_within_the_timeout() {
     }
     assert!(t.elapsed() < Duration::from_secs(5), "connect took {:?}", t.elapsed());
 }
+
+#[test]
+fn hung_primary_costs_at_most_the_timeout() {
+    let cluster = start();
+    let timeout = Duration::from_millis(300);
+    let tier = ClusterTier::connect(&cluster.urls(), cfg("hang", 300)).unwrap();
+    let ks = keys(7, 12);
+    let data: Vec<Vec<u8>> = ks.iter().map(block).collect();
+    put_all(&tier, &ks, &data).unwrap();
+    let victim =
+        cluster.primary_for_slot(cluster.key_slot(&tier.redis_key(&ks[0])).unwrap()).unwrap();
+
+    // SIGSTOP: the node's socket stays open and says nothing; only timeouts end a call.
+    assert!(cluster.pause(victim));
+    let mut timed_out = 0;
+    for round in 0..4 {
+        let t = Instant::now();
+        let (r, bufs) = get_all(&tier, &ks);
+        let took = t.elapsed();
+        assert!(took <= timeout + MARGIN, "get {round} took {took:?}");
+        for i in 0..ks.len() {
+            assert!(r[i] != BlockGet::Hit || bufs[i] == data[i], "block {i}");
+        }
+        if r[0] == BlockGet::Miss(MissReason::Error) {
+            timed_out += 1;
+        }
+        let t = Instant::now();
+        let _ = put_all(&tier, &ks[..2], &data[..2]);
+        assert!(t.elapsed() <= timeout + MARGIN, "put {round} took {:?}", t.elapsed());
+    }
+    assert!(cluster.resume(victim));
+    assert!(timed_out > 0, "a hung primary never made a get miss");
+    assert!(tier.stats().errors > 0);
+
+    // Back to normal (the node may have been failed over meanwhile and rejoined as a
+    // replica): within a bounded number of tries every block reads back.
+    cluster.wait_healthy(Duration::from_secs(20)).unwrap_or_else(|e| panic!("{e}"));
+    let mut all = false;
+    for _ in 0..30 {
+        let (r, bufs) = get_all(&tier, &ks[1..]);
+        if r.iter().all(|x| x.is_hit()) {
+            assert!(bufs.iter().zip(&data[1..]).all(|(b, d)| b == d));
+            all = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(all, "reads did not recover after the node came back: {:?}", tier.stats());
+}

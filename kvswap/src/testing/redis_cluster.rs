@@ -436,6 +436,35 @@ impl RedisCluster {
         Ok(())
     }
 
+    /// Freezes node `i` with SIGSTOP: its sockets stay open but nothing answers (a hung
+    /// node, unlike a killed one whose port refuses at once). Returns whether it was running.
+    pub fn pause(&self, i: usize) -> bool {
+        self.signal(i, libc::SIGSTOP)
+    }
+
+    /// Lets a [`pause`](Self::pause)d node run again.
+    pub fn resume(&self, i: usize) -> bool {
+        self.signal(i, libc::SIGCONT)
+    }
+
+    fn signal(&self, i: usize, sig: libc::c_int) -> bool {
+        let Some(child) = self.nodes[i].child.as_ref() else {
+            return false;
+        };
+        let Ok(pid) = libc::pid_t::try_from(child.id()) else {
+            return false;
+        };
+        // SAFETY: kill(2) touches no memory of ours; `pid` is our child, not yet reaped (we
+        // hold its `Child` and reap only in `kill`), so the pid cannot have been reused.
+        unsafe { libc::kill(pid, sig) == 0 }
+    }
+
+    /// Waits until every running node reports `cluster_state:ok` and every running replica's
+    /// link to its primary is up (after a [`resume`](Self::resume), say).
+    pub fn wait_healthy(&self, limit: Duration) -> Result<(), RedisHarnessError> {
+        self.wait_ready(limit)
+    }
+
     /// Kills every node.
     pub fn stop_all(&mut self) {
         for i in 0..self.nodes.len() {
