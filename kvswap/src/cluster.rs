@@ -317,7 +317,9 @@ struct Job {
     reply: SyncSender<Result<Vec<Reply>, ClusterTierError>>,
 }
 
-/// A Redis Cluster as a tier of content-addressed blocks (see the module doc).
+/// A Redis Cluster as a tier of content-addressed blocks (see the module doc). `Send + Sync`:
+/// share it between threads by reference or `Arc`. Dropping it ends the worker after the job
+/// it is running, without waiting for it.
 #[derive(Debug)]
 pub struct ClusterTier {
     cfg: ClusterTierConfig,
@@ -712,6 +714,12 @@ mod tests {
         // An empty payload is a valid block of zero bytes.
         let e = encode_value(&k, &[]).unwrap();
         assert_eq!(check_value(&k, &e, 0), Some(&[][..]));
+    }
+
+    #[test]
+    fn tier_is_shareable() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<ClusterTier>();
     }
 
     #[test]

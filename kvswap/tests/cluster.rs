@@ -164,9 +164,19 @@ fn round_trip_exists_and_integrity_misses() {
     assert!(bufs[1] == data[8]);
     assert_eq!(tier.exists(&[listed, ks[8], absent[0]]), vec![true, true, false]);
 
-    // Another namespace does not see these blocks.
-    let other = ClusterTier::connect(&cluster.urls(), cfg("rt2", 2000)).unwrap();
+    // Another namespace does not see these blocks; with a ttl, blocks expire.
+    let ttl = Duration::from_secs(30);
+    let other = ClusterTier::connect(
+        &cluster.urls(),
+        ClusterTierConfig { ttl: Some(ttl), ..cfg("rt2", 2000) },
+    )
+    .unwrap();
     assert!(other.exists(&ks[10..12]).iter().all(|&e| !e));
+    put_all(&other, &ks[10..11], &data[10..11]).unwrap();
+    let pttl: i64 = redis::cmd("PTTL").arg(other.redis_key(&ks[10])).query(&mut raw).unwrap();
+    assert!(pttl > 0 && pttl <= 30_000, "PTTL {pttl}");
+    let no_ttl: i64 = redis::cmd("PTTL").arg(tier.redis_key(&ks[10])).query(&mut raw).unwrap();
+    assert_eq!(no_ttl, -1, "no ttl configured: no expiry");
 }
 
 #[test]
