@@ -25,6 +25,8 @@ PKGS=(
     binutils            # strip: guest binaries go into the initramfs without debug info
     curl                # the real HTTP client of the `fastlane llm serve` tests and of run.sh
     prometheus          # a real scrape of `fastlane llm serve` checks every dashboard query
+    redis-server        # kvswap's cluster tier tests: six redis-server processes form a real Redis Cluster
+    redis-tools         # redis-cli --cluster create forms that cluster (the packaged service on 6379 is unused)
     # fio               # optional, not needed by tests/vm today: guest-side load generator
 )
 

@@ -19,6 +19,12 @@
 //!   `fastlane_ring::spsc` rings; a sequence's transfer is cut into jobs of one contiguous
 //!   tier extent each, at least 512 KiB ([`EngineConfig::chunk_bytes`], default 4 MiB, at
 //!   most 128 blocks) wherever the extents allow.
+//! - [`cas`]: content-addressed block keys ([`BlockKey`], chained hashes of a [`ModelDigest`]
+//!   and the token ids, as vLLM's prefix-cache hashes), so a block can outlive its sequence
+//!   and be found again by any sequence with the same prefix.
+//! - `cluster` (cargo feature `cluster`, on by default): `cluster::ClusterTier`, a Redis
+//!   Cluster holding such blocks for every machine that reaches it, each value checked
+//!   (key, length, CRC32C) before use; every call bounded by a timeout, failures are misses.
 //! - [`server`] and [`client`]: `fastlane kv serve`, a versioned binary protocol over a Unix
 //!   socket ([`proto`]; spec in `docs/kvswap.md`), device memory shared by memfd.
 //!
@@ -73,8 +79,11 @@
 //!
 //! The preemptive multi-tenant scheduler (`sched`) and its simulator (`sim`) build on this.
 
+pub mod cas;
 pub mod checksum;
 pub mod client;
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod device;
 pub mod engine;
 pub mod error;
@@ -88,6 +97,7 @@ pub mod testing;
 pub mod tier;
 mod worker;
 
+pub use cas::{prefix_keys, BlockKey, ModelDigest};
 pub use checksum::ChecksumMode;
 pub use device::{DeviceAllocator, DeviceMemory, HostDeviceMemory};
 pub use engine::{

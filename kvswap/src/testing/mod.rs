@@ -1,5 +1,6 @@
-//! Test doubles: an in-memory [`TierIo`] that can stand in for the NVMe or remote tier and
-//! inject faults (failed writes, a peer that goes away, corrupted bytes).
+//! Test doubles and harnesses: an in-memory [`TierIo`] that can stand in for the NVMe or remote
+//! tier and inject faults (failed writes, a peer that goes away, corrupted bytes), and
+//! [`RedisCluster`], a real six-node Redis Cluster of `redis-server` processes.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -8,6 +9,9 @@ use std::time::Duration;
 use fastlane_block::Segment;
 
 use crate::tier::{TierDone, TierIo, TierKind, REMOTE_GONE_ERRNO};
+
+pub mod redis_cluster;
+pub use redis_cluster::{RedisCluster, RedisHarnessError};
 
 /// Faults to inject into a [`MemTier`], shared with the test.
 #[derive(Debug, Default)]
