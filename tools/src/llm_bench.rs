@@ -66,9 +66,35 @@ pub struct BenchArgs {
     /// With --url: only the quiet tenant (the solo baseline).
     #[arg(long)]
     solo: bool,
-    /// With --url: tokens per request.
+    /// With --url: tokens per request (the median with --lengths lognormal).
     #[arg(long, default_value_t = 16)]
     max_tokens: u32,
+    /// With --url: prompt tokens per request (median); one a byte on the random models.
+    #[arg(long, default_value_t = 48)]
+    prompt_tokens: u32,
+    /// With --url: arrivals, poisson or bursty (AR(1) log-rate with a diurnal swing, the
+    /// simulator's process).
+    #[arg(long, default_value = "poisson")]
+    arrivals: String,
+    /// With --url: prompt and output lengths, fixed or lognormal (σ 0.5, up to 4x median).
+    #[arg(long, default_value = "fixed")]
+    lengths: String,
+    /// With --url: first open this many streams that never read (tenant key --slow-key)
+    /// and hold them for the whole run.
+    #[arg(long, default_value_t = 0)]
+    slow_streams: usize,
+    /// With --url: the slow streams' tenant key.
+    #[arg(long, default_value = "key-slow")]
+    slow_key: String,
+    /// With --url: tokens each slow stream asks for.
+    #[arg(long, default_value_t = 256)]
+    slow_tokens: u32,
+    /// With --url: write <tenant>.hlog (tags ttft, itl) and ttft.svg into this directory.
+    #[arg(long)]
+    hlog_dir: Option<std::path::PathBuf>,
+    /// With --url: seed of arrivals and lengths.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -217,7 +243,22 @@ fn emit(a: &BenchArgs, v: &serde_json::Value) -> Result<()> {
 /// Runs `fastlane llm bench`.
 pub fn run(a: &BenchArgs) -> Result<()> {
     if let Some(url) = &a.url {
-        let v = crate::llm_load::bench(url, a.solo, a.rate, a.seconds, a.max_tokens, a.json)?;
+        let v = crate::llm_load::bench(&crate::llm_load::LoadOpts {
+            url: url.clone(),
+            solo: a.solo,
+            rate: a.rate,
+            secs: a.seconds,
+            max_tokens: a.max_tokens,
+            prompt_tokens: a.prompt_tokens,
+            arrivals: a.arrivals.clone(),
+            lengths: a.lengths.clone(),
+            slow_streams: a.slow_streams,
+            slow_key: a.slow_key.clone(),
+            slow_tokens: a.slow_tokens,
+            hlog_dir: a.hlog_dir.clone(),
+            seed: a.seed,
+            json: a.json,
+        })?;
         return emit(a, &v);
     }
     let model = Arc::new(

@@ -1,25 +1,72 @@
-//! `fastlane llm bench --url URL --scenario a`: an open-loop HTTP load generator against any
-//! OpenAI-compatible server (ours, or another behind `--url`).
+//! `fastlane llm bench --url URL`: an open-loop HTTP load generator against any
+//! OpenAI-compatible server (ours, our router, or another behind `--url`).
 //!
-//! Per tenant: Poisson arrivals at its rate, one connection per request, a streamed completion
-//! (`stream: true`), SSE read as it comes. TTFT is the time from just before the connection is
-//! opened to the first token event read; inter-token gaps between token events. Scenario (a),
-//! scaled to this CPU engine: a `quiet` tenant at `--rate` requests/s beside a `flood` tenant at
-//! 30× that rate (`--solo`: the quiet tenant alone, the baseline).
+//! Per tenant: arrivals at its rate, Poisson or AR(1)-bursty (the simulator's processes,
+//! `kvswap::sim::ArrivalProcess`), prompt and output lengths fixed or log-normal, one
+//! connection per request, a streamed completion (`stream: true`) whose SSE events are read
+//! as they come. TTFT is the time from just before the connection is opened to the first
+//! token event read; inter-token gaps are between token events. Scenario (a), scaled to this
+//! CPU engine: a `quiet` tenant at `--rate` requests/s beside a `flood` tenant at 30× that
+//! rate (`--solo`: the quiet tenant alone, the baseline).
+//!
+//! `--slow-streams N` first opens N streams of a third tenant whose client reads nothing (a
+//! 4 KiB receive buffer), waits until the server has generated their tokens, and holds them
+//! open for the whole run: slow readers must cost the other tenants nothing.
+//!
+//! Output: the table (or `--json`), and with `--hlog-dir` one `.hlog` per tenant (tags
+//! `ttft`, `itl`) and `ttft.svg` with every tenant's TTFT distribution.
 
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use rand::{Rng, SeedableRng};
+use fastlane_hist::{percentile_plot_svg, Histogram, HlogWriter, PlotSeries};
+use kvswap::sched::{new_histogram, record};
+use kvswap::sim::{ArrivalProcess, LenDist, SimRng};
 use serde::Serialize;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub(crate) struct LoadOpts {
+    /// `http://HOST:PORT`.
+    pub url: String,
+    /// Only the quiet tenant.
+    pub solo: bool,
+    /// The quiet tenant's mean rate, requests/s.
+    pub rate: f64,
+    /// Seconds of arrivals.
+    pub secs: f64,
+    /// Tokens per request (the median with log-normal lengths).
+    pub max_tokens: u32,
+    /// Prompt tokens per request (median), for the byte-level random models one a byte.
+    pub prompt_tokens: u32,
+    /// `poisson` or `bursty`.
+    pub arrivals: String,
+    /// `fixed` or `lognormal`.
+    pub lengths: String,
+    /// Slow streams held open during the run.
+    pub slow_streams: usize,
+    /// Their tenant's key.
+    pub slow_key: String,
+    /// Tokens each slow stream asks for.
+    pub slow_tokens: u32,
+    /// Where the .hlog files and the SVG go.
+    pub hlog_dir: Option<PathBuf>,
+    /// Seed of arrivals and lengths.
+    pub seed: u64,
+    /// JSON instead of the table.
+    pub json: bool,
+}
 
 /// One tenant's load.
 #[derive(Debug, Clone)]
-pub(crate) struct Load {
-    pub name: String,
-    pub key: String,
-    pub rate: f64,
+struct Load {
+    name: String,
+    key: String,
+    arrivals: ArrivalProcess,
+    prompt: LenDist,
+    output: LenDist,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -28,6 +75,7 @@ pub(crate) struct TenantResult {
     pub sent: u64,
     pub ok: u64,
     pub rejected_429: u64,
+    pub rejected_503: u64,
     pub errors: u64,
     pub tokens: u64,
     pub ttft_p50_ms: f64,
@@ -35,6 +83,10 @@ pub(crate) struct TenantResult {
     pub ttft_max_ms: f64,
     pub itl_p99_ms: f64,
     pub completed_per_s: f64,
+    #[serde(skip)]
+    ttft: Option<Histogram<u64>>,
+    #[serde(skip)]
+    itl: Option<Histogram<u64>>,
 }
 
 struct Outcome {
@@ -44,19 +96,23 @@ struct Outcome {
     tokens: u64,
 }
 
+fn request_bytes(addr: &str, key: &str, prompt: &str, max_tokens: u32) -> String {
+    let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "stream": true,
+                                  "temperature": 0, "ignore_eos": true})
+    .to_string();
+    format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 /// One streamed completion over a fresh connection.
 async fn one(addr: &str, key: &str, prompt: &str, max_tokens: u32) -> Result<Outcome> {
     let t0 = Instant::now();
     let mut s =
         tokio::net::TcpStream::connect(addr).await.with_context(|| format!("connect {addr}"))?;
-    let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "stream": true,
-                                  "temperature": 0, "ignore_eos": true})
-    .to_string();
-    let req = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).await?;
+    let _ = s.set_nodelay(true);
+    s.write_all(request_bytes(addr, key, prompt, max_tokens).as_bytes()).await?;
     let mut r = BufReader::new(s);
     let mut line = String::new();
     r.read_line(&mut line).await?;
@@ -89,34 +145,102 @@ async fn one(addr: &str, key: &str, prompt: &str, max_tokens: u32) -> Result<Out
     Ok(out)
 }
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1]
+/// A stream whose client reads its status line and then nothing: the connection, once the
+/// server has answered (`None`: refused or failed).
+async fn slow(addr: String, key: String, max_tokens: u32) -> Option<tokio::net::TcpStream> {
+    let sock = tokio::net::TcpSocket::new_v4().ok()?;
+    let _ = sock.set_recv_buffer_size(4096);
+    let sa: std::net::SocketAddr = tokio::net::lookup_host(&addr).await.ok()?.next()?;
+    let mut s = sock.connect(sa).await.ok()?;
+    s.write_all(request_bytes(&addr, &key, "slow reader", max_tokens).as_bytes()).await.ok()?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).await.ok()?;
+    head.starts_with(b"HTTP/1.1 200").then_some(s)
 }
 
-/// Runs the loads for `secs` seconds (then waits for the requests in flight, at most 120 s).
-pub(crate) async fn run(
-    addr: String,
-    loads: Vec<Load>,
-    secs: f64,
-    max_tokens: u32,
-    seed: u64,
-) -> Result<Vec<TenantResult>> {
+/// The sum of our server's `fastlane_llm_sequences` gauges for waiting and running
+/// sequences (`None`: not our server, or no answer).
+async fn busy_sequences(addr: &str) -> Option<f64> {
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let req = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut text)).await.ok()?.ok()?;
+    let mut found = false;
+    let mut sum = 0.0;
+    for l in text.lines() {
+        for state in ["waiting", "running", "queued"] {
+            if l.starts_with(&format!("fastlane_llm_sequences{{state=\"{state}\"}}")) {
+                found = true;
+                sum += l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            }
+        }
+    }
+    found.then_some(sum)
+}
+
+fn ms(h: &Histogram<u64>, q: f64) -> f64 {
+    if h.is_empty() {
+        f64::NAN
+    } else {
+        h.value_at_quantile(q) as f64 / 1e6
+    }
+}
+
+/// Runs the loads (then waits for the requests in flight, at most 120 s).
+async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<TenantResult>, usize)> {
+    // Slow readers first, held until the end.
+    let mut held = Vec::new();
+    if o.slow_streams > 0 {
+        let t0 = Instant::now();
+        let tasks: Vec<_> = (0..o.slow_streams)
+            .map(|_| tokio::spawn(slow(addr.clone(), o.slow_key.clone(), o.slow_tokens)))
+            .collect();
+        for t in tasks {
+            if let Ok(Some(s)) = t.await {
+                held.push(s);
+            }
+        }
+        // Let the server generate their tokens (our server says when; others get 10 s).
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut ours = false;
+        while Instant::now() < deadline {
+            match busy_sequences(&addr).await {
+                Some(n) if n > 0.0 => ours = true,
+                Some(_) => break,
+                None if !ours => {
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    break;
+                }
+                None => {}
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if !o.json {
+            eprintln!(
+                "{} of {} slow streams open ({:.1}s to open and generate)",
+                held.len(),
+                o.slow_streams,
+                t0.elapsed().as_secs_f64()
+            );
+        }
+    }
     let start = Instant::now();
     let mut handles = Vec::new();
     for (ti, l) in loads.iter().enumerate() {
-        let mut rng =
-            rand_chacha::ChaCha8Rng::seed_from_u64(seed ^ ((ti as u64 + 1) * 0x9e37_79b9));
-        let mut at = 0.0f64;
-        let mut i = 0u64;
-        // Bounded: rate × seconds arrivals.
-        while at < secs {
+        let mut rng = SimRng::stream(o.seed, ti as u64 + 1);
+        let times = l.arrivals.times_ns(&mut rng, 0.0, o.secs, 1_000_000);
+        for (i, at) in times.into_iter().enumerate() {
             let (addr, key) = (addr.clone(), l.key.clone());
-            let prompt = format!("{} request {i}: {}", l.name, "lorem ipsum dolor ".repeat(3));
-            let when = start + Duration::from_secs_f64(at);
+            let n = l.prompt.sample(&mut rng) as usize;
+            let head = format!("{} request {i}: ", l.name);
+            let mut prompt: String = head.chars().take(n).collect();
+            let filler = "lorem ipsum dolor sit amet ";
+            while prompt.len() < n {
+                prompt.push_str(&filler[..filler.len().min(n - prompt.len())]);
+            }
+            let max_tokens = l.output.sample(&mut rng);
+            let when = start + Duration::from_nanos(at);
             handles.push((
                 ti,
                 tokio::spawn(async move {
@@ -124,79 +248,165 @@ pub(crate) async fn run(
                     one(&addr, &key, &prompt, max_tokens).await
                 }),
             ));
-            i += 1;
-            at += -(1.0 - rng.random::<f64>()).ln() / l.rate;
         }
     }
     let mut res: Vec<TenantResult> = loads
         .iter()
-        .map(|l| TenantResult { tenant: l.name.clone(), ..Default::default() })
+        .map(|l| TenantResult {
+            tenant: l.name.clone(),
+            ttft: Some(new_histogram()),
+            itl: Some(new_histogram()),
+            ..Default::default()
+        })
         .collect();
-    let mut ttft: Vec<Vec<f64>> = vec![Vec::new(); loads.len()];
-    let mut gaps: Vec<Vec<f64>> = vec![Vec::new(); loads.len()];
-    let deadline = start + Duration::from_secs_f64(secs) + Duration::from_secs(120);
-    for (ti, h) in handles {
-        res[ti].sent += 1;
+    let deadline = start + Duration::from_secs_f64(o.secs) + Duration::from_secs(120);
+    let mut last_report = Instant::now();
+    let total = handles.len();
+    for (k, (ti, h)) in handles.into_iter().enumerate() {
+        let r = &mut res[ti];
+        r.sent += 1;
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, h).await {
-            Ok(Ok(Ok(o))) if o.status == 200 => {
-                res[ti].ok += 1;
-                res[ti].tokens += o.tokens;
-                if let Some(t) = o.ttft {
-                    ttft[ti].push(t.as_secs_f64() * 1e3);
+            Ok(Ok(Ok(out))) if out.status == 200 => {
+                r.ok += 1;
+                r.tokens += out.tokens;
+                if let (Some(t), Some(h)) = (out.ttft, r.ttft.as_mut()) {
+                    record(h, t.as_nanos() as u64);
                 }
-                gaps[ti].extend(o.gaps.iter().map(|g| g.as_secs_f64() * 1e3));
+                if let Some(h) = r.itl.as_mut() {
+                    for g in &out.gaps {
+                        record(h, g.as_nanos() as u64);
+                    }
+                }
             }
-            Ok(Ok(Ok(o))) if o.status == 429 => res[ti].rejected_429 += 1,
-            _ => res[ti].errors += 1,
+            Ok(Ok(Ok(out))) if out.status == 429 => r.rejected_429 += 1,
+            Ok(Ok(Ok(out))) if out.status == 503 => r.rejected_503 += 1,
+            _ => r.errors += 1,
+        }
+        if !o.json && last_report.elapsed() > Duration::from_secs(5) {
+            last_report = Instant::now();
+            eprintln!("  {:.0}s: {k}/{total} requests answered", start.elapsed().as_secs_f64());
         }
     }
     let wall = start.elapsed().as_secs_f64();
-    for (ti, r) in res.iter_mut().enumerate() {
-        r.ttft_p50_ms = pct(&mut ttft[ti], 0.5);
-        r.ttft_p99_ms = pct(&mut ttft[ti], 0.99);
-        r.ttft_max_ms = ttft[ti].last().copied().unwrap_or(f64::NAN);
-        r.itl_p99_ms = pct(&mut gaps[ti], 0.99);
-        r.completed_per_s = r.ok as f64 / wall.max(secs);
+    for r in res.iter_mut() {
+        if let (Some(t), Some(i)) = (&r.ttft, &r.itl) {
+            r.ttft_p50_ms = ms(t, 0.5);
+            r.ttft_p99_ms = ms(t, 0.99);
+            r.ttft_max_ms = if t.is_empty() { f64::NAN } else { t.max() as f64 / 1e6 };
+            r.itl_p99_ms = ms(i, 0.99);
+        }
+        r.completed_per_s = r.ok as f64 / wall.max(o.secs);
     }
     if res.iter().all(|r| r.ok == 0) {
         bail!("no request succeeded against {addr}");
     }
-    Ok(res)
+    let held_n = held.len();
+    drop(held);
+    Ok((res, held_n))
+}
+
+fn write_files(dir: &std::path::Path, res: &[TenantResult], secs: f64, title: &str) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut series = Vec::new();
+    for r in res {
+        let (Some(ttft), Some(itl)) = (&r.ttft, &r.itl) else { continue };
+        let path = dir.join(format!("{}.hlog", r.tenant));
+        let f =
+            std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        let mut w = HlogWriter::with_base_time(std::io::BufWriter::new(f), UNIX_EPOCH)?;
+        let len = Duration::from_secs_f64(secs);
+        w.write_histogram(Some("ttft"), Duration::ZERO, len, ttft)?;
+        w.write_histogram(Some("itl"), Duration::ZERO, len, itl)?;
+        w.flush()?;
+        series.push(PlotSeries { label: &r.tenant, histogram: ttft });
+    }
+    std::fs::write(dir.join("ttft.svg"), percentile_plot_svg(title, &series))?;
+    Ok(())
+}
+
+fn dist(kind: &str, median: u32, what: &str) -> Result<LenDist> {
+    Ok(match kind {
+        "fixed" => LenDist::Fixed(median.max(1)),
+        "lognormal" => LenDist::LogNormal {
+            median: f64::from(median.max(1)),
+            sigma: 0.5,
+            min: 1,
+            max: median.max(1).saturating_mul(4),
+        },
+        other => bail!("--lengths {other:?}: fixed or lognormal ({what})"),
+    })
 }
 
 /// `fastlane llm bench --url`: scenario (a) or the quiet tenant alone; prints the table.
-pub(crate) fn bench(
-    url: &str,
-    solo: bool,
-    rate: f64,
-    secs: f64,
-    max_tokens: u32,
-    json: bool,
-) -> Result<serde_json::Value> {
-    let addr = url
+pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
+    let addr = o
+        .url
         .trim_end_matches('/')
         .strip_prefix("http://")
         .context("--url: http://HOST:PORT")?
         .to_string();
-    let mut loads = vec![Load { name: "quiet".into(), key: "key-quiet".into(), rate }];
-    if !solo {
-        loads.push(Load { name: "flood".into(), key: "key-flood".into(), rate: 30.0 * rate });
+    if !(o.rate.is_finite() && o.rate > 0.0 && o.secs.is_finite() && o.secs > 0.0) {
+        bail!("--rate and --seconds must be positive");
+    }
+    let arrivals = |rate: f64| -> Result<ArrivalProcess> {
+        Ok(match o.arrivals.as_str() {
+            "poisson" => ArrivalProcess::Poisson { rate_per_s: rate },
+            "bursty" => ArrivalProcess::bursty(rate, o.secs),
+            other => bail!("--arrivals {other:?}: poisson or bursty"),
+        })
+    };
+    let prompt = dist(&o.lengths, o.prompt_tokens, "prompt")?;
+    let output = dist(&o.lengths, o.max_tokens, "output")?;
+    let mut loads = vec![Load {
+        name: "quiet".into(),
+        key: "key-quiet".into(),
+        arrivals: arrivals(o.rate)?,
+        prompt,
+        output,
+    }];
+    if !o.solo {
+        loads.push(Load {
+            name: "flood".into(),
+            key: "key-flood".into(),
+            arrivals: arrivals(30.0 * o.rate)?,
+            prompt,
+            output,
+        });
+    }
+    if o.slow_streams > 0 {
+        let fds = fastlane_llm::server::http::raise_fd_limit();
+        if fds < o.slow_streams as u64 + 256 {
+            bail!(
+                "--slow-streams {} needs that many open files; the limit here is {fds}",
+                o.slow_streams
+            );
+        }
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-    let res = rt.block_on(run(addr, loads, secs, max_tokens, 1))?;
+    let (res, held) = rt.block_on(run(o, addr, loads))?;
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string();
-    if !json {
+    let what = format!(
+        "scenario a over HTTP ({}), {} s, {} arrivals, quiet at {}/s{}{}",
+        o.url,
+        o.secs,
+        o.arrivals,
+        o.rate,
+        if o.solo { " alone" } else { ", flood at 30x" },
+        if held > 0 { format!(", {held} slow streams held open") } else { String::new() }
+    );
+    if let Some(dir) = &o.hlog_dir {
+        write_files(dir, &res, o.secs, &format!("TTFT per tenant - {what}"))?;
+    }
+    if !o.json {
+        println!("{what}, load {load}");
         println!(
-            "scenario a over HTTP ({url}), {secs} s, quiet at {rate}/s{}, load {load}",
-            if solo { " alone" } else { ", flood at 30x" }
-        );
-        println!(
-            "{:<8} {:>6} {:>6} {:>6} {:>6} {:>10} {:>10} {:>10} {:>10} {:>9}",
+            "{:<8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>10} {:>10} {:>10} {:>10} {:>9}",
             "tenant",
             "sent",
             "ok",
             "429",
+            "503",
             "err",
             "TTFT P50",
             "TTFT P99",
@@ -206,11 +416,12 @@ pub(crate) fn bench(
         );
         for r in &res {
             println!(
-                "{:<8} {:>6} {:>6} {:>6} {:>6} {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>9.2}",
+                "{:<8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>9.2}",
                 r.tenant,
                 r.sent,
                 r.ok,
                 r.rejected_429,
+                r.rejected_503,
                 r.errors,
                 r.ttft_p50_ms,
                 r.ttft_p99_ms,
@@ -219,8 +430,11 @@ pub(crate) fn bench(
                 r.completed_per_s
             );
         }
+        if let Some(dir) = &o.hlog_dir {
+            println!("wrote {}/{{quiet,flood}}.hlog and ttft.svg", dir.display());
+        }
     }
-    Ok(
-        serde_json::json!({"scenario": "a", "url": url, "solo": solo, "rate": rate, "seconds": secs, "load": load, "tenants": res}),
-    )
+    Ok(serde_json::json!({"scenario": "a", "url": o.url, "solo": o.solo, "rate": o.rate,
+        "seconds": o.secs, "arrivals": o.arrivals, "lengths": o.lengths,
+        "slow_streams_held": held, "load": load, "tenants": res}))
 }
