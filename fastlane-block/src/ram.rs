@@ -141,7 +141,7 @@ fn check_geometry(size_bytes: u64, block_size: u32) -> Result<usize, RamError> {
         return Err(RamError::InvalidBlockSize { block_size });
     }
     let invalid = RamError::InvalidSize { size_bytes, block_size };
-    if size_bytes == 0 || size_bytes % u64::from(block_size) != 0 {
+    if size_bytes == 0 || !size_bytes.is_multiple_of(u64::from(block_size)) {
         return Err(invalid);
     }
     // Leave room so `base + len` can never overflow a pointer on 64-bit targets.

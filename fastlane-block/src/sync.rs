@@ -265,7 +265,7 @@ impl SyncFileQueue {
                 self.check_range(req.offset, req.len)?;
                 if self.blockdev {
                     let bs = u64::from(self.info.block_size);
-                    if req.offset % bs != 0 || req.len % bs != 0 {
+                    if !req.offset.is_multiple_of(bs) || !req.len.is_multiple_of(bs) {
                         return Err(BlockError::Misaligned {
                             offset: req.offset,
                             len: req.len,

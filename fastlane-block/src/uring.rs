@@ -373,7 +373,7 @@ impl UringQueue {
 
     fn check_block_aligned(&self, offset: u64, len: u64) -> Result<(), BlockError> {
         let bs = u64::from(self.info.block_size);
-        if offset % bs != 0 || len % bs != 0 {
+        if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
             return Err(BlockError::Misaligned { offset, len, align: self.info.block_size });
         }
         Ok(())
@@ -414,7 +414,7 @@ impl UringQueue {
                                 align: self.info.block_size,
                             });
                         }
-                        if (s.addr as usize) % mem != 0 {
+                        if !(s.addr as usize).is_multiple_of(mem) {
                             return Err(BlockError::Misaligned {
                                 offset: req.offset,
                                 len: total,

@@ -400,7 +400,7 @@ impl<C: Card> Pipeline<'_, C> {
             if got == 0 {
                 self.card.check()?;
                 idle += 1;
-                if idle % 64 == 0 {
+                if idle.is_multiple_of(64) {
                     if last_progress.elapsed() > timeout {
                         return Err(PreprocessError::Timeout {
                             in_flight: self.in_flight.len(),

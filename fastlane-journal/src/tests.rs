@@ -225,7 +225,7 @@ fn power_cuts_with(seed: u64, flush_delay: u32, io: WriterIo) {
             let seq = tx.append_blocking(&payload_for(next_payload_seq), T).unwrap();
             assert_eq!(seq, next_payload_seq);
             next_payload_seq += 1;
-            if rng() % 16 == 0 {
+            if rng().is_multiple_of(16) {
                 tx.wait_durable(seq, T).unwrap();
             }
             acked = acked.max(tx.durable_seq());

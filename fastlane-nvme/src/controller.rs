@@ -367,7 +367,7 @@ impl Controller {
         key: u64,
     ) -> Result<u64, NvmeError> {
         let h = host as usize;
-        if h % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 || len == 0 {
+        if !h.is_multiple_of(PAGE_SIZE) || !len.is_multiple_of(PAGE_SIZE) || len == 0 {
             return Err(NvmeError::Unaligned { host: h, len });
         }
         let iova = self.iovas.lock().unwrap_or_else(|p| p.into_inner()).alloc(len)?;
@@ -520,7 +520,7 @@ impl AdminQueue {
                 };
             }
             polls += 1;
-            if polls % 256 == 0 {
+            if polls.is_multiple_of(256) {
                 let csts = bar.read32(regs::REG_CSTS);
                 if csts == u32::MAX || csts & regs::CSTS_CFS != 0 {
                     return Err(NvmeError::ControllerFatal { csts });

@@ -279,7 +279,7 @@ impl NvmeQueue {
             return Err(oob);
         }
         let align = 1u64 << self.block_shift;
-        if req.offset % align != 0 || len % align != 0 {
+        if !req.offset.is_multiple_of(align) || len % align != 0 {
             return Err(BlockError::Misaligned { offset: req.offset, len, align: align as u32 });
         }
         Ok(len)
@@ -720,7 +720,7 @@ impl BlockQueue for NvmeQueue {
                 return Ok(());
             }
             polls += 1;
-            if polls % POLLS_PER_CHECK == 0 {
+            if polls.is_multiple_of(POLLS_PER_CHECK) {
                 if self.check_health() || self.ctrl.failed_errno() != 0 {
                     self.fail_all(self.ctrl.failed_errno());
                     return Ok(());

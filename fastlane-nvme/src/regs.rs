@@ -127,7 +127,8 @@ impl Bar {
 
     fn at<T>(&self, offset: usize) -> *mut T {
         assert!(
-            offset % std::mem::size_of::<T>() == 0 && offset + std::mem::size_of::<T>() <= self.len,
+            offset.is_multiple_of(std::mem::size_of::<T>())
+                && offset + std::mem::size_of::<T>() <= self.len,
             "register offset {offset:#x} outside BAR0 ({:#x} bytes) or misaligned",
             self.len
         );

@@ -337,7 +337,7 @@ impl Shared {
     /// The 8-byte record header word at position `idx` of the data area.
     #[inline]
     pub(crate) fn record_word(&self, idx: u64) -> &AtomicU64 {
-        assert!(idx % 8 == 0, "shm ring: misaligned record header (bug in validation)");
+        assert!(idx.is_multiple_of(8), "shm ring: misaligned record header (bug in validation)");
         let ptr = self.data_ptr(idx, layout::RECORD_HEADER_LEN as u64);
         // SAFETY:
         // - `data_ptr` checked the 8 bytes lie in the data area; the area starts 128-aligned
@@ -380,10 +380,10 @@ impl Shared {
 
     /// Checks a `(head, tail)` pair read at attach time.
     pub(crate) fn check_cursors(&self, head: u64, tail: u64) -> Result<(), Corruption> {
-        if head % 8 != 0 {
+        if !head.is_multiple_of(8) {
             return Err(corrupt("head misaligned", layout::OFF_HEAD as u64, head));
         }
-        if tail % 8 != 0 {
+        if !tail.is_multiple_of(8) {
             return Err(corrupt("tail misaligned", layout::OFF_TAIL as u64, tail));
         }
         if head > tail {

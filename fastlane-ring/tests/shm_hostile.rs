@@ -48,7 +48,7 @@ impl Peer {
 
     /// A pointer to `size` bytes at `off`, asserted to lie inside the mapping and be aligned.
     fn at(&self, off: usize, size: usize) -> *mut u8 {
-        assert!(off % size == 0 && off + size <= self.map.len());
+        assert!(off.is_multiple_of(size) && off + size <= self.map.len());
         self.map.as_mut_ptr().wrapping_add(off)
     }
 

@@ -225,7 +225,7 @@ fn consume_and_verify(ring: &ShmRing, child: &mut Child, count: u64) {
             assert_eq!(got.seq(), expect, "sequence number");
             assert_eq!(got.stored_checksum(len), got.checksum(len - 8), "checksum of {expect}");
             // Spot-check the whole content against a fresh build every 4096 records.
-            if expect % 4096 == 0 {
+            if expect.is_multiple_of(4096) {
                 want.fill(expect, &pattern);
                 assert_eq!(got.bytes()[..len], want.bytes()[..len], "content of record {expect}");
             }

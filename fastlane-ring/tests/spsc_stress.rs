@@ -38,12 +38,12 @@ impl Backoff {
 
     fn fail(&mut self) {
         self.failures += 1;
-        if self.failures % 64 == 0 {
+        if self.failures.is_multiple_of(64) {
             thread::yield_now();
         } else {
             std::hint::spin_loop();
         }
-        if self.failures % 4096 == 0 {
+        if self.failures.is_multiple_of(4096) {
             let since = *self.since.get_or_insert_with(Instant::now);
             assert!(since.elapsed() < STALL, "{}: no progress for {STALL:?}", self.what);
         }
@@ -143,7 +143,7 @@ fn chunked_ops() {
                     Err(ChunkError::TooFewSlots(n)) => rx.read_chunk(n).unwrap(),
                 };
                 backoff.progress();
-                if round % 2 == 0 {
+                if round.is_multiple_of(2) {
                     // Look in place, then drop them.
                     let (a, b) = chunk.as_slices();
                     for (v, expected) in a.iter().chain(b).zip(next..) {

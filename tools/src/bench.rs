@@ -297,7 +297,7 @@ fn throughput(capacity: usize, batch: usize, budget: Duration) -> (u64, Duration
             chunk.commit_all();
         }
         checks = checks.wrapping_add(1);
-        if checks % 1024 == 0 && start.elapsed() >= budget {
+        if checks.is_multiple_of(1024) && start.elapsed() >= budget {
             break;
         }
     }
@@ -405,7 +405,8 @@ fn pingpong_atomic(
             idle_spins = idle_spins.wrapping_add(1);
             if idle_spins == 1 << 16 {
                 idle_since = Instant::now();
-            } else if idle_spins % (1 << 16) == 0 && idle_since.elapsed() > Duration::from_secs(10)
+            } else if idle_spins.is_multiple_of(1 << 16)
+                && idle_since.elapsed() > Duration::from_secs(10)
             {
                 return;
             }

@@ -34,7 +34,7 @@ enum LlmCmd {
     /// Write a seeded random model as a Hugging Face directory (config.json + safetensors).
     MakeRandom(MakeRandomArgs),
     /// Measure decode, prefill, batching and swap overlap against floors of the same run.
-    Bench(crate::llm_bench::BenchArgs),
+    Bench(Box<crate::llm_bench::BenchArgs>),
     /// Serve the engine over HTTP: the OpenAI API (/v1/completions, /v1/chat/completions,
     /// /v1/models), /health and /metrics, tenants from --tenants.
     Serve(Box<ServeArgs>),

@@ -418,7 +418,7 @@ fn spin_for(conn: &Connection, at: usize, want: u8) -> Result<()> {
             return Ok(());
         }
         spins = spins.wrapping_add(1);
-        if spins % 4096 == 0 {
+        if spins.is_multiple_of(4096) {
             let now = Instant::now();
             let d = *deadline.get_or_insert(now + conn.options().op_timeout);
             if now >= d {
@@ -528,11 +528,11 @@ fn bandwidth(
     while posted < iters {
         if conn.in_flight() < depth {
             posted += 1;
-            let signaled = posted % BW_SIGNAL_EVERY == 0 || posted == iters;
+            let signaled = posted.is_multiple_of(BW_SIGNAL_EVERY) || posted == iters;
             conn.post(op, 0, size, signaled)?;
         } else if conn.poll_send()? == 0 {
             spins = spins.wrapping_add(1);
-            if spins % 4096 == 0 && Instant::now() > deadline {
+            if spins.is_multiple_of(4096) && Instant::now() > deadline {
                 bail!("bandwidth run past 300 s");
             }
         }

@@ -137,14 +137,14 @@ impl MmioBar {
 
 impl Bar for MmioBar {
     fn read32(&self, offset: usize) -> u32 {
-        assert!(offset % 4 == 0 && offset + 4 <= self.len, "register offset {offset:#x}");
+        assert!(offset.is_multiple_of(4) && offset + 4 <= self.len, "register offset {offset:#x}");
         // SAFETY:
         // - in bounds and aligned (asserted above; the base is 4-byte aligned per `new`);
         // - the mapping outlives `self` (contract of `new`); volatile because it is MMIO.
         unsafe { self.base.as_ptr().wrapping_add(offset / 4).read_volatile() }
     }
     fn write32(&self, offset: usize, value: u32) {
-        assert!(offset % 4 == 0 && offset + 4 <= self.len, "register offset {offset:#x}");
+        assert!(offset.is_multiple_of(4) && offset + 4 <= self.len, "register offset {offset:#x}");
         // Order earlier stores to DMA memory (descriptors) before the doorbell.
         fence(Ordering::Release);
         // SAFETY: as in `read32`.
@@ -508,7 +508,7 @@ impl SoftCard {
             }
             self.queue.check()?;
             spins += 1;
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
                 if start.elapsed() > timeout {
                     // The card may still hold the caller's pointer: stop it before returning.
                     self.halt();
@@ -700,7 +700,9 @@ impl Engine {
         let cpl = base(reg::CPL_BASE_LO, reg::CPL_BASE_HI);
         let dl = self.bar.read32(reg::DESC_RING_LOG2);
         let cl = self.bar.read32(reg::CPL_RING_LOG2);
-        let ok = |a: u64, l: u32| a != 0 && a % 4096 == 0 && (1..=abi::RING_LOG2_MAX).contains(&l);
+        let ok = |a: u64, l: u32| {
+            a != 0 && a.is_multiple_of(4096) && (1..=abi::RING_LOG2_MAX).contains(&l)
+        };
         if !ok(desc, dl) || !ok(cpl, cl) {
             self.fault(CardFault::BadRingConfig);
             return None;
@@ -874,7 +876,7 @@ impl Engine {
             }
             abi::OP_ITCH => {
                 if (d.src_addr == 0 && d.src_len != 0)
-                    || (d.dst_len != 0 && (d.dst_addr == 0 || d.dst_addr % 8 != 0))
+                    || (d.dst_len != 0 && (d.dst_addr == 0 || !d.dst_addr.is_multiple_of(8)))
                 {
                     c.status = cpl_status::BAD_DESCRIPTOR;
                     return c;

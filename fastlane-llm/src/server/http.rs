@@ -68,16 +68,15 @@ pub async fn shutdown_signal() {
 /// of streams needs more than the usual 1,024). Returns the limit now in force.
 pub fn raise_fd_limit() -> u64 {
     let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit write/read the one struct we pass, which lives on our stack.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
-            return 1024;
-        }
-        if r.rlim_cur < r.rlim_max {
-            let want = libc::rlimit { rlim_cur: r.rlim_max, rlim_max: r.rlim_max };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
-                r = want;
-            }
+    // SAFETY: getrlimit writes the one struct we pass, which lives on our stack.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return 1024;
+    }
+    if r.rlim_cur < r.rlim_max {
+        let want = libc::rlimit { rlim_cur: r.rlim_max, rlim_max: r.rlim_max };
+        // SAFETY: setrlimit reads the one struct we pass, which lives on our stack.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } == 0 {
+            r = want;
         }
     }
     r.rlim_cur

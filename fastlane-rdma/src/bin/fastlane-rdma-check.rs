@@ -314,7 +314,7 @@ fn primary(a: SocketAddr, size: usize) -> R<()> {
         image[off..off + len].copy_from_slice(&rec);
         off += len;
         seq += 1;
-        if seq % 64 == 0 {
+        if seq.is_multiple_of(64) {
             m.sync(Durability::ReplicaAck).map_err(e)?;
             acks += 1;
         }

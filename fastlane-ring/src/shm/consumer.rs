@@ -95,7 +95,7 @@ impl Consumer {
             // Acquire pairs with the producer's `Release` store of `tail` in
             // `Producer::publish`: the records it covers were written before it.
             let tail = self.shared.header().tail.load(Ordering::Acquire);
-            if tail % 8 != 0 {
+            if !tail.is_multiple_of(8) {
                 return Err(corrupt("tail misaligned", layout::OFF_TAIL as u64, tail));
             }
             if tail < self.tail {

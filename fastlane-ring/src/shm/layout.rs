@@ -108,8 +108,10 @@ const _: () = {
     assert!(offset_of!(Header, head) == OFF_HEAD);
     assert!(offset_of!(Header, room_waiter) == OFF_ROOM_WAITER);
     // The cursors sit on their own 128-byte lines (two 64-byte lines: adjacent-line prefetch).
-    assert!(OFF_TAIL % 128 == 0 && OFF_HEAD % 128 == 0 && OFF_HEAD - OFF_TAIL == 128);
-    assert!(DATA_OFFSET % 128 == 0);
+    assert!(
+        OFF_TAIL.is_multiple_of(128) && OFF_HEAD.is_multiple_of(128) && OFF_HEAD - OFF_TAIL == 128
+    );
+    assert!(DATA_OFFSET.is_multiple_of(128));
     assert!(RECORD_HEADER_LEN == RECORD_ALIGN);
     assert!(MIN_CAPACITY.is_power_of_two() && MAX_CAPACITY.is_power_of_two());
     assert!(MAX_CAPACITY as u64 - 8 <= u32::MAX as u64);

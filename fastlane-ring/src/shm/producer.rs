@@ -117,7 +117,7 @@ impl Producer {
                 // `Batch::release`. A value `prepare` would reject also ends the wait, so
                 // that the caller gets the `Corrupt` error rather than a timeout.
                 let head = h.head.load(Ordering::Acquire);
-                let invalid = head % 8 != 0 || head < head_seen || head > published;
+                let invalid = !head.is_multiple_of(8) || head < head_seen || head > published;
                 invalid || capacity - (tail - head) >= needed
             };
             let flag = ParkFlag::from_word(&h.room_waiter);
@@ -251,7 +251,7 @@ impl Producer {
             // Acquire pairs with the consumer's `Release` store of `head` in `Batch::release`:
             // its reads of the released records happen before we overwrite them.
             let head = self.shared.header().head.load(Ordering::Acquire);
-            if head % 8 != 0 {
+            if !head.is_multiple_of(8) {
                 return Err(corrupt("head misaligned", layout::OFF_HEAD as u64, head));
             }
             if head < self.head {

@@ -125,7 +125,8 @@ pub(super) fn drive(
         }
         if conn.done.is_empty() {
             idle_polls = idle_polls.wrapping_add(1);
-            if idle_polls % 1024 == 0 && clock.now().wrapping_sub(last_done) > stall_ticks {
+            if idle_polls.is_multiple_of(1024) && clock.now().wrapping_sub(last_done) > stall_ticks
+            {
                 return Err(
                     BlkBenchError::Stalled { case: case.name.to_string(), in_flight }.into()
                 );

@@ -31,7 +31,7 @@ pub(super) fn verify(
 ) -> Result<VerifyReport> {
     let size = u64::from(conn.size);
     anyhow::ensure!(
-        offset % size == 0 && len % size == 0,
+        offset.is_multiple_of(size) && len.is_multiple_of(size),
         "--verify {offset}:{len}: offset and length must be multiples of --size ({size})"
     );
     anyhow::ensure!(
