@@ -315,7 +315,7 @@ impl EngineHistograms {
         let sizes = vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
         // The names, help strings and buckets are constants prometheus accepts.
         #[allow(clippy::expect_used)]
-        EngineHistograms {
+        let h = EngineHistograms {
             step_seconds: h(
                 "fastlane_llm_engine_step_seconds",
                 "Wall time of an engine step's forward pass",
@@ -343,7 +343,12 @@ impl EngineHistograms {
                 &["direction"],
             )
             .expect("valid histogram"),
+        };
+        // Both directions exist from the start (a dashboard query finds them before any swap).
+        for dir in ["out", "in"] {
+            let _ = h.swap_seconds.with_label_values(&[dir]);
         }
+        h
     }
 }
 
