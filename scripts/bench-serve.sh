@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # Scenario (a) over HTTP, scaled to the CPU engine: a quiet tenant at --rate requests/s beside a
 # flood tenant at 30x that rate, as the client sees it (`fastlane llm bench --url`), against
-# `fastlane llm serve --model random:small` started here three ways: the quiet tenant alone
-# (solo baseline), the same load with --policy fifo (no gate), and with --policy drr (the gate:
-# token bucket + slots + DRR). Results: benches/results/llm/<date>-<commit>-scenario-a-http.json.
-# Usage: scripts/bench-serve.sh [--model random:small] [--rate 1] [--seconds 20]
+# `fastlane llm serve --model random:small` started here five ways:
+#   solo    the quiet tenant alone (the baseline), --policy fifo
+#   fifo    both tenants, --policy fifo (no gate)
+#   drr     both tenants, --policy drr (the gate in the engine: bucket + slots + DRR)
+#   router  both tenants through `fastlane router` in front of an `llm serve --policy fifo`
+#   slow    as drr, with 1,000 streams of a third tenant held open by clients that never read
+# Results: benches/results/llm/<date>-<commit>-scenario-a-http.json (+ .hlog and SVG per run).
+# Usage: scripts/bench-serve.sh [--model random:small] [--rate 1] [--seconds 60] [--arrivals poisson|bursty]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-model=random:small rate=1 seconds=20
+model=random:small rate=1 seconds=60 arrivals=poisson
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model=$2; shift ;;
     --rate) rate=$2; shift ;;
     --seconds) seconds=$2; shift ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    --arrivals) arrivals=$2; shift ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "bench-serve.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -21,7 +26,10 @@ done
 cargo build --release --locked -p fastlane-tools
 bin=target/release/fastlane
 tmp=$(mktemp -d)
-trap 'kill $(cat "$tmp/pid" 2>/dev/null) 2>/dev/null || true; rm -rf "$tmp"' EXIT
+dir=${BENCH_RESULTS_DIR:-benches/results}/llm
+stem="$(date +%F)-$(git rev-parse --short HEAD)-scenario-a-http"
+mkdir -p "$dir/$stem"
+trap 'kill $(cat "$tmp"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$tmp"' EXIT
 cat > "$tmp/tenants.toml" <<'TOML'
 [[tenant]]
 name = "quiet"
@@ -39,37 +47,65 @@ burst = 10
 max_concurrent = 8
 tier = "batch"
 queue = 16
+
+[[tenant]]
+name = "slow"
+keys = ["key-slow"]
+rpm = 600000
+burst = 2000
+max_concurrent = 2000
+tier = "batch"
+queue = 2000
 TOML
-run() { # policy label solo?
-  "$bin" llm serve --model "$model" --tenants "$tmp/tenants.toml" --listen 127.0.0.1:0 --policy "$1" \
-    >"$tmp/out" 2>"$tmp/log" &
-  echo $! >"$tmp/pid"
-  for _ in $(seq 150); do grep -q listening "$tmp/out" 2>/dev/null && break; sleep 0.2; done
-  url=$(sed -n 's/^listening on //p' "$tmp/out")
-  "$bin" llm bench --url "$url" --rate "$rate" --seconds "$seconds" $3 --out "$tmp/$2.json"
-  kill -TERM "$(cat "$tmp/pid")"; wait "$(cat "$tmp/pid")" || true
+start() { # name args...: starts a server, sets $url
+  local name=$1; shift
+  "$bin" "$@" --listen 127.0.0.1:0 >"$tmp/$name.out" 2>"$tmp/$name.log" &
+  echo $! >"$tmp/$name.pid"
+  for _ in $(seq 300); do grep -q listening "$tmp/$name.out" 2>/dev/null && break; sleep 0.2; done
+  url=$(sed -n 's/^listening on //p' "$tmp/$name.out")
+  [ -n "$url" ] || { cat "$tmp/$name.log" >&2; exit 1; }
+}
+stop() { kill -TERM "$(cat "$tmp/$1.pid")"; wait "$(cat "$tmp/$1.pid")" || true; rm -f "$tmp/$1.pid"; }
+bench() { # label url extra...
+  local label=$1 u=$2; shift 2
+  echo "== $label"
+  "$bin" llm bench --url "$u" --rate "$rate" --seconds "$seconds" --arrivals "$arrivals" \
+    --hlog-dir "$dir/$stem/$label" --out "$tmp/$label.json" "$@"
 }
 echo "load before: $(cat /proc/loadavg)"
-run fifo solo --solo
-run fifo fifo ""
-run drr drr ""
-dir=${BENCH_RESULTS_DIR:-benches/results}/llm
-mkdir -p "$dir"
-out="$dir/$(date +%F)-$(git rev-parse --short HEAD)-scenario-a-http.json"
-python3 - "$tmp" "$out" <<'PY'
+engine=(llm serve --model "$model" --tenants "$tmp/tenants.toml" --device-blocks 4096)
+start up "${engine[@]}" --policy fifo
+bench solo "$url" --solo
+bench fifo "$url"
+stop up
+start up "${engine[@]}" --policy drr
+bench drr "$url"
+bench slow "$url" --slow-streams 1000 --slow-tokens 64
+stop up
+start up llm serve --model "$model" --device-blocks 4096 --policy fifo
+start router router --upstream "$url" --tenants "$tmp/tenants.toml"
+bench router "$url"
+stop router
+stop up
+out="$dir/$stem.json"
+python3 - "$tmp" "$out" "$rate" <<'PY'
 import json, sys
-tmp, out = sys.argv[1:3]
-runs = {k: json.load(open(f"{tmp}/{k}.json")) for k in ("solo", "fifo", "drr")}
-q = lambda k: next(t for t in runs[k]["tenants"] if t["tenant"] == "quiet")
-f = lambda k: next(t for t in runs[k]["tenants"] if t["tenant"] == "flood")
+tmp, out, rate = sys.argv[1], sys.argv[2], float(sys.argv[3])
+runs = {k: json.load(open(f"{tmp}/{k}.json")) for k in ("solo", "fifo", "drr", "router", "slow")}
+t = lambda k, n: next(x for x in runs[k]["tenants"] if x["tenant"] == n)
+solo = t("solo", "quiet")["ttft_p99_ms"]
 summary = {
-    "quiet_p99_ttft_ms": {k: q(k)["ttft_p99_ms"] for k in runs},
-    "fifo_over_solo": q("fifo")["ttft_p99_ms"] / q("solo")["ttft_p99_ms"],
-    "drr_over_solo": q("drr")["ttft_p99_ms"] / q("solo")["ttft_p99_ms"],
-    "flood_completed_per_s_drr": f("drr")["completed_per_s"],
+    "quiet_p99_ttft_ms": {k: t(k, "quiet")["ttft_p99_ms"] for k in runs},
+    "quiet_p50_ttft_ms": {k: t(k, "quiet")["ttft_p50_ms"] for k in runs},
+    "quiet_samples": {k: t(k, "quiet")["ok"] for k in runs},
+    "over_solo_p99": {k: t(k, "quiet")["ttft_p99_ms"] / solo for k in runs if k != "solo"},
+    "flood_completed_per_s": {k: t(k, "flood")["completed_per_s"] for k in runs if k != "solo"},
     "flood_bucket_per_s": 600 / 60,
+    "flood_offered_per_s": 30 * rate,
+    "slow_streams_held": runs["slow"]["slow_streams_held"],
 }
-json.dump({"component": "llm", "case": "scenario-a-http", "summary": summary, "runs": runs}, open(out, "w"), indent=2)
+json.dump({"component": "llm", "case": "scenario-a-http", "summary": summary, "runs": runs},
+          open(out, "w"), indent=2)
 print(json.dumps(summary, indent=2))
 print("wrote", out)
 PY
