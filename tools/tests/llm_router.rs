@@ -6,11 +6,11 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Read;
 
 use std::time::{Duration, Instant};
 
-use common::http::{curl, json_body, token_ids, Server};
+use common::http::{curl, json_body, open_stream, token_ids, Server};
 
 const TENANTS: &str = r#"
 [[tenant]]
@@ -82,21 +82,6 @@ fn start(slots: &str) -> Pair {
         tenants.to_str().unwrap(),
     ]);
     Pair { upstream, router, _dir: dir }
-}
-
-/// A raw streamed request; returns the socket after the response's first bytes arrived.
-fn open_stream(addr: &str, key: &str, max_tokens: u32) -> std::net::TcpStream {
-    let mut c = std::net::TcpStream::connect(addr).unwrap();
-    let body = format!(
-        r#"{{"prompt": "x", "max_tokens": {max_tokens}, "stream": true, "ignore_eos": true}}"#
-    );
-    write!(
-        c,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    c
 }
 
 fn read_all(c: std::net::TcpStream) -> String {

@@ -48,7 +48,7 @@ max_stream_seconds = 1
 
 mod common;
 
-use common::http::{curl, json_body, Server};
+use common::http::{curl, json_body, open_stream, Server};
 
 fn start() -> (Server, tempfile::TempDir) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
@@ -160,14 +160,7 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
 
     // The one-slot tenant: while its stream runs, a second request finds the slot busy and
     // its queue (0) full: 503, not 429 (its bucket has tokens).
-    let mut long = std::net::TcpStream::connect(s.addr()).unwrap();
-    let body = r#"{"prompt": "x", "max_tokens": 2000, "stream": true, "ignore_eos": true}"#;
-    write!(
-        long,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-slot\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
+    let mut long = open_stream(s.addr(), "key-slot", 2000);
     let mut first = [0u8; 64];
     let n = long.read(&mut first).unwrap();
     assert!(
@@ -220,14 +213,7 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
     // SIGTERM with a stream in flight: new connections are refused, the stream runs to its
     // [DONE], and the server exits 0.
     let mut s = s;
-    let mut running = std::net::TcpStream::connect(s.addr()).unwrap();
-    let body = r#"{"prompt": "x", "max_tokens": 300, "stream": true, "ignore_eos": true}"#;
-    write!(
-        running,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-quiet\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
+    let mut running = open_stream(s.addr(), "key-quiet", 300);
     let mut got = vec![0u8; 256];
     let n = running.read(&mut got).unwrap();
     got.truncate(n);

@@ -113,6 +113,23 @@ impl Server {
     }
 }
 
+/// A raw streamed completion request of `max_tokens` tokens (`ignore_eos`), sent; the socket,
+/// for reading the response (or for walking away from it).
+pub fn open_stream(addr: &str, key: &str, max_tokens: u32) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    let body = format!(
+        r#"{{"prompt": "x", "max_tokens": {max_tokens}, "stream": true, "ignore_eos": true}}"#
+    );
+    write!(
+        c,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    c
+}
+
 /// curl -s -i: (status, headers + body).
 pub fn curl(args: &[&str]) -> (u16, String) {
     let out = Command::new("curl")
