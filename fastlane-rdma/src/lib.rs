@@ -35,7 +35,7 @@
 //! are built on the stack and completions polled into a buffer made at setup.
 //!
 //! Tests that need a device skip on a host without one; the real ones run inside a QEMU
-//! guest over soft-RoCE (`tests/guest.rs`, see `docs/rdma.md`).
+//! guest over soft-RoCE (`tests/guest/tests/rdma.rs` in the `fastlane-guest-tests` crate, see `docs/rdma.md`).
 
 mod buffer;
 mod conn;

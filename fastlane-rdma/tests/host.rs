@@ -19,7 +19,7 @@ fn device_smoke_where_one_exists() {
     let names = device_names();
     let Some(name) = names.first() else {
         eprintln!(
-            "SKIPPED: no RDMA device on this host (the real tests run in a guest: tests/guest.rs)"
+            "SKIPPED: no RDMA device on this host (the real tests run in a guest: tests/guest/tests/rdma.rs)"
         );
         return;
     };

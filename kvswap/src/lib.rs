@@ -72,7 +72,7 @@
 //! - No cross-process sharing of the engine itself: one owner (the server, or a scheduler
 //!   thread) drives it.
 //! - The remote tier (`fastlane_rdma::RemotePool`) runs only where RDMA does: its test boots a
-//!   QEMU guest with soft-RoCE (`tests/remote_guest.rs`); elsewhere `testing::MemTier` (feature `test-utils`)
+//!   QEMU guest with soft-RoCE (`tests/guest/tests/kvswap_remote.rs`); elsewhere `testing::MemTier` (feature `test-utils`)
 //!   stands in for it.
 //! - The `cuda` feature compiles everywhere (cudarc, dynamic loading) but is run only where
 //!   a GPU is present.

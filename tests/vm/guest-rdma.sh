@@ -1,5 +1,5 @@
 #!/bin/sh
-# Guest side of the fastlane-rdma tests (fastlane-rdma/tests/guest.rs) and of the RDMA
+# Guest side of the fastlane-rdma tests (tests/guest/tests/rdma.rs) and of the RDMA
 # benchmark (scripts/bench-rdma.sh). Runs as root in a tests/vm/run-guest.sh guest (busybox
 # sh) with the rxe modules loaded. It brings soft-RoCE up on dummy0 and then runs, by phase
 # (kernel command line fl_rdma_phase=test|bench|probe, default test):

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Guest side of the VFIO NVMe driver's test and benchmark (fastlane-nvme/tests/vfio_guest.rs,
+# Guest side of the VFIO NVMe driver's test and benchmark (tests/guest/tests/vfio_guest.rs,
 # scripts/bench-vfio-nvme.sh). Runs as root in a tests/vm/run-guest.sh guest booted with
 # intel-iommu (intel_iommu=on) and one emulated `-device nvme`. The mode comes from the kernel
 # command line, fl_vfio_mode=MODE (run-guest.sh --append):

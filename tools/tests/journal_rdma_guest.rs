@@ -7,8 +7,7 @@
 //! acknowledged stays in both copies. Skips, with a message, only when QEMU is not installed
 //! (`.ci/install-deps.sh` installs it and the RDMA packages).
 
-#[path = "../../tests/vm/rxe_guest.rs"]
-mod rxe_guest;
+use fastlane_guest_tests::rxe_guest;
 
 /// The checks the guest must report as ok (each printed as `CHECK <name> ok ...`).
 const EXPECTED: &[&str] = &[

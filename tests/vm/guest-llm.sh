@@ -1,5 +1,5 @@
 #!/bin/sh
-# Guest side of the engine's remote-tier test (fastlane-llm/tests/remote_guest.rs), run as
+# Guest side of the engine's remote-tier test (tests/guest/tests/llm_remote.rs), run as
 # root by tests/vm/run-guest.sh with the rxe modules loaded: soft-RoCE on dummy0, a remote
 # memory pool server, and the engine preempting by swap into it. Every step is bounded.
 set -eu

@@ -34,7 +34,7 @@ fn vfio_driver_in_guest() {
         eprintln!("SKIPPED vfio_driver_in_guest: qemu-system-x86_64 is not installed");
         return;
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let root = &fastlane_guest_tests::rxe_guest::workspace_root(env!("CARGO_MANIFEST_DIR"));
     let fastlane = std::env::var_os("FASTLANE_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_BIN_EXE_vfio_guest")).with_file_name("fastlane"));

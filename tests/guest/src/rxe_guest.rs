@@ -1,5 +1,4 @@
-//! Shared by the soft-RoCE guest tests of several crates (each includes this file with
-//! `#[path = "…/tests/vm/rxe_guest.rs"] mod rxe_guest;`): boot a QEMU TCG guest with
+//! The soft-RoCE guest harness of this crate's tests: boot a QEMU TCG guest with
 //! tests/vm/run-guest.sh, bring up `rxe0` on `dummy0`, run a guest script that prints
 //! `CHECK <name> ok|FAIL …` lines, and assert that every expected check passed.
 //!
@@ -10,19 +9,23 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-/// The rxe provider library and its driver file, copied into the guest.
+/// The rxe provider library, copied into the guest.
 pub const RXE_PROVIDER: &str = "/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so";
+/// The rxe driver file (`/etc/libibverbs.d`), copied into the guest.
 pub const RXE_DRIVER: &str = "/etc/libibverbs.d/rxe.driver";
 /// Kernel modules soft-RoCE needs in the guest, in load order.
 pub const RXE_MODULES: &str =
     "crc32_generic ib_core ib_uverbs udp_tunnel ip6_udp_tunnel rdma_rxe dummy";
 
-/// The workspace root, from the including crate's manifest directory (canonical, so a symlinked
-/// checkout still finds tests/vm).
+/// The workspace root: the nearest directory above `manifest_dir` (canonical, so a symlinked
+/// checkout still finds tests/vm) that holds `tests/vm/run-guest.sh`.
 pub fn workspace_root(manifest_dir: &str) -> PathBuf {
     let dir = Path::new(manifest_dir);
     let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    dir.parent().expect("workspace root").to_path_buf()
+    dir.ancestors()
+        .find(|d| d.join("tests/vm/run-guest.sh").is_file())
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| panic!("no tests/vm/run-guest.sh above {}", dir.display()))
 }
 
 fn have(cmd: &str) -> bool {
@@ -34,6 +37,7 @@ fn have(cmd: &str) -> bool {
 }
 
 /// One guest run.
+#[derive(Debug)]
 pub struct RxeGuest<'a> {
     /// The workspace root ([`workspace_root`]).
     pub root: PathBuf,

@@ -3,8 +3,7 @@
 //! pairs of processes on 127.0.0.1 (see tests/vm/guest-rdma.sh). Skips, with a message, only
 //! when QEMU is not installed (`.ci/install-deps.sh` installs it and the RDMA packages).
 
-#[path = "../../tests/vm/rxe_guest.rs"]
-mod rxe_guest;
+use fastlane_guest_tests::rxe_guest;
 
 /// The checks the guest must report as ok (each printed as `CHECK <name> ok ...`).
 const EXPECTED: &[&str] = &[

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Guest side of kvswap's remote-tier test (kvswap/tests/remote_guest.rs), run as root by
+# Guest side of kvswap's remote-tier test (tests/guest/tests/kvswap_remote.rs), run as root by
 # tests/vm/run-guest.sh with the rxe modules loaded: soft-RoCE on dummy0, a remote memory pool
 # server and a kvswap engine spilling into it (/bin/kvswap-remote-check), then the pool server
 # killed with -9 under the engine. Prints the driver's CHECK lines; every step is bounded.
