@@ -5,4 +5,5 @@
 //! (the remote swap tier under kvswap and under the inference engine). They live here, not in
 //! the libraries they test, so that production crates carry no test drivers.
 
+pub mod driver;
 pub mod rxe_guest;

@@ -11,7 +11,6 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,19 +18,9 @@ use fastlane_llm::weights::RandomWeights;
 use fastlane_llm::{Engine, EngineConfig, GenRequest, Model, PreemptChoice, RandomPreset};
 use kvswap::{RemoteTierConfig, SpillPolicy};
 
-type R<T> = Result<T, String>;
+use fastlane_guest_tests::driver::{check, remote_main, R};
 
 const WAIT: Duration = Duration::from_secs(600);
-
-fn check(name: &str, ok: bool, detail: impl std::fmt::Display) -> R<()> {
-    if ok {
-        println!("CHECK {name} ok {detail}");
-        Ok(())
-    } else {
-        println!("CHECK {name} FAIL {detail}");
-        Err(format!("{name} failed: {detail}"))
-    }
-}
 
 /// A model small enough for an emulated CPU: 2 layers, hidden 64.
 fn model() -> R<Arc<Model>> {
@@ -143,31 +132,5 @@ fn client(addr: SocketAddr) -> R<()> {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    let addr = || -> R<SocketAddr> {
-        args.get(2).ok_or("missing ADDR")?.parse().map_err(|x| format!("bad ADDR: {x}"))
-    };
-    let r = match args.get(1).map(String::as_str) {
-        Some("pool-server") => (|| -> R<()> {
-            let bytes: u64 =
-                args.get(3).ok_or("missing BYTES")?.parse().map_err(|_| "bad BYTES")?;
-            let dev = fastlane_rdma::Device::open(
-                &std::env::var("RDMA_DEV").unwrap_or_else(|_| "rxe0".into()),
-            )
-            .map_err(|x| x.to_string())?;
-            let p =
-                fastlane_rdma::PoolServer::bind(&dev, addr()?, bytes).map_err(|x| x.to_string())?;
-            println!("READY size={}", p.size());
-            p.serve(&AtomicBool::new(false)).map_err(|x| x.to_string())
-        })(),
-        Some("client") => addr().and_then(client),
-        _ => Err("usage: fastlane-llm-remote-check pool-server ADDR BYTES | client ADDR".into()),
-    };
-    match r {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(m) => {
-            println!("ERROR {m}");
-            ExitCode::FAILURE
-        }
-    }
+    remote_main("fastlane-llm-remote-check", client)
 }

@@ -17,7 +17,7 @@ use fastlane_rdma::{
     PoolServer, Range, RdmaError, RemotePool, RemoteRegion,
 };
 
-type R<T> = Result<T, String>;
+use fastlane_guest_tests::driver::{check, R};
 
 const MIB: usize = 1 << 20;
 
@@ -41,16 +41,6 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
             x as u8
         })
         .collect()
-}
-
-fn check(name: &str, ok: bool, detail: impl std::fmt::Display) -> R<()> {
-    if ok {
-        println!("CHECK {name} ok {detail}");
-        Ok(())
-    } else {
-        println!("CHECK {name} FAIL {detail}");
-        Err(format!("{name} failed: {detail}"))
-    }
 }
 
 fn e(err: RdmaError) -> String {

@@ -11,7 +11,6 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,20 +19,10 @@ use kvswap::{
     SeqPhase, SpillPolicy, SwapEngine, TierKind,
 };
 
-type R<T> = Result<T, String>;
+use fastlane_guest_tests::driver::{check, remote_main, R};
 
 const BB: usize = 64 * 1024;
 const T: Duration = Duration::from_secs(30);
-
-fn check(name: &str, ok: bool, detail: impl std::fmt::Display) -> R<()> {
-    if ok {
-        println!("CHECK {name} ok {detail}");
-        Ok(())
-    } else {
-        println!("CHECK {name} FAIL {detail}");
-        Err(format!("{name} failed: {detail}"))
-    }
-}
 
 fn fill(dev: &HostDeviceMemory, blocks: &[BlockId], seed: u64) {
     for (i, b) in blocks.iter().enumerate() {
@@ -153,31 +142,5 @@ fn client(addr: SocketAddr) -> R<()> {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    let addr = || -> R<SocketAddr> {
-        args.get(2).ok_or("missing ADDR")?.parse().map_err(|x| format!("bad ADDR: {x}"))
-    };
-    let r = match args.get(1).map(String::as_str) {
-        Some("pool-server") => (|| -> R<()> {
-            let bytes: u64 =
-                args.get(3).ok_or("missing BYTES")?.parse().map_err(|_| "bad BYTES")?;
-            let dev = fastlane_rdma::Device::open(
-                &std::env::var("RDMA_DEV").unwrap_or_else(|_| "rxe0".into()),
-            )
-            .map_err(|x| x.to_string())?;
-            let p =
-                fastlane_rdma::PoolServer::bind(&dev, addr()?, bytes).map_err(|x| x.to_string())?;
-            println!("READY size={}", p.size());
-            p.serve(&AtomicBool::new(false)).map_err(|x| x.to_string())
-        })(),
-        Some("client") => addr().and_then(client),
-        _ => Err("usage: kvswap-remote-check pool-server ADDR BYTES | client ADDR".into()),
-    };
-    match r {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(m) => {
-            println!("ERROR {m}");
-            ExitCode::FAILURE
-        }
-    }
+    remote_main("kvswap-remote-check", client)
 }
