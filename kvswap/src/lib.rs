@@ -99,7 +99,7 @@ mod worker;
 
 pub use cas::{prefix_keys, BlockKey, ModelDigest};
 pub use checksum::ChecksumMode;
-pub use device::{DeviceAllocator, DeviceMemory, HostDeviceMemory};
+pub use device::{DeviceAllocator, DeviceMemory, HostDeviceMemory, Slab, SlabDeviceMemory};
 pub use engine::{
     CustomTiers, EngineConfig, EngineStats, RemoteTierConfig, SeqInfo, SeqPhase, SpillPolicy,
     SwapEngine, TicketDone, TierStats, TransferKind, CHUNK_BYTES_MIN,
