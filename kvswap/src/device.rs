@@ -1,7 +1,8 @@
 //! The "device" block pool: where the inference engine keeps KV blocks while a sequence runs.
 //!
 //! [`DeviceMemory`] is the memory; [`HostDeviceMemory`] stands in for GPU memory with a
-//! shared memfd mapping (the server hands its fd to clients), and `cuda::CudaDeviceMemory`
+//! shared memfd mapping, [`SlabDeviceMemory`] does too but backs each client's slab with its
+//! own memfd (the server hands a client only its slab's fd), and `cuda::CudaDeviceMemory`
 //! (feature `cuda`) is real device memory. [`DeviceAllocator`] hands blocks to sequences and
 //! is where in-flight pinning lives: a pinned block is neither free nor freeable.
 
@@ -56,7 +57,7 @@ unsafe impl Sync for HostDeviceMemory {}
 impl HostDeviceMemory {
     /// Maps `blocks` blocks of `block_bytes` (a multiple of 4096) in a new memfd.
     pub fn new(block_bytes: usize, blocks: u32) -> Result<HostDeviceMemory, KvSwapError> {
-        if block_bytes == 0 || block_bytes % 4096 != 0 || blocks == 0 {
+        if block_bytes == 0 || !block_bytes.is_multiple_of(4096) || blocks == 0 {
             return Err(KvSwapError::BadConfig {
                 detail: format!("device pool of {blocks} blocks of {block_bytes} bytes"),
             });
@@ -82,7 +83,7 @@ impl HostDeviceMemory {
         Ok(HostDeviceMemory { map, block_bytes, blocks, fd })
     }
 
-    /// The memfd behind the pool (shared with clients over SCM_RIGHTS).
+    /// The memfd behind the pool (for a process that shares the whole pool, e.g. a bench).
     pub fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
@@ -177,7 +178,7 @@ impl Slab {
 impl SlabDeviceMemory {
     /// Reserves `blocks` blocks of `block_bytes` (a multiple of 4096), no slab attached.
     pub fn new(block_bytes: usize, blocks: u32) -> Result<SlabDeviceMemory, KvSwapError> {
-        if block_bytes == 0 || block_bytes % 4096 != 0 || blocks == 0 {
+        if block_bytes == 0 || !block_bytes.is_multiple_of(4096) || blocks == 0 {
             return Err(KvSwapError::BadConfig {
                 detail: format!("device pool of {blocks} blocks of {block_bytes} bytes"),
             });
@@ -715,13 +716,10 @@ mod tests {
         let map_b = MmapOptions::new().len(3 * bb).map_raw(&fb).unwrap();
         // SAFETY: block 1 is inside the pool and the test is its only user.
         unsafe { m.block_ptr(BlockId(1)).unwrap().write_bytes(0xa5, bb) };
-        // SAFETY: both mappings are 3 blocks long and only read here.
-        let (ra, rb) = unsafe {
-            (
-                std::slice::from_raw_parts(map_a.as_ptr(), 3 * bb),
-                std::slice::from_raw_parts(map_b.as_ptr(), 3 * bb),
-            )
-        };
+        // SAFETY: the mapping is 3 blocks long and only read here.
+        let ra = unsafe { std::slice::from_raw_parts(map_a.as_ptr(), 3 * bb) };
+        // SAFETY: as above.
+        let rb = unsafe { std::slice::from_raw_parts(map_b.as_ptr(), 3 * bb) };
         assert!(ra[bb..2 * bb].iter().all(|x| *x == 0xa5), "slab memfd is not the pool memory");
         assert!(rb.iter().all(|x| *x == 0), "another slab sees the write");
         // Sealed: a client cannot shrink the memfd under the server.

@@ -745,3 +745,28 @@ type Refusal = (ErrorCode, String);
 fn lock_draining(m: &Mutex<Vec<Slab>>) -> MutexGuard<'_, Vec<Slab>> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allow_lists_and_namespaces() {
+        let mut c = ServerConfig::for_pool(8);
+        c.allow_uids = vec![10];
+        c.allow_gids = vec![20];
+        c.namespaces = vec![("team".into(), vec![10, 11])];
+        let peer = |uid, gid| PeerCred { pid: 1, uid, gid };
+        assert!(c.allows(&peer(10, 99)) && c.allows(&peer(99, 20)));
+        assert!(!c.allows(&peer(11, 21)));
+        assert_eq!(c.namespace_for(&peer(11, 0), "").unwrap(), "uid:11");
+        assert_eq!(c.namespace_for(&peer(11, 0), "uid:11").unwrap(), "uid:11");
+        assert_eq!(c.namespace_for(&peer(11, 0), "team").unwrap(), "team");
+        assert!(c.namespace_for(&peer(12, 0), "team").is_err());
+        assert!(c.namespace_for(&peer(11, 0), "uid:10").is_err());
+        assert!(c.namespace_for(&peer(11, 0), "other").is_err());
+        assert_eq!(ServerConfig::for_pool(8).conn_blocks_default, 2);
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(ServerConfig::for_pool(1).allow_uids, vec![unsafe { libc::geteuid() }]);
+    }
+}
