@@ -11,7 +11,9 @@ use std::time::Duration;
 use memmap2::{MmapOptions, MmapRaw};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
-use crate::proto::{self, ErrorCode, Header, Request, HEADER_LEN, PAYLOAD_MAX};
+use crate::proto::{
+    self, ErrorCode, Header, HelloReply, ProtoError, Request, HEADER_LEN, PAYLOAD_MAX,
+};
 
 /// What went wrong on the client side.
 #[derive(Debug, thiserror::Error)]
@@ -45,14 +47,26 @@ pub struct Lookup {
     pub device_blocks: u32,
 }
 
-/// A connection, with the server's device pool mapped.
+/// What a client asks for at `HELLO`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HelloOptions {
+    /// Blocks wanted in this connection's slab of the device pool; 0: the server's default.
+    pub blocks: u32,
+    /// Namespace; empty: the server's default for this peer (`uid:<uid>`).
+    pub namespace: String,
+}
+
+/// A connection, with its own slab of the server's device pool mapped.
 #[derive(Debug)]
 pub struct KvClient {
     stream: UnixStream,
     next_id: u32,
     block_bytes: usize,
+    first_block: u32,
     blocks: u32,
-    /// The server's device pool (MAP_SHARED of its memfd), unmapped on drop.
+    namespace: String,
+    /// This connection's slab (MAP_SHARED of the memfd the server made for it), unmapped on
+    /// drop.
     map: MmapRaw,
     _fd: OwnedFd,
 }
@@ -61,51 +75,81 @@ pub struct KvClient {
 unsafe impl Send for KvClient {}
 
 impl KvClient {
-    /// Connects and does the handshake (maps the device pool's memfd).
+    /// Connects and does the handshake with the server's default slab size and namespace.
     pub fn connect(path: &Path) -> Result<KvClient, KvClientError> {
+        KvClient::connect_with(path, &HelloOptions::default())
+    }
+
+    /// Connects, sends `HELLO` with `opts` and maps the slab's memfd from the reply. A
+    /// refusal (credentials, namespace, slab size, protocol version) is
+    /// [`KvClientError::Server`] with the server's message.
+    pub fn connect_with(path: &Path, opts: &HelloOptions) -> Result<KvClient, KvClientError> {
         let stream = UnixStream::connect(path)?;
         stream.set_read_timeout(Some(Duration::from_secs(120)))?;
-        (&stream).write_all(&Request::Hello.encode(0))?;
-        let mut buf = vec![0u8; HEADER_LEN + 64];
+        let hello = Request::Hello { blocks: opts.blocks, namespace: opts.namespace.clone() };
+        // A refused peer may find the socket closed under its HELLO: read the answer anyway.
+        let sent = (&stream).write_all(&hello.encode(0));
+        let mut buf = vec![0u8; HEADER_LEN + PAYLOAD_MAX];
         // A reply with more than one fd, or a truncated control message, is an error
         // (ENOBUFS) and its fds are closed.
-        let (mut got, fd) = stream.recv_with_fd(&mut buf).map_err(std::io::Error::from)?;
-        let fd = OwnedFd::from(
-            fd.ok_or(KvClientError::BadReply("HELLO reply without a file descriptor"))?,
-        );
-        // vmm-sys-util's recvmsg passes no MSG_CMSG_CLOEXEC: close the fd on exec from here on
-        // (as before), so a child the caller spawns does not keep the pool alive.
-        // SAFETY:
-        // - `fd` is an open descriptor we own; F_SETFD only changes its close-on-exec flag.
-        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
-            return Err(std::io::Error::last_os_error().into());
+        let (mut got, fd) = match stream.recv_with_fd(&mut buf[..HEADER_LEN + 256]) {
+            Ok(r) => r,
+            Err(e) => return Err(sent.err().unwrap_or_else(|| std::io::Error::from(e)).into()),
+        };
+        let fd = fd.map(OwnedFd::from);
+        if let Some(fd) = &fd {
+            // vmm-sys-util's recvmsg passes no MSG_CMSG_CLOEXEC: close the fd on exec from
+            // here on, so a child the caller spawns does not keep the slab alive.
+            // SAFETY:
+            // - `fd` is an open descriptor we own; F_SETFD only changes its close-on-exec flag.
+            if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+                return Err(std::io::Error::last_os_error().into());
+            }
         }
         while got < HEADER_LEN {
-            let n = (&stream).read(&mut buf[got..])?;
+            let n = (&stream).read(&mut buf[got..HEADER_LEN])?;
             if n == 0 {
-                return Err(KvClientError::BadReply("closed during HELLO"));
+                if let Err(e) = sent {
+                    return Err(e.into());
+                }
+                return Err(KvClientError::BadReply(
+                    "server closed the connection during HELLO (a server of protocol version 1 \
+                     closes a version 2 HELLO)",
+                ));
             }
             got += n;
         }
-        let h =
-            Header::decode(&buf[..HEADER_LEN]).map_err(|_| KvClientError::BadReply("header"))?;
+        let h = Header::decode(&buf[..HEADER_LEN]).map_err(|e| match e {
+            ProtoError::BadVersion(_) => {
+                KvClientError::BadReply("HELLO reply in another protocol version")
+            }
+            _ => KvClientError::BadReply("header"),
+        })?;
+        if h.op != proto::op::HELLO | proto::REPLY {
+            return Err(KvClientError::BadReply("reply does not match HELLO"));
+        }
         let end = HEADER_LEN + h.len as usize;
-        if end > buf.len() {
-            return Err(KvClientError::BadReply("HELLO reply too long"));
+        if got < end {
+            (&stream).read_exact(&mut buf[got..end])?;
         }
-        (&stream).read_exact(&mut buf[got..end])?;
         let p = check(&buf[HEADER_LEN..end])?;
-        if p.len() != 20 {
-            return Err(KvClientError::BadReply("HELLO payload"));
-        }
-        let block_bytes = u64_at(p, 0)? as usize;
-        let blocks = u32_at(p, 8)?;
-        let map_len = u64_at(p, 12)? as usize;
-        if map_len != block_bytes * blocks as usize || map_len == 0 {
-            return Err(KvClientError::BadReply("pool size"));
-        }
+        let fd = fd.ok_or(KvClientError::BadReply("HELLO reply without a file descriptor"))?;
+        let r = HelloReply::decode(p).map_err(|_| KvClientError::BadReply("HELLO payload"))?;
+        let map_len =
+            usize::try_from(r.map_len).map_err(|_| KvClientError::BadReply("slab size"))?;
+        let block_bytes =
+            usize::try_from(r.block_bytes).map_err(|_| KvClientError::BadReply("block size"))?;
         let map = MmapOptions::new().len(map_len).map_raw(&fd)?;
-        Ok(KvClient { stream, next_id: 1, block_bytes, blocks, map, _fd: fd })
+        Ok(KvClient {
+            stream,
+            next_id: 1,
+            block_bytes,
+            first_block: r.first_block,
+            blocks: r.blocks,
+            namespace: r.namespace,
+            map,
+            _fd: fd,
+        })
     }
 
     /// Bytes per device block.
@@ -113,27 +157,52 @@ impl KvClient {
         self.block_bytes
     }
 
-    /// Blocks in the device pool.
+    /// Blocks in this connection's slab.
     pub fn blocks(&self) -> u32 {
         self.blocks
     }
 
-    /// Copies `data` (at most one block) into device block `block`. Only meaningful for
-    /// blocks this client owns and that no transfer pins.
+    /// The (pool-wide) block ids of this connection's slab: every block `ALLOC` gives it is
+    /// in here, and the mapping holds these blocks and no others.
+    pub fn slab(&self) -> std::ops::Range<u32> {
+        self.first_block..self.first_block + self.blocks
+    }
+
+    /// The namespace the server put this connection in.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Offset of `block` in the mapping, for a block of the slab and `len` at most a block.
+    fn offset(&self, block: u32, len: usize) -> usize {
+        assert!(
+            self.slab().contains(&block) && len <= self.block_bytes,
+            "block {block} is not in this connection's slab {:?}",
+            self.slab()
+        );
+        (block - self.first_block) as usize * self.block_bytes
+    }
+
+    /// Copies `data` (at most one block) into device block `block` (a block of this
+    /// connection's slab; others are not mapped: panics). Only meaningful for blocks this
+    /// client owns and that no transfer pins.
     pub fn write_block(&mut self, block: u32, data: &[u8]) {
-        assert!(block < self.blocks && data.len() <= self.block_bytes, "block out of range");
-        // SAFETY: block < blocks, so the offset is inside the mapping.
-        let dst = unsafe { self.map.as_mut_ptr().add(block as usize * self.block_bytes) };
+        let off = self.offset(block, data.len());
+        // SAFETY: `offset` checked the block is in the slab, so the offset is inside the
+        // mapping.
+        let dst = unsafe { self.map.as_mut_ptr().add(off) };
         // SAFETY: dst..dst+len is inside the mapping; shared memory the server reads only while
         // the block is pinned by a swap-out, which the caller does not overlap with writes.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
     }
 
-    /// Copies device block `block` into `out` (at most one block).
+    /// Copies device block `block` (of this connection's slab; panics otherwise) into `out`
+    /// (at most one block).
     pub fn read_block(&self, block: u32, out: &mut [u8]) {
-        assert!(block < self.blocks && out.len() <= self.block_bytes, "block out of range");
-        // SAFETY: block < blocks, so the offset is inside the mapping.
-        let src = unsafe { self.map.as_mut_ptr().add(block as usize * self.block_bytes) };
+        let off = self.offset(block, out.len());
+        // SAFETY: `offset` checked the block is in the slab, so the offset is inside the
+        // mapping.
+        let src = unsafe { self.map.as_mut_ptr().add(off) };
         // SAFETY: src..src+len is inside the mapping; out is a distinct Rust buffer.
         unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
     }

@@ -8,8 +8,9 @@
 //! - [`KvGeometry`]: bytes per token and per block from a model config (Llama-3.1-8B fp16:
 //!   128 KiB per token, 2 MiB per 16-token block).
 //! - The "device" block pool: [`DeviceMemory`] (host memory standing in for GPU memory,
-//!   [`HostDeviceMemory`], shared by memfd; `device::cuda::CudaDeviceMemory` with the `cuda`
-//!   feature) and the engine's allocator of its blocks.
+//!   [`HostDeviceMemory`]; [`SlabDeviceMemory`], carved into per-client slabs with a memfd
+//!   each; `device::cuda::CudaDeviceMemory` with the `cuda` feature) and the engine's
+//!   allocator of its blocks.
 //! - Tiers ([`TierKind`]): **host** (pre-allocated, pre-faulted, mlock'd — when
 //!   RLIMIT_MEMLOCK refuses, a warning is logged and [`TierStats::locked`] is false),
 //!   **nvme** (a file or block device through `fastlane_block`'s io_uring backend with
@@ -26,7 +27,8 @@
 //!   Cluster holding such blocks for every machine that reaches it, each value checked
 //!   (key, length, CRC32C) before use; every call bounded by a timeout, failures are misses.
 //! - [`server`] and [`client`]: `fastlane kv serve`, a versioned binary protocol over a Unix
-//!   socket ([`proto`]; spec in `docs/kvswap.md`), device memory shared by memfd.
+//!   socket ([`proto`]; spec in `docs/kvswap.md`): peers checked by `SO_PEERCRED` against an
+//!   allow-list, each connection mapping only its own slab of the device pool.
 //!
 //! # The engine's API (stable)
 //!
@@ -99,7 +101,7 @@ mod worker;
 
 pub use cas::{prefix_keys, BlockKey, ModelDigest};
 pub use checksum::ChecksumMode;
-pub use device::{DeviceAllocator, DeviceMemory, HostDeviceMemory};
+pub use device::{DeviceAllocator, DeviceMemory, HostDeviceMemory, Slab, SlabDeviceMemory};
 pub use engine::{
     CustomTiers, EngineConfig, EngineStats, RemoteTierConfig, SeqInfo, SeqPhase, SpillPolicy,
     SwapEngine, TicketDone, TierStats, TransferKind, CHUNK_BYTES_MIN,

@@ -1,15 +1,20 @@
-//! The `fastlane kv serve` wire protocol, version 1 (spec: `docs/kvswap.md`).
+//! The `fastlane kv serve` wire protocol, version 2 (spec: `docs/kvswap.md`).
 //!
 //! Every message is a 16-byte header then `len` payload bytes, all little endian:
 //!
 //! ```text
-//! magic u32 = 0x5753_564B ("KVSW")  version u16 = 1  op u16  req_id u32  len u32
+//! magic u32 = 0x5753_564B ("KVSW")  version u16 = 2  op u16  req_id u32  len u32
 //! ```
 //!
 //! Replies carry `op | 0x8000` and the request's `req_id`; their payload starts with a
 //! `status u32` (0 = OK, else an [`ErrorCode`]). The parser treats its input as hostile: it
 //! checks magic, version, op, exact payload lengths and counts before it allocates, and a
 //! [`ProtoError`] closes that connection only.
+//!
+//! Version 2 (per-connection device pools): `HELLO` carries the blocks the client wants and
+//! its namespace, and its reply the client's own slab of the pool. A version-1 frame is
+//! answered with a version-1 error reply ([`ErrorCode::VersionUnsupported`]) and the
+//! connection is closed.
 // Bytes from a peer: errors, not panics.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
@@ -18,7 +23,9 @@ use crate::error::KvSwapError;
 /// `"KVSW"` read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"KVSW");
 /// Protocol version.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
+/// Longest namespace name in a `HELLO`.
+pub const NAMESPACE_MAX: usize = 128;
 /// Header bytes.
 pub const HEADER_LEN: usize = 16;
 /// Largest payload accepted (requests and replies).
@@ -30,7 +37,7 @@ pub const REPLY: u16 = 0x8000;
 
 /// Operation codes.
 pub mod op {
-    /// Handshake; the reply carries the device pool's memfd (SCM_RIGHTS).
+    /// Handshake; the reply carries the memfd of the client's own slab (SCM_RIGHTS).
     pub const HELLO: u16 = 1;
     /// Take device blocks for a sequence.
     pub const ALLOC: u16 = 2;
@@ -106,9 +113,15 @@ pub struct Header {
 impl Header {
     /// Encodes.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
+        self.encode_version(VERSION)
+    }
+
+    /// Encodes with another `version` (the server answers a client of an older version in
+    /// that version, so that it can read the error).
+    pub fn encode_version(&self, version: u16) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        b[4..6].copy_from_slice(&version.to_le_bytes());
         b[6..8].copy_from_slice(&self.op.to_le_bytes());
         b[8..12].copy_from_slice(&self.req_id.to_le_bytes());
         b[12..16].copy_from_slice(&self.len.to_le_bytes());
@@ -140,8 +153,14 @@ impl Header {
 /// connection); block lists are device block ids.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
-    /// Handshake.
-    Hello,
+    /// Handshake: the client's slab size and namespace.
+    Hello {
+        /// Device blocks wanted in the client's own slab; 0: the server's default.
+        blocks: u32,
+        /// Namespace (empty: the server's default, `uid:<uid>`); at most
+        /// [`NAMESPACE_MAX`] bytes of `[A-Za-z0-9._:-]`.
+        namespace: String,
+    },
     /// Take `n` device blocks for `seq`.
     Alloc {
         /// Sequence.
@@ -215,7 +234,7 @@ impl Request {
     /// The op code.
     pub fn op(&self) -> u16 {
         match self {
-            Request::Hello => op::HELLO,
+            Request::Hello { .. } => op::HELLO,
             Request::Alloc { .. } => op::ALLOC,
             Request::Free { .. } => op::FREE,
             Request::Lookup { .. } => op::LOOKUP,
@@ -252,8 +271,22 @@ impl Request {
         };
         Ok(match opc {
             op::HELLO => {
-                exact(0)?;
-                Request::Hello
+                // blocks u32, ns_len u32, ns_len bytes.
+                if p.len() < 8 {
+                    return Err(ProtoError::BadLength { op: opc, len: p.len(), expected: 8 });
+                }
+                let ns_len = u32_at(p, 4) as usize;
+                if ns_len > NAMESPACE_MAX {
+                    return Err(ProtoError::BadField { op: opc, what: "namespace length" });
+                }
+                exact(8 + ns_len)?;
+                let ns = &p[8..];
+                if !ns.iter().all(|c| namespace_byte(*c)) {
+                    return Err(ProtoError::BadField { op: opc, what: "namespace characters" });
+                }
+                // All ASCII (checked above), so this is valid UTF-8 and nothing is replaced.
+                let namespace = String::from_utf8_lossy(ns).into_owned();
+                Request::Hello { blocks: u32_at(p, 0), namespace }
             }
             op::ALLOC => {
                 exact(8)?;
@@ -310,7 +343,12 @@ impl Request {
             }
         };
         match self {
-            Request::Hello | Request::Stats => {}
+            Request::Hello { blocks, namespace } => {
+                out.extend_from_slice(&blocks.to_le_bytes());
+                out.extend_from_slice(&(namespace.len() as u32).to_le_bytes());
+                out.extend_from_slice(namespace.as_bytes());
+            }
+            Request::Stats => {}
             Request::Alloc { seq, n } => {
                 out.extend_from_slice(&seq.to_le_bytes());
                 out.extend_from_slice(&n.to_le_bytes());
@@ -337,6 +375,74 @@ impl Request {
         let mut out = h.encode().to_vec();
         out.extend_from_slice(&payload);
         out
+    }
+}
+
+/// Whether `c` may appear in a namespace name.
+pub fn namespace_byte(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b':' | b'-')
+}
+
+/// The payload of a successful `HELLO` reply (after the status): the client's own slab of
+/// the device pool, whose memfd rides on the same message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelloReply {
+    /// Bytes per device block.
+    pub block_bytes: u64,
+    /// Block id of the slab's first block (block ids on the wire are pool-wide).
+    pub first_block: u32,
+    /// Blocks in the slab.
+    pub blocks: u32,
+    /// Bytes to map from the memfd (`block_bytes × blocks`).
+    pub map_len: u64,
+    /// The namespace the connection is in.
+    pub namespace: String,
+}
+
+impl HelloReply {
+    /// Encodes: `block_bytes u64, first_block u32, blocks u32, map_len u64, ns_len u32,
+    /// ns_len bytes`.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(28 + self.namespace.len());
+        b.extend_from_slice(&self.block_bytes.to_le_bytes());
+        b.extend_from_slice(&self.first_block.to_le_bytes());
+        b.extend_from_slice(&self.blocks.to_le_bytes());
+        b.extend_from_slice(&self.map_len.to_le_bytes());
+        b.extend_from_slice(&(self.namespace.len() as u32).to_le_bytes());
+        b.extend_from_slice(self.namespace.as_bytes());
+        b
+    }
+
+    /// Decodes and checks lengths and that `map_len` is the slab's size.
+    pub fn decode(p: &[u8]) -> Result<HelloReply, ProtoError> {
+        let bad = |what| ProtoError::BadField { op: op::HELLO | REPLY, what };
+        if p.len() < 28 {
+            return Err(ProtoError::BadLength {
+                op: op::HELLO | REPLY,
+                len: p.len(),
+                expected: 28,
+            });
+        }
+        let ns_len = u32_at(p, 24) as usize;
+        if ns_len > NAMESPACE_MAX || p.len() != 28 + ns_len {
+            return Err(bad("namespace length"));
+        }
+        if !p[28..].iter().all(|c| namespace_byte(*c)) {
+            return Err(bad("namespace characters"));
+        }
+        let r = HelloReply {
+            block_bytes: u64_at(p, 0),
+            first_block: u32_at(p, 8),
+            blocks: u32_at(p, 12),
+            map_len: u64_at(p, 16),
+            namespace: String::from_utf8_lossy(&p[28..]).into_owned(),
+        };
+        let size = r.block_bytes.checked_mul(u64::from(r.blocks));
+        if r.blocks == 0 || size != Some(r.map_len) || r.first_block.checked_add(r.blocks).is_none()
+        {
+            return Err(bad("slab size"));
+        }
+        Ok(r)
     }
 }
 
@@ -407,6 +513,15 @@ pub enum ErrorCode {
     UnknownTicket = 16,
     /// Wait timed out (the transfer goes on).
     Timeout = 17,
+    /// The peer's credentials are not on the server's allow-list (sent, then closed).
+    PeerRefused = 18,
+    /// A request other than `HELLO` before a successful `HELLO`.
+    HelloRequired = 19,
+    /// The namespace asked for at `HELLO` is not open to this peer.
+    NamespaceRefused = 20,
+    /// The frame's protocol version is not this server's (sent in the peer's version, then
+    /// closed).
+    VersionUnsupported = 21,
     /// Anything else.
     Other = 99,
 }
@@ -458,6 +573,10 @@ impl ErrorCode {
             Cancelled,
             UnknownTicket,
             Timeout,
+            PeerRefused,
+            HelloRequired,
+            NamespaceRefused,
+            VersionUnsupported,
         ]
         .get(v as usize)
         .copied()
@@ -472,7 +591,8 @@ mod tests {
     #[test]
     fn round_trip_every_request() {
         let reqs = [
-            Request::Hello,
+            Request::Hello { blocks: 0, namespace: String::new() },
+            Request::Hello { blocks: 7, namespace: "team-a:prod_1.x".into() },
             Request::Alloc { seq: 3, n: 9 },
             Request::Free { seq: 3, blocks: vec![1, 2] },
             Request::Lookup { seq: 4 },
@@ -499,16 +619,44 @@ mod tests {
         let mut f = Request::PrepareStore { seq: 1, blocks: vec![1] }.encode(1);
         f[23] = 0xff; // count = huge
         assert!(matches!(decode_frame(&f), Err(ProtoError::BadField { .. })));
-        let mut f = Request::Hello.encode(1);
+        let mut f = Request::Stats.encode(1);
         f[12] = 0xff;
         f[13] = 0xff;
         f[14] = 0xff;
         assert!(matches!(decode_frame(&f), Err(ProtoError::TooLong(_))));
-        let mut f = Request::Hello.encode(1);
+        let mut f = Request::Stats.encode(1);
         f[0] = 0;
         assert!(matches!(decode_frame(&f), Err(ProtoError::BadMagic(_))));
         let mut f = Request::Stats.encode(1);
         f[6] = 77;
         assert!(matches!(decode_frame(&f), Err(ProtoError::BadOp(77))));
+        let mut f = Request::Stats.encode(1);
+        f[4] = 1; // version 1
+        assert!(matches!(decode_frame(&f), Err(ProtoError::BadVersion(1))));
+        let f = Request::Hello { blocks: 1, namespace: "a/b".into() }.encode(1);
+        assert!(matches!(decode_frame(&f), Err(ProtoError::BadField { .. })));
+        let mut f = Request::Hello { blocks: 1, namespace: "ab".into() }.encode(1);
+        f[20] = 200; // namespace length past the payload and the limit
+        assert!(decode_frame(&f).is_err());
+    }
+
+    #[test]
+    fn hello_reply_round_trips_and_checks_the_slab_size() {
+        let r = HelloReply {
+            block_bytes: 4096,
+            first_block: 8,
+            blocks: 4,
+            map_len: 4 * 4096,
+            namespace: "uid:1000".into(),
+        };
+        assert_eq!(HelloReply::decode(&r.encode()).unwrap(), r);
+        let e = r.encode();
+        for cut in 0..e.len() {
+            assert!(HelloReply::decode(&e[..cut]).is_err());
+        }
+        let wrong = HelloReply { map_len: 4096, ..r.clone() };
+        assert!(HelloReply::decode(&wrong.encode()).is_err());
+        let empty = HelloReply { blocks: 0, map_len: 0, ..r };
+        assert!(HelloReply::decode(&empty.encode()).is_err());
     }
 }

@@ -1,5 +1,13 @@
 //! `fastlane kv serve`: the engine behind a Unix socket, for an external inference server.
 //!
+//! Who may connect: on accept the server reads the peer's credentials (`SO_PEERCRED`) and
+//! refuses, with an error frame and a log line, a peer whose uid and gid are not on
+//! [`ServerConfig`]'s allow-lists (default: the server's own uid only). What a connection
+//! sees: at `HELLO` it gets its own slab of the device pool, backed by its own memfd
+//! ([`SlabDeviceMemory`]), so its mapping holds only its blocks; the slab goes back to the
+//! pool (zeroed) when the connection is gone and its transfers have drained. Each connection
+//! is in one namespace (default `uid:<uid>`), the unit future shared blocks will be shared in.
+//!
 //! One thread per connection (at most [`CONNECTIONS_MAX`]); the engine sits behind a mutex
 //! held only for one engine call at a time (a `COMPLETE` waits in 1 ms slices). Sequence ids
 //! are namespaced per connection (engine id = connection id << 32 | client id), and so are
@@ -10,7 +18,7 @@
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -19,15 +27,114 @@ use std::time::{Duration, Instant};
 
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
+use crate::device::{DeviceMemory, Slab, SlabDeviceMemory};
 use crate::engine::{SeqPhase, SwapEngine};
 use crate::error::KvSwapError;
-use crate::proto::{self, ErrorCode, Header, ProtoError, Request, HEADER_LEN, PAYLOAD_MAX};
+use crate::proto::{
+    self, ErrorCode, Header, HelloReply, ProtoError, Request, HEADER_LEN, MAGIC, PAYLOAD_MAX,
+};
 use crate::{BlockId, SeqId, Ticket, TierKind};
 
 /// Most concurrent connections.
 pub const CONNECTIONS_MAX: usize = 64;
 /// Longest `COMPLETE` wait the server grants.
 pub const COMPLETE_WAIT_MAX: Duration = Duration::from_secs(60);
+/// How long a closing connection waits for its transfers to drain before it leaves its slab
+/// to be reclaimed by a later `HELLO`.
+pub const DRAIN_WAIT_MAX: Duration = Duration::from_secs(5);
+/// How long the server waits for a refused peer's first frame before it answers anyway.
+const REFUSE_READ_WAIT: Duration = Duration::from_secs(1);
+
+/// Who may connect and how much of the device pool each connection may hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Peer uids (from `SO_PEERCRED`) allowed to connect.
+    pub allow_uids: Vec<u32>,
+    /// Peer primary gids (from `SO_PEERCRED`) allowed to connect.
+    pub allow_gids: Vec<u32>,
+    /// Most blocks one connection's slab may have.
+    pub conn_blocks_max: u32,
+    /// Slab size for a `HELLO` that asks for 0 blocks.
+    pub conn_blocks_default: u32,
+    /// Named namespaces and the uids that may join each. Every peer may also use its own
+    /// `uid:<uid>` namespace (the default).
+    pub namespaces: Vec<(String, Vec<u32>)>,
+}
+
+impl ServerConfig {
+    /// Defaults for a pool of `blocks` blocks: only the server's own effective uid may
+    /// connect; a connection may hold the whole pool and gets a quarter of it by default.
+    pub fn for_pool(blocks: u32) -> ServerConfig {
+        ServerConfig {
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            allow_uids: vec![unsafe { libc::geteuid() }],
+            allow_gids: Vec::new(),
+            conn_blocks_max: blocks,
+            conn_blocks_default: (blocks / 4).max(1),
+            namespaces: Vec::new(),
+        }
+    }
+
+    /// Whether a peer with these credentials may connect.
+    pub fn allows(&self, cred: &PeerCred) -> bool {
+        self.allow_uids.contains(&cred.uid) || self.allow_gids.contains(&cred.gid)
+    }
+
+    /// The namespace a peer asked for at `HELLO` (empty: its default), or why it may not
+    /// have it.
+    pub fn namespace_for(&self, cred: &PeerCred, asked: &str) -> Result<String, String> {
+        let own = format!("uid:{}", cred.uid);
+        if asked.is_empty() || asked == own {
+            return Ok(own);
+        }
+        if asked.starts_with("uid:") {
+            return Err(format!(
+                "namespace {asked:?} is another uid's; uid {} may use {own:?}",
+                cred.uid
+            ));
+        }
+        match self.namespaces.iter().find(|(n, _)| n == asked) {
+            Some((_, uids)) if uids.contains(&cred.uid) => Ok(asked.to_string()),
+            Some(_) => Err(format!("namespace {asked:?} is not open to uid {}", cred.uid)),
+            None => Err(format!("namespace {asked:?} is not configured on this server")),
+        }
+    }
+}
+
+/// A peer's credentials as the kernel recorded them at `connect` (`SO_PEERCRED`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    /// Process id.
+    pub pid: i32,
+    /// Effective user id.
+    pub uid: u32,
+    /// Effective group id.
+    pub gid: u32,
+}
+
+/// Reads the credentials of the process at the other end of `stream`.
+pub fn peer_cred(stream: &UnixStream) -> std::io::Result<PeerCred> {
+    let mut c = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `c` is a writable ucred and `len` its size, as SO_PEERCRED expects; the fd is
+    // the stream's, open for the duration of the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut c as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if len as usize != std::mem::size_of::<libc::ucred>() {
+        return Err(std::io::Error::other("short SO_PEERCRED answer"));
+    }
+    Ok(PeerCred { pid: c.pid, uid: c.uid, gid: c.gid })
+}
 
 /// Counters of a running server.
 #[derive(Debug, Default)]
@@ -38,6 +145,8 @@ pub struct ServerCounters {
     pub protocol_errors: AtomicU64,
     /// Requests served.
     pub requests: AtomicU64,
+    /// Peers refused for their credentials.
+    pub refused: AtomicU64,
 }
 
 /// The server.
@@ -45,22 +154,36 @@ pub struct ServerCounters {
 pub struct Server {
     listener: UnixListener,
     engine: Arc<Mutex<SwapEngine>>,
-    pool_fd: RawFd,
-    pool_len: u64,
+    device: Arc<SlabDeviceMemory>,
+    config: Arc<ServerConfig>,
+    draining: Arc<Mutex<Vec<Slab>>>,
     live: Arc<AtomicUsize>,
     counters: Arc<ServerCounters>,
 }
 
 impl Server {
-    /// Binds `path` (an existing socket file is replaced). `pool_fd`/`pool_len`: the memfd of
-    /// the engine's device memory, sent to every client in the `HELLO` reply; it must stay
-    /// open as long as the server.
+    /// Binds `path` (an existing socket file is replaced). `device` must be the engine's
+    /// device memory: each connection gets a slab of it at `HELLO`.
     pub fn bind(
         path: &Path,
         engine: SwapEngine,
-        pool_fd: RawFd,
-        pool_len: u64,
+        device: Arc<SlabDeviceMemory>,
+        config: ServerConfig,
     ) -> Result<Server, KvSwapError> {
+        let same = std::ptr::addr_eq(Arc::as_ptr(engine.device()), Arc::as_ptr(&device));
+        if !same {
+            return Err(KvSwapError::BadConfig {
+                detail: "kv serve: the engine does not run on the given device pool".into(),
+            });
+        }
+        if config.conn_blocks_default == 0 || config.conn_blocks_default > config.conn_blocks_max {
+            return Err(KvSwapError::BadConfig {
+                detail: format!(
+                    "kv serve: default slab of {} blocks, cap {}",
+                    config.conn_blocks_default, config.conn_blocks_max
+                ),
+            });
+        }
         let _ = std::fs::remove_file(path);
         let listener =
             UnixListener::bind(path).map_err(|e| KvSwapError::setup("bind socket", e))?;
@@ -68,8 +191,9 @@ impl Server {
         Ok(Server {
             listener,
             engine: Arc::new(Mutex::new(engine)),
-            pool_fd,
-            pool_len,
+            device,
+            config: Arc::new(config),
+            draining: Arc::new(Mutex::new(Vec::new())),
             live: Arc::new(AtomicUsize::new(0)),
             counters: Arc::new(ServerCounters::default()),
         })
@@ -97,21 +221,45 @@ impl Server {
                         log::warn!("kv serve: connection refused, {CONNECTIONS_MAX} already open");
                         continue;
                     }
-                    self.counters.accepted.fetch_add(1, Ordering::Relaxed);
+                    let cred = peer_cred(&stream);
+                    let refusal = match &cred {
+                        Ok(c) if self.config.allows(c) => None,
+                        Ok(c) => Some(format!(
+                            "peer pid {} uid {} gid {} is not allowed to use this kv server \
+                             (allowed uids {:?}, gids {:?}; see --allow-uid/--allow-gid)",
+                            c.pid, c.uid, c.gid, self.config.allow_uids, self.config.allow_gids
+                        )),
+                        Err(e) => Some(format!("the peer's credentials are unreadable ({e})")),
+                    };
+                    let live = self.live.clone();
                     self.live.fetch_add(1, Ordering::Relaxed);
+                    let (Ok(cred), None) = (cred, &refusal) else {
+                        let msg = refusal.unwrap_or_default();
+                        log::warn!("kv serve: refused a connection: {msg}");
+                        self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                        threads.push(std::thread::spawn(move || {
+                            refuse(stream, ErrorCode::PeerRefused, &msg);
+                            live.fetch_sub(1, Ordering::Relaxed);
+                        }));
+                        continue;
+                    };
+                    self.counters.accepted.fetch_add(1, Ordering::Relaxed);
                     let conn = Conn {
                         id: next_conn,
                         stream,
+                        cred,
                         engine: self.engine.clone(),
-                        pool_fd: self.pool_fd,
-                        pool_len: self.pool_len,
+                        device: self.device.clone(),
+                        config: self.config.clone(),
+                        draining: self.draining.clone(),
+                        slab: None,
+                        namespace: None,
                         tickets: HashSet::new(),
                         seqs: HashSet::new(),
                         counters: self.counters.clone(),
                         stop: stop_all.clone(),
                     };
                     next_conn += 1;
-                    let live = self.live.clone();
                     threads.push(std::thread::spawn(move || {
                         conn.run();
                         live.fetch_sub(1, Ordering::Relaxed);
@@ -132,12 +280,68 @@ impl Server {
     }
 }
 
+/// Answers a peer that may not be served: reads its first frame (bounded in time), replies
+/// to it with `code` and `msg` in the peer's protocol version, and closes.
+fn refuse(mut stream: UnixStream, code: ErrorCode, msg: &str) {
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(50)));
+    let deadline = Instant::now() + REFUSE_READ_WAIT;
+    let mut hb = [0u8; HEADER_LEN];
+    let mut got = 0;
+    while got < HEADER_LEN && Instant::now() < deadline {
+        match stream.read(&mut hb[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(_) => {}
+        }
+    }
+    let mut version = proto::VERSION;
+    let (mut op, mut req_id) = (proto::op::HELLO, 0);
+    if got == HEADER_LEN && hb[0..4] == MAGIC.to_le_bytes() {
+        version = u16::from_le_bytes([hb[4], hb[5]]);
+        op = u16::from_le_bytes([hb[6], hb[7]]) & !proto::REPLY;
+        req_id = u32::from_le_bytes([hb[8], hb[9], hb[10], hb[11]]);
+        // Drain the payload so the close does not reset the reply away.
+        let mut left =
+            (u32::from_le_bytes([hb[12], hb[13], hb[14], hb[15]]) as usize).min(PAYLOAD_MAX);
+        let mut sink = [0u8; 4096];
+        while left > 0 && Instant::now() < deadline {
+            let want = left.min(sink.len());
+            match stream.read(&mut sink[..want]) {
+                Ok(0) => break,
+                Ok(n) => left -= n,
+                Err(_) => {}
+            }
+        }
+    }
+    let frame = error_frame(version, op, req_id, code, msg);
+    let _ = stream.write_all(&frame);
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+}
+
+/// A reply frame carrying an error status and message, in protocol `version`.
+fn error_frame(version: u16, op: u16, req_id: u32, code: ErrorCode, msg: &str) -> Vec<u8> {
+    let mut payload = (code as u32).to_le_bytes().to_vec();
+    payload.extend_from_slice(msg.as_bytes());
+    payload.truncate(PAYLOAD_MAX);
+    let h = Header { op: op | proto::REPLY, req_id, len: payload.len() as u32 };
+    let mut frame = h.encode_version(version).to_vec();
+    frame.extend_from_slice(&payload);
+    frame
+}
+
 struct Conn {
     id: u64,
     stream: UnixStream,
+    cred: PeerCred,
     engine: Arc<Mutex<SwapEngine>>,
-    pool_fd: RawFd,
-    pool_len: u64,
+    device: Arc<SlabDeviceMemory>,
+    config: Arc<ServerConfig>,
+    /// Slabs of closed connections whose blocks were still busy; reclaimed at a later HELLO.
+    draining: Arc<Mutex<Vec<Slab>>>,
+    /// This connection's slab of the device pool, from its HELLO on.
+    slab: Option<Slab>,
+    /// This connection's namespace, from its HELLO on.
+    namespace: Option<String>,
     tickets: HashSet<u64>,
     seqs: HashSet<u32>,
     counters: Arc<ServerCounters>,
@@ -147,6 +351,12 @@ struct Conn {
 enum ReadErr {
     Closed,
     Proto(ProtoError),
+    /// A well-formed header of another protocol version.
+    Version {
+        version: u16,
+        op: u16,
+        req_id: u32,
+    },
 }
 
 impl Conn {
@@ -162,6 +372,25 @@ impl Conn {
                     }
                 }
                 Err(ReadErr::Closed) => break,
+                Err(ReadErr::Version { version, op, req_id }) => {
+                    log::warn!(
+                        "kv serve: connection {} speaks protocol version {version}, not {}; \
+                         closing it",
+                        self.id,
+                        proto::VERSION
+                    );
+                    self.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                    let msg = format!(
+                        "kv serve speaks protocol version {} (per-connection device pools, \
+                         HELLO with slab size and namespace); this client speaks version \
+                         {version}: upgrade the client",
+                        proto::VERSION
+                    );
+                    let f = error_frame(version, op, req_id, ErrorCode::VersionUnsupported, &msg);
+                    let _ = (&self.stream).write_all(&f);
+                    let _ = self.stream.shutdown(std::net::Shutdown::Write);
+                    break;
+                }
                 Err(ReadErr::Proto(e)) => {
                     log::warn!(
                         "kv serve: connection {} sent a bad frame ({e}); closing it",
@@ -176,9 +405,125 @@ impl Conn {
         for s in &self.seqs {
             let _ = e.drop_seq(self.seq(*s));
         }
-        for t in &self.tickets {
-            let _ = e.wait(Ticket(*t), Duration::ZERO);
+        drop(e);
+        // Dropping cancelled what had not started; wait (bounded, the lock taken per slice)
+        // for what had, so that the slab is idle and can go back to the pool now.
+        let deadline = Instant::now() + DRAIN_WAIT_MAX;
+        let tickets: Vec<u64> = self.tickets.drain().collect();
+        for t in tickets {
+            loop {
+                let r = self.engine().wait(Ticket(t), Duration::from_millis(1));
+                match r {
+                    Err(KvSwapError::Timeout { .. })
+                        if Instant::now() < deadline && !self.stop.load(Ordering::Relaxed) => {}
+                    _ => break,
+                }
+            }
         }
+        if let Some(slab) = self.slab.take() {
+            let mut e = self.engine();
+            if e.range_idle(slab.range()) {
+                // SAFETY: the slab was attached for this connection and not detached; its
+                // blocks are owned by no sequence and pinned by no transfer (just checked,
+                // under the engine lock, which every allocation and transfer start takes),
+                // and only this connection's sequences could allocate in its range.
+                if let Err(err) = unsafe { self.device.detach(slab) } {
+                    log::error!("kv serve: connection {}: giving back {slab:?}: {err}", self.id);
+                }
+            } else {
+                // Not under the engine lock: `reclaim_draining` takes this list's lock first.
+                drop(e);
+                log::warn!(
+                    "kv serve: connection {} closed with transfers in flight; its {slab:?} \
+                     is reclaimed once they drain",
+                    self.id
+                );
+                lock_draining(&self.draining).push(slab);
+            }
+        }
+        log::debug!(
+            "kv serve: connection {} (pid {} uid {}, namespace {:?}) closed",
+            self.id,
+            self.cred.pid,
+            self.cred.uid,
+            self.namespace
+        );
+    }
+
+    /// Gives back the slabs of closed connections whose transfers have drained since.
+    fn reclaim_draining(&self) {
+        let mut draining = lock_draining(&self.draining);
+        if draining.is_empty() {
+            return;
+        }
+        let mut e = self.engine();
+        draining.retain(|slab| {
+            if !e.range_idle(slab.range()) {
+                return true;
+            }
+            // SAFETY: the slab was attached for a connection that is gone and was put here
+            // instead of being detached; no live connection allocates in its range, and the
+            // engine (locked) reports its blocks unowned and unpinned.
+            match unsafe { self.device.detach(*slab) } {
+                Ok(()) => false,
+                Err(err) => {
+                    log::error!("kv serve: giving back {slab:?}: {err}");
+                    true
+                }
+            }
+        });
+    }
+
+    fn hello(&mut self, blocks: u32, namespace: &str) -> Result<(Vec<u8>, OwnedFd), Refusal> {
+        if self.slab.is_some() {
+            return Err((ErrorCode::Other, "HELLO twice on one connection".into()));
+        }
+        let ns = self
+            .config
+            .namespace_for(&self.cred, namespace)
+            .map_err(|m| (ErrorCode::NamespaceRefused, m))?;
+        let want = if blocks == 0 { self.config.conn_blocks_default } else { blocks };
+        if want > self.config.conn_blocks_max {
+            return Err((
+                ErrorCode::QuotaExceeded,
+                format!(
+                    "asked for a slab of {want} blocks; this server allows at most {} per \
+                     connection",
+                    self.config.conn_blocks_max
+                ),
+            ));
+        }
+        self.reclaim_draining();
+        let (slab, fd) = self.device.attach(want).map_err(|e| match e {
+            KvSwapError::DeviceFull { free, .. } => (
+                ErrorCode::DeviceFull,
+                format!(
+                    "no free run of {want} blocks in the device pool (largest {free}); other \
+                     connections hold the rest"
+                ),
+            ),
+            e => (ErrorCode::of(&e), e.to_string()),
+        })?;
+        let reply = HelloReply {
+            block_bytes: self.device.block_bytes() as u64,
+            first_block: slab.first,
+            blocks: slab.blocks,
+            map_len: (slab.blocks as usize * self.device.block_bytes()) as u64,
+            namespace: ns.clone(),
+        };
+        log::info!(
+            "kv serve: connection {} (pid {} uid {} gid {}) in namespace {ns:?} holds blocks \
+             {}..{}",
+            self.id,
+            self.cred.pid,
+            self.cred.uid,
+            self.cred.gid,
+            slab.first,
+            slab.first + slab.blocks
+        );
+        self.slab = Some(slab);
+        self.namespace = Some(ns);
+        Ok((reply.encode(), fd))
     }
 
     /// The shared engine, locked.
@@ -216,7 +561,17 @@ impl Conn {
 
     fn read_frame(&mut self, buf: &mut [u8]) -> Result<(Header, Request), ReadErr> {
         self.read_exact(&mut buf[..HEADER_LEN])?;
-        let h = Header::decode(&buf[..HEADER_LEN]).map_err(ReadErr::Proto)?;
+        let h = match Header::decode(&buf[..HEADER_LEN]) {
+            Ok(h) => h,
+            Err(ProtoError::BadVersion(version)) => {
+                return Err(ReadErr::Version {
+                    version,
+                    op: u16::from_le_bytes([buf[6], buf[7]]) & !proto::REPLY,
+                    req_id: u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]),
+                })
+            }
+            Err(e) => return Err(ReadErr::Proto(e)),
+        };
         let end = HEADER_LEN + h.len as usize;
         self.read_exact(&mut buf[HEADER_LEN..end])?;
         let req = Request::decode(h.op, &buf[HEADER_LEN..end]).map_err(ReadErr::Proto)?;
@@ -230,7 +585,7 @@ impl Conn {
     fn reply(
         &mut self,
         h: Header,
-        body: Result<Vec<u8>, KvSwapError>,
+        body: Result<Vec<u8>, Refusal>,
         fd: Option<RawFd>,
     ) -> std::io::Result<()> {
         let mut payload = Vec::with_capacity(64);
@@ -239,9 +594,9 @@ impl Conn {
                 payload.extend_from_slice(&(ErrorCode::Ok as u32).to_le_bytes());
                 payload.extend_from_slice(&b);
             }
-            Err(e) => {
-                payload.extend_from_slice(&(ErrorCode::of(&e) as u32).to_le_bytes());
-                payload.extend_from_slice(e.to_string().as_bytes());
+            Err((code, msg)) => {
+                payload.extend_from_slice(&(code as u32).to_le_bytes());
+                payload.extend_from_slice(msg.as_bytes());
             }
         }
         let rh = Header { op: h.op | proto::REPLY, req_id: h.req_id, len: payload.len() as u32 };
@@ -260,19 +615,28 @@ impl Conn {
 
     fn handle(&mut self, h: Header, req: Request) -> std::io::Result<()> {
         let blocks = |v: &[u32]| v.iter().map(|b| BlockId(*b)).collect::<Vec<_>>();
-        let r: Result<Vec<u8>, KvSwapError> = match req {
-            Request::Hello => {
-                let e = self.engine();
-                let mut b = Vec::new();
-                b.extend_from_slice(&(e.block_bytes() as u64).to_le_bytes());
-                b.extend_from_slice(&e.device().blocks().to_le_bytes());
-                b.extend_from_slice(&self.pool_len.to_le_bytes());
-                drop(e);
-                let fd = self.pool_fd;
-                return self.reply(h, Ok(b), Some(fd));
+        let slab = match (&req, self.slab) {
+            (Request::Hello { blocks, namespace }, _) => {
+                return match self.hello(*blocks, namespace) {
+                    // The memfd is closed here once sent: the mappings keep the slab alive.
+                    Ok((b, fd)) => self.reply(h, Ok(b), Some(fd.as_raw_fd())),
+                    Err(r) => self.reply(h, Err(r), None),
+                };
             }
+            (_, Some(slab)) => slab,
+            (_, None) => {
+                let msg = format!(
+                    "send HELLO first (protocol version {}): it gives this connection its slab \
+                     of the device pool",
+                    proto::VERSION
+                );
+                return self.reply(h, Err((ErrorCode::HelloRequired, msg)), None);
+            }
+        };
+        let r: Result<Vec<u8>, KvSwapError> = match req {
+            Request::Hello { .. } => Ok(Vec::new()),
             Request::Alloc { seq, n } => {
-                let r = self.engine().alloc_blocks(self.seq(seq), n);
+                let r = self.engine().alloc_blocks_in(self.seq(seq), n, slab.range());
                 r.map(|v| {
                     self.seqs.insert(seq);
                     let mut b = (v.len() as u32).to_le_bytes().to_vec();
@@ -369,6 +733,40 @@ impl Conn {
                 Ok(b)
             }
         };
-        self.reply(h, r, None)
+        self.reply(h, r.map_err(|e| (ErrorCode::of(&e), e.to_string())), None)
+    }
+}
+
+/// An error status and its message.
+type Refusal = (ErrorCode, String);
+
+/// The list of slabs waiting to drain. Held only for `Vec` edits and `range_idle`/`detach`
+/// calls that return errors rather than panic, so a poisoned lock still holds a valid list.
+fn lock_draining(m: &Mutex<Vec<Slab>>) -> MutexGuard<'_, Vec<Slab>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allow_lists_and_namespaces() {
+        let mut c = ServerConfig::for_pool(8);
+        c.allow_uids = vec![10];
+        c.allow_gids = vec![20];
+        c.namespaces = vec![("team".into(), vec![10, 11])];
+        let peer = |uid, gid| PeerCred { pid: 1, uid, gid };
+        assert!(c.allows(&peer(10, 99)) && c.allows(&peer(99, 20)));
+        assert!(!c.allows(&peer(11, 21)));
+        assert_eq!(c.namespace_for(&peer(11, 0), "").unwrap(), "uid:11");
+        assert_eq!(c.namespace_for(&peer(11, 0), "uid:11").unwrap(), "uid:11");
+        assert_eq!(c.namespace_for(&peer(11, 0), "team").unwrap(), "team");
+        assert!(c.namespace_for(&peer(12, 0), "team").is_err());
+        assert!(c.namespace_for(&peer(11, 0), "uid:10").is_err());
+        assert!(c.namespace_for(&peer(11, 0), "other").is_err());
+        assert_eq!(ServerConfig::for_pool(8).conn_blocks_default, 2);
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(ServerConfig::for_pool(1).allow_uids, vec![unsafe { libc::geteuid() }]);
     }
 }

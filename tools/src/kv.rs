@@ -1,8 +1,9 @@
 //! `fastlane kv`: the KV-cache swap tier.
 //!
 //! - `fastlane kv serve --socket PATH`: the swap engine behind the versioned Unix-socket
-//!   protocol of `kvswap::proto` (docs/kvswap.md), device memory shared by memfd, until
-//!   SIGINT/SIGTERM.
+//!   protocol of `kvswap::proto` (docs/kvswap.md), until SIGINT/SIGTERM. Each connection gets
+//!   its own slab of the device pool (its own memfd); peers are checked against
+//!   `--allow-uid`/`--allow-gid` (default: the server's own uid).
 //! - `fastlane kv bench`: host tier vs `memcpy` and NVMe tier vs sequential O_DIRECT
 //!   `pwrite`/`pread` of the same bytes in one run, the remote tier (a `fastlane rdma serve`
 //!   pool, `--pool`) without a peer, and swap-in latency per tier as `.hlog`; `--json` prints
@@ -20,9 +21,10 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use fastlane_hist::{HlogWriter, LatencyRecorder, Summary};
 use fastlane_util::parse_size;
+use kvswap::server::{Server, ServerConfig};
 use kvswap::{
     BlockId, ChecksumMode, EngineConfig, HostDeviceMemory, KvGeometry, NvmeTierConfig,
-    RemoteTierConfig, SeqId, SpillPolicy, SwapEngine,
+    RemoteTierConfig, SeqId, SlabDeviceMemory, SpillPolicy, SwapEngine,
 };
 use serde::Serialize;
 
@@ -111,6 +113,43 @@ struct ServeArgs {
     /// Per-block checksum: fast, crc32c, off.
     #[arg(long, default_value = "fast")]
     checksum: String,
+    /// Peer uids allowed to connect (SO_PEERCRED), comma separated; default: the server's
+    /// own uid only (when neither --allow-uid nor --allow-gid is given).
+    #[arg(long, value_delimiter = ',')]
+    allow_uid: Vec<u32>,
+    /// Peer gids (primary group) allowed to connect, comma separated.
+    #[arg(long, value_delimiter = ',')]
+    allow_gid: Vec<u32>,
+    /// Most device blocks one connection's slab may have (default: the whole pool).
+    #[arg(long)]
+    conn_blocks_max: Option<u32>,
+    /// Slab size for a client whose HELLO asks for 0 blocks (default: a quarter of the pool).
+    #[arg(long)]
+    conn_blocks_default: Option<u32>,
+    /// A namespace peers may share: NAME=UID[:UID...] (repeatable). Every peer also has its
+    /// own `uid:<uid>` namespace, the default.
+    #[arg(long, value_parser = parse_namespace)]
+    namespace: Vec<(String, Vec<u32>)>,
+}
+
+/// `NAME=UID[:UID...]`.
+fn parse_namespace(s: &str) -> Result<(String, Vec<u32>)> {
+    let (name, uids) = s.split_once('=').context("--namespace wants NAME=UID[:UID...]")?;
+    if name.is_empty()
+        || name.len() > kvswap::proto::NAMESPACE_MAX
+        || name.starts_with("uid:")
+        || !name.bytes().all(kvswap::proto::namespace_byte)
+    {
+        bail!(
+            "namespace name {name:?}: 1 to {} bytes of [A-Za-z0-9._:-], not starting with uid:",
+            kvswap::proto::NAMESPACE_MAX
+        );
+    }
+    let uids = uids
+        .split(':')
+        .map(|u| u.parse::<u32>().with_context(|| format!("uid {u:?} in --namespace {s}")))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((name.to_string(), uids))
 }
 
 #[derive(Debug, Args)]
@@ -183,7 +222,21 @@ fn serve(a: &ServeArgs) -> Result<()> {
     let signals = StopSignals::block()?;
     let stop = Arc::new(AtomicBool::new(false));
     let g = a.model.geometry()?;
-    let dev = Arc::new(HostDeviceMemory::new(g.block_bytes() as usize, a.device_blocks)?);
+    let dev = Arc::new(SlabDeviceMemory::new(g.block_bytes() as usize, a.device_blocks)?);
+    let mut access = ServerConfig::for_pool(a.device_blocks);
+    if !a.allow_uid.is_empty() || !a.allow_gid.is_empty() {
+        access.allow_uids = a.allow_uid.clone();
+        access.allow_gids = a.allow_gid.clone();
+    }
+    if let Some(m) = a.conn_blocks_max {
+        access.conn_blocks_max = m.min(a.device_blocks);
+        access.conn_blocks_default = access.conn_blocks_default.min(access.conn_blocks_max);
+    }
+    if let Some(d) = a.conn_blocks_default {
+        access.conn_blocks_default = d;
+    }
+    access.namespaces = a.namespace.clone();
+    let allowed = format!("uids {:?}, gids {:?}", access.allow_uids, access.allow_gids);
     let config = EngineConfig {
         host_bytes: a.host_bytes,
         nvme: a.nvme.as_ref().map(|p| NvmeTierConfig {
@@ -202,14 +255,14 @@ fn serve(a: &ServeArgs) -> Result<()> {
     };
     let engine = SwapEngine::new(config, dev.clone())?;
     let locked = engine.stats().tiers[0].locked;
-    let server = kvswap::server::Server::bind(&a.socket, engine, dev.fd(), dev.len_bytes() as u64)?;
+    let server = Server::bind(&a.socket, engine, dev.clone(), access)?;
     signals.on_stop({
         let stop = stop.clone();
         move || stop.store(true, Ordering::Relaxed)
     })?;
     eprintln!(
         "fastlane kv serve: {} blocks of {} bytes, host tier {} bytes{}, listening on {:?} \
-         (protocol v{})",
+         (protocol v{}), peers allowed: {allowed}",
         a.device_blocks,
         g.block_bytes(),
         a.host_bytes,
@@ -220,8 +273,10 @@ fn serve(a: &ServeArgs) -> Result<()> {
     server.serve(&stop)?;
     let c = server.counters();
     eprintln!(
-        "fastlane kv serve: stopped after {} connections, {} requests, {} protocol errors",
+        "fastlane kv serve: stopped after {} connections ({} refused), {} requests, {} \
+         protocol errors",
         c.accepted.load(Ordering::Relaxed),
+        c.refused.load(Ordering::Relaxed),
         c.requests.load(Ordering::Relaxed),
         c.protocol_errors.load(Ordering::Relaxed)
     );

@@ -163,3 +163,50 @@ fn serve_round_trip_then_sigterm() {
     assert!(status.success(), "{status:?}");
     assert!(!sock.exists(), "socket left behind");
 }
+
+/// `fastlane kv serve --allow-uid` without this process's uid: the client gets the refusal
+/// message, the server logs it and keeps running until SIGTERM.
+#[test]
+fn serve_refuses_a_uid_off_the_allow_list() {
+    use kvswap::client::KvClientError;
+    use kvswap::proto::ErrorCode;
+    use std::io::Read;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let other = me.wrapping_add(4242);
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("kv.sock");
+    let mut child = fastlane()
+        .args(["kv", "serve", "--device-blocks", "8", "--host-bytes", "16M"])
+        .args(["--tokens-per-block", "1", "--allow-uid", &format!("{other},{}", other + 1)])
+        .arg("--socket")
+        .arg(&sock)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let detail = loop {
+        match KvClient::connect(&sock) {
+            Err(KvClientError::Server { code: ErrorCode::PeerRefused, detail }) => break detail,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    };
+    assert!(detail.contains(&format!("uid {me} ")) && detail.contains("not allowed"), "{detail}");
+    // Still up: a second peer is refused the same way.
+    assert!(matches!(
+        KvClient::connect(&sock),
+        Err(KvClientError::Server { code: ErrorCode::PeerRefused, .. })
+    ));
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(status.success(), "{status:?}\n{stderr}");
+    assert!(
+        stderr.contains("refused a connection") && stderr.contains(&format!("uid {me} ")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("(2 refused)"), "{stderr}");
+}

@@ -337,6 +337,32 @@ impl SwapEngine {
         Ok(())
     }
 
+    /// [`SwapEngine::alloc_blocks`] restricted to the block ids in `range` (a client's slab
+    /// of the device pool: `fastlane kv serve` gives each connection its own).
+    pub fn alloc_blocks_in(
+        &mut self,
+        seq: SeqId,
+        n: u32,
+        range: std::ops::Range<u32>,
+    ) -> Result<Vec<BlockId>, KvSwapError> {
+        let clock = self.tick();
+        if self.seqs.get(&seq).is_some_and(|s| s.dropped) {
+            return Err(KvSwapError::UnknownSequence { seq });
+        }
+        let mut out = Vec::with_capacity(n as usize);
+        self.alloc.alloc_in(seq, n, range, &mut out)?;
+        self.seqs.entry(seq).or_insert_with(|| Seq::new(TenantId(0), clock));
+        Ok(out)
+    }
+
+    /// Processes the completions the workers have posted (results stay for `poll`/`wait`),
+    /// then says whether every block in `range` is free and unpinned: no sequence owns one
+    /// and no transfer reads or writes one.
+    pub fn range_idle(&mut self, range: std::ops::Range<u32>) -> bool {
+        self.poll_workers();
+        self.alloc.range_idle(range)
+    }
+
     /// Hands the named free device blocks to `seq` (creating it under tenant 0 if new), for
     /// an owner whose own block manager decides which blocks a sequence holds (the inference
     /// engine's scheduler): it adopts a sequence's blocks for one transfer and frees them in
