@@ -5,7 +5,8 @@
 #   2. cargo clippy --workspace --all-targets -- -D warnings
 #   3. cargo test --workspace --all-targets  (unit, integration, QEMU-guest tests; criterion
 #      benches run once in test mode so they keep compiling)
-#   4. cargo check -p kvswap --features cuda, doc tests
+#   4. cargo check -p kvswap --features cuda, doc tests, rustdoc with -D warnings (no broken
+#      or private intra-doc links)
 #   5. the loom models of fastlane-ring (RUSTFLAGS="--cfg loom", own target dir)
 #   6. every fuzz target builds (each */fuzz crate, plain `cargo build` on stable, own target
 #      dir target/fuzz; running them is scripts/fuzz-campaign.sh)
@@ -50,6 +51,9 @@ cargo check -p kvswap --features cuda --locked
 
 step "doc tests"
 cargo test --workspace --doc --locked
+
+step "rustdoc (-D warnings)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
 step "loom models of fastlane-ring"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \

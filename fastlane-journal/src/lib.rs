@@ -27,8 +27,8 @@
 //! Recovery ([`Journal::open`]) scans to the last valid frame (length, CRC, seq, chain),
 //! zeroes the torn tail after it and resumes numbering; a damaged frame *followed by more
 //! data* than one batch could have torn is refused as [`JournalError::Corrupt`] rather than
-//! silently truncated. [`verify`] walks the chain and names the first changed, removed or
-//! reordered record. The on-disk format is described in `docs/journal.md` and [`format`].
+//! silently truncated. [`verify()`] walks the chain and names the first changed, removed or
+//! reordered record. The on-disk format is described in `docs/journal.md` and [`mod@format`].
 //!
 //! What this crate does not do: more than one producer per journal at a time (one ring, one
 //! producer role), or reuse of space (a journal fills its device and then reports

@@ -2,7 +2,7 @@
 //! the Identify data it reads (NVMe Base Specification 2.0 sections 4.2, 4.6, 5; NVM Command
 //! Set Specification 1.0 sections 3 and 4).
 //!
-//! Entries are plain values here; [`super::queue`] copies them into and out of DMA memory with
+//! Entries are plain values here; the queue module copies them into and out of DMA memory with
 //! volatile accesses.
 
 use fastlane_block::BlockError;

@@ -200,7 +200,7 @@ pub struct Mapping {
 
 /// Host-to-IOVA table of externally mapped memory (vhost guest regions, caller buffers from
 /// [`super::NvmeDevice::alloc_dma`]), sorted by host address, non-overlapping. Immutable:
-/// a change publishes a new table (`Controller::publish` in [`super::controller`]); queues
+/// a change publishes a new table (`Controller::publish` in the controller module); queues
 /// keep an `Arc` snapshot.
 #[derive(Debug, Clone, Default)]
 pub struct Translations {

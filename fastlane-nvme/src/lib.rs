@@ -54,7 +54,7 @@
 //! longer write into memory that goes back to its owners), every in-flight request completes
 //! with `BlockError::Io(ETIMEDOUT)` or `Io(EIO)`, and later requests fail at once with
 //! `Io(ENODEV)`. Recovering (reset and re-creating the queues) is not implemented: reopen the
-//! device. Completion status codes map to [`BlockError`] through [`Status::to_block_error`].
+//! device. Completion status codes map to [`BlockError`](fastlane_block::BlockError) through [`Status::to_block_error`].
 //!
 //! # Why `vfio-ioctls`
 //!

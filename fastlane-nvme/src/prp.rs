@@ -4,7 +4,7 @@
 //! page; every further entry is a page start, and every entry but the last runs to the end of
 //! its page. One or two pages: PRP2 is the second page (or unused). More: PRP2 points to a PRP
 //! list, one page of up to 512 entries that the driver fills. The driver limits one command to
-//! [`super::queue`]'s transfer size (at most 1 MiB, 257 pages when unaligned), so one list
+//! the queue module's transfer size (at most 1 MiB, 257 pages when unaligned), so one list
 //! page always suffices and lists are never chained.
 //!
 //! A request's memory is a list of IOVA chunks (one per segment). It can be described by PRPs

@@ -89,7 +89,7 @@ pub struct BenchArgs {
     /// With --url: tokens each slow stream asks for.
     #[arg(long, default_value_t = 256)]
     slow_tokens: u32,
-    /// With --url: write <tenant>.hlog (tags ttft, itl) and ttft.svg into this directory.
+    /// With --url: write `<tenant>.hlog` (tags ttft, itl) and ttft.svg into this directory.
     #[arg(long)]
     hlog_dir: Option<std::path::PathBuf>,
     /// With --url: seed of arrivals and lengths.

@@ -47,7 +47,7 @@ pub struct RemoteTierConfig {
     pub bytes: u64,
 }
 
-/// How to build a [`SwapEngine`].
+/// How to build a [`SwapEngine`](crate::SwapEngine).
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// Host tier size in bytes (rounded down to whole blocks; 0: no host tier, swap-outs

@@ -19,7 +19,7 @@ pub struct TierStats {
 /// The engine's accounting, exact at any moment between calls.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct EngineStats {
-    /// Host, NVMe, remote (index by [`TierKind::index`]).
+    /// Host, NVMe, remote (index by [`TierKind::index`](crate::TierKind::index)).
     pub tiers: [TierStats; 3],
     /// Device blocks in the pool.
     pub device_blocks: u32,
