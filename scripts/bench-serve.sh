@@ -66,23 +66,29 @@ start() { # name args...: starts a server, sets $url
   [ -n "$url" ] || { cat "$tmp/$name.log" >&2; exit 1; }
 }
 stop() { kill -TERM "$(cat "$tmp/$1.pid")"; wait "$(cat "$tmp/$1.pid")" || true; rm -f "$tmp/$1.pid"; }
-bench() { # label url extra...
+engine_url=""
+bench() { # label url extra...: the load, and the engine's step-time histogram around it
   local label=$1 u=$2; shift 2
   echo "== $label"
+  curl -s "$engine_url/metrics" >"$tmp/$label.before"
   "$bin" llm bench --url "$u" --rate "$rate" --seconds "$seconds" --arrivals "$arrivals" \
     --hlog-dir "$dir/$stem/$label" --out "$tmp/$label.json" "$@"
+  curl -s "$engine_url/metrics" >"$tmp/$label.after"
 }
 echo "load before: $(cat /proc/loadavg)"
 engine=(llm serve --model "$model" --tenants "$tmp/tenants.toml" --device-blocks 4096)
 start up "${engine[@]}" --policy fifo
+engine_url=$url
 bench solo "$url" --solo
 bench fifo "$url"
 stop up
 start up "${engine[@]}" --policy drr
+engine_url=$url
 bench drr "$url"
 bench slow "$url" --slow-streams 1000 --slow-tokens 64
 stop up
 start up llm serve --model "$model" --device-blocks 4096 --policy fifo
+engine_url=$url
 start router router --upstream "$url" --tenants "$tmp/tenants.toml"
 bench router "$url"
 stop router
@@ -93,6 +99,22 @@ import json, sys
 tmp, out, rate = sys.argv[1], sys.argv[2], float(sys.argv[3])
 runs = {k: json.load(open(f"{tmp}/{k}.json")) for k in ("solo", "fifo", "drr", "router", "slow")}
 t = lambda k, n: next(x for x in runs[k]["tenants"] if x["tenant"] == n)
+
+def steps(k):
+    # The engine's step-time histogram over the run: bucket deltas of
+    # fastlane_llm_engine_step_seconds between the scrapes before and after.
+    def read(path):
+        b = {}
+        for line in open(path):
+            if line.startswith("fastlane_llm_engine_step_seconds_bucket"):
+                le = line.split('le="')[1].split('"')[0]
+                b[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
+        return b
+    a, z = read(f"{tmp}/{k}.before"), read(f"{tmp}/{k}.after")
+    d = sorted((le, z[le] - a.get(le, 0.0)) for le in z)
+    n = d[-1][1] if d else 0
+    q = lambda p: next((le * 1e3 for le, c in d if c >= p * n), float("nan"))
+    return {"steps": n, "p50_le_ms": q(0.5), "p99_le_ms": q(0.99)}
 solo = t("solo", "quiet")["ttft_p99_ms"]
 summary = {
     "quiet_p99_ttft_ms": {k: t(k, "quiet")["ttft_p99_ms"] for k in runs},
@@ -103,6 +125,8 @@ summary = {
     "flood_bucket_per_s": 600 / 60,
     "flood_offered_per_s": 30 * rate,
     "slow_streams_held": runs["slow"]["slow_streams_held"],
+    # Bucket upper bounds: a step is not preemptible, so a request waits for the one in flight.
+    "engine_step_ms": {k: steps(k) for k in runs},
 }
 json.dump({"component": "llm", "case": "scenario-a-http", "summary": summary, "runs": runs},
           open(out, "w"), indent=2)
