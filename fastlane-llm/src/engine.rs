@@ -311,7 +311,10 @@ impl EngineHistograms {
                 prometheus::HistogramOpts::new(name, help).buckets(buckets),
             )
         };
-        let secs = vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+        let secs = vec![
+            0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06,
+            0.075, 0.1, 0.15, 0.2, 0.25, 0.5, 1.0, 2.5,
+        ];
         let sizes = vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
         // The names, help strings and buckets are constants prometheus accepts.
         #[allow(clippy::expect_used)]
