@@ -195,10 +195,21 @@ pub enum StreamEvent {
 
 /// A submitted request's stream.
 #[derive(Debug)]
+///
+/// The request keeps its tenant's admission slot until the stream is dropped (after its last
+/// event was read, or when the reader gives up), not just until its last token is generated:
+/// a front end's stream holds the slot until the last token is written to the client.
 pub struct Stream {
     /// Request id (for [`Engine::abort`]).
     pub id: u64,
     rx: flume::Receiver<StreamEvent>,
+    engine: Sender<Command>,
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _ = self.engine.send(Command::Release { id: self.id });
+    }
 }
 
 impl Stream {
@@ -356,8 +367,19 @@ impl EngineHistograms {
 }
 
 enum Command {
-    Submit { id: u64, req: GenRequest, tx: flume::Sender<StreamEvent>, at: Instant },
-    Abort { id: u64 },
+    Submit {
+        id: u64,
+        req: GenRequest,
+        tx: flume::Sender<StreamEvent>,
+        at: Instant,
+    },
+    Abort {
+        id: u64,
+    },
+    /// The stream was dropped: its finished request gives back its admission slot.
+    Release {
+        id: u64,
+    },
     Shutdown,
 }
 
@@ -453,7 +475,8 @@ impl Engine {
         };
         let histograms = EngineHistograms::new();
         let port = EnginePort::new(swap).with_histogram(histograms.swap_seconds.clone());
-        let sched = Scheduler::new(sched_cfg, tenants, port)?;
+        let mut sched = Scheduler::new(sched_cfg, tenants, port)?;
+        sched.hold_slots_until_released();
         let (tx, rx) = mpsc::channel();
         let counters = Arc::new(Mutex::new(EngineCounters {
             blocks_total: cfg.device_blocks,
@@ -540,7 +563,7 @@ impl Engine {
         self.tx
             .send(Command::Submit { id, req, tx, at: Instant::now() })
             .map_err(|_| LlmError::Stopped { reason: "engine thread exited".into() })?;
-        Ok(Stream { id, rx })
+        Ok(Stream { id, rx, engine: self.tx.clone() })
     }
 
     /// Aborts a request (its stream ends with [`FinishReason::Abort`]); within one step.
@@ -730,6 +753,14 @@ impl Loop {
                     self.sched.abort(SeqId(id))?;
                     self.end(id, FinishReason::Abort);
                 }
+            }
+            Command::Release { id } => {
+                // A stream dropped before its end: abort first (a no-op when it ended).
+                if self.live.contains_key(&id) {
+                    self.sched.abort(SeqId(id))?;
+                    self.end(id, FinishReason::Abort);
+                }
+                self.sched.release_slot(SeqId(id));
             }
             Command::Submit { id, req, tx, at } => {
                 let tenant = req.tenant;

@@ -301,3 +301,27 @@ fn requests_that_cannot_run_are_refused_with_a_reason() {
     let c = e.shutdown().unwrap();
     assert_eq!(c.blocks_free, c.blocks_total);
 }
+
+#[test]
+fn a_finished_request_holds_its_slot_until_its_stream_is_dropped() {
+    // One slot for the only tenant: B cannot start while A's stream is alive, even after A
+    // has finished generating; dropping A's stream (the front end does it after the last
+    // token is written to the client) lets B run.
+    let tenant = kvswap::sched::TenantConfig {
+        name: "one".into(),
+        tier: kvswap::sched::Tier::Interactive,
+        bucket_capacity: 100.0,
+        rpm: 6000.0,
+        concurrency_max: 1,
+        weight: 1,
+        overflow: kvswap::sched::Overflow::Gate { depth_max: 4 },
+    };
+    let cfg = EngineConfig { policy: Policy::Drr, tenants: vec![tenant], ..ample() };
+    let e = Engine::start(model(), cfg).unwrap();
+    let a = e.submit(GenRequest::greedy(vec![65; 8], 4)).unwrap();
+    assert_eq!(a.wait(WAIT).unwrap().token_ids.len(), 4);
+    let b = e.submit(GenRequest::greedy(vec![66; 8], 4)).unwrap();
+    assert!(b.next(Duration::from_millis(500)).is_none(), "B started while A held the slot");
+    drop(a);
+    assert_eq!(b.wait(WAIT).unwrap().token_ids.len(), 4, "B ran once A's stream was dropped");
+}

@@ -215,6 +215,10 @@ pub struct Scheduler<P: SwapPort> {
     /// Since when the cap has held unprotected prefill work back without a break.
     held_since_ns: Option<u64>,
     protect_stats: ProtectStats,
+    /// Slots of finished sequences stay taken until [`release_slot`](Self::release_slot).
+    hold_slots: bool,
+    /// Finished sequences whose slot is still held, and their tenants.
+    held: HashMap<SeqId, TenantIndex>,
 }
 
 /// What latency protection did over a run.
@@ -313,6 +317,8 @@ impl<P: SwapPort> Scheduler<P> {
             others_left: None,
             held_since_ns: None,
             protect_stats: ProtectStats::default(),
+            hold_slots: false,
+            held: HashMap::new(),
         })
     }
 
@@ -451,6 +457,27 @@ impl<P: SwapPort> Scheduler<P> {
         Ok(true)
     }
 
+    /// From now on a finished sequence keeps its tenant's admission slot until
+    /// [`release_slot`](Self::release_slot): for a front end whose stream is over only when
+    /// its last token has been written to the client, not when it was generated.
+    pub fn hold_slots_until_released(&mut self) {
+        self.hold_slots = true;
+    }
+
+    /// Frees the slot a finished sequence held ([`hold_slots_until_released`]); returns
+    /// whether it held one (a sequence still live, refused or never admitted holds none here).
+    ///
+    /// [`hold_slots_until_released`]: Self::hold_slots_until_released
+    pub fn release_slot(&mut self, seq: SeqId) -> bool {
+        match self.held.remove(&seq) {
+            Some(t) => {
+                self.tenants[t].inflight -= 1;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Whether `seq` is live (admitted and not finished).
     pub fn is_live(&self, seq: SeqId) -> bool {
         self.seqs.contains_key(&seq)
@@ -530,7 +557,11 @@ impl<P: SwapPort> Scheduler<P> {
             self.tenants[s.req.tenant].ready.retain(|&q| q != id);
         }
         let ts = &mut self.tenants[s.req.tenant];
-        ts.inflight -= 1;
+        if self.hold_slots {
+            self.held.insert(id, s.req.tenant);
+        } else {
+            ts.inflight -= 1;
+        }
         match how {
             Ending::Fenced => ts.stats.fenced += 1,
             Ending::Done => ts.stats.completed += 1,

@@ -524,3 +524,22 @@ fn every_planned_item_has_blocks_for_its_positions() {
         assert_eq!(s.blocks().free(), s.blocks().total());
     }
 }
+
+#[test]
+fn held_slots_wait_for_release() {
+    // One slot; slots are held until released: the second request waits after the first
+    // finished, and gets the slot only when the first is released.
+    let t = tenant("a", Tier::Interactive, 10.0, 0.0, 1, Overflow::Gate { depth_max: 4 });
+    let mut s = Scheduler::new(cfg(Policy::Drr, 1000), vec![t], port()).unwrap();
+    s.hold_slots_until_released();
+    assert_eq!(s.submit(0, req(1, 0, 16, 2, 0)).unwrap(), Admission::Admitted);
+    assert_eq!(s.submit(0, req(2, 0, 16, 2, 0)).unwrap(), Admission::Queued);
+    drain(&mut s, 0, 100);
+    assert_eq!(s.stats(0).unwrap().completed, 1);
+    assert_eq!(s.router_queued_of(0), 1, "still waiting for the held slot");
+    assert!(!s.release_slot(SeqId(2)), "a queued request holds no slot");
+    assert!(s.release_slot(SeqId(1)));
+    assert!(!s.release_slot(SeqId(1)), "released once");
+    drain(&mut s, 1, 100);
+    assert_eq!(s.stats(0).unwrap().completed, 2);
+}
