@@ -53,7 +53,10 @@ def _metadata() -> bytes:
     ).encode()
 
 
-_WHEEL = b"Wheel-Version: 1.0\nGenerator: fastlane_kv_build\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+_WHEEL = (
+    b"Wheel-Version: 1.0\nGenerator: fastlane_kv_build\nRoot-Is-Purelib: true\n"
+    b"Tag: py3-none-any\n"
+)
 
 
 def _record_line(name: str, data: bytes) -> str:

@@ -42,7 +42,8 @@ T = TypeVar("T")
 def fastlane_bin() -> Path:
     """The ``fastlane`` binary to test; fails the test run with a hint when absent."""
     env = os.environ.get("FASTLANE_BIN")
-    candidates = [Path(env)] if env else [Path("target/debug/fastlane"), REPO / "target/debug/fastlane"]
+    default = [Path("target/debug/fastlane"), REPO / "target/debug/fastlane"]
+    candidates = [Path(env)] if env else default
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):
             return c.resolve()
