@@ -44,11 +44,7 @@ class KvError(Exception):
         self.status = status
         self.code = ErrorCode.from_wire(status)
         self.message = message
-        try:
-            name = Op(op).name
-        except ValueError:
-            name = str(op)
-        super().__init__(f"{name}: {self.code.name} ({status}): {message}")
+        super().__init__(f"{_op_name(op)}: {self.code.name} ({status}): {message}")
 
 
 @dataclass(frozen=True)
@@ -282,12 +278,12 @@ class KvClient:
             try:
                 sock.settimeout(self._io_timeout if timeout is None else timeout)
                 sock.sendall(proto.frame(op, req_id, payload))
-                h = proto.Header.decode(_recv_exact(sock, proto.HEADER_LEN, Op(op).name))
+                h = proto.Header.decode(_recv_exact(sock, proto.HEADER_LEN, _op_name(op)))
                 if h.op != op | proto.REPLY or h.req_id != req_id:
                     raise ProtocolError(
                         f"reply op {h.op:#x} id {h.req_id} to op {op} id {req_id}"
                     )
-                status, body = proto.split_status(_recv_exact(sock, h.length, Op(op).name))
+                status, body = proto.split_status(_recv_exact(sock, h.length, _op_name(op)))
             except (OSError, ProtocolError):
                 sock.close()
                 self._sock = None
@@ -391,6 +387,14 @@ class KvClient:
 
 
 # --------------------------------------------------------------------- helpers
+
+
+def _op_name(op: int) -> str:
+    """``PREPARE_STORE`` for a known op, the number for one this client does not know."""
+    try:
+        return Op(op).name
+    except ValueError:
+        return f"op {op}"
 
 
 def _recv_exact(sock: socket.socket, n: int, what: str) -> bytes:

@@ -28,6 +28,7 @@ from fastlane_kv import (  # noqa: E402  (after the path set-up above)
     KvClient,
     KvError,
     Phase,
+    ProtocolError,
     Tier,
 )
 
@@ -306,6 +307,14 @@ class ErrorTest(ServerTest):
         with self.assertRaises(ValueError):
             c.alloc(-1, 1)
         # The connection is still good after all of that.
+        self.assertEqual(c.lookup(1).phase, Phase.OUT)
+        # An op this server does not know closes that connection only.
+        d = self.client(slab_blocks=1)
+        with self.assertRaises(ProtocolError) as cm:
+            d.call(200)
+        self.assertIn("closed the connection", str(cm.exception))
+        with self.assertRaises(ValueError):
+            d.stats()
         self.assertEqual(c.lookup(1).phase, Phase.OUT)
 
 
