@@ -20,6 +20,7 @@ PKGS=(
     ibverbs-providers   # the rxe provider (librxe-rdmav34.so + rxe.driver) copied into the guest
     iproute2            # /usr/bin/rdma: creates rxe0 inside the guest
     perftest            # ib_write_lat / ib_write_bw: the peer of `fastlane rdma bench`
+    python3             # /usr/bin/python3: the fastlane_kv client's tests (tools/tests/kv_python.rs)
     python3-numpy       # fastlane-llm: the independent reference forward pass (/usr/bin/python3)
     libopenblas0-pthread # numpy's BLAS: the GEMM peer of `fastlane llm bench` (not reference BLAS)
     binutils            # strip: guest binaries go into the initramfs without debug info
