@@ -1181,11 +1181,11 @@ impl Loop {
             let Some(live) = self.live.get_mut(id) else { continue };
             let done =
                 ((ctx + toks.len()) / TOKENS_PER_BLOCK).min(live.keys.len()).min(table.len());
-            for j in live.stored_blocks..done {
-                let key = live.keys[j];
-                if !store.contains(&key) {
-                    let data: Arc<[u8]> = self.pool.block_bytes_of(table[j]).into();
-                    if store.insert(key, data) {
+            let from = live.stored_blocks.min(done);
+            for (key, b) in live.keys[from..done].iter().zip(&table[from..done]) {
+                if !store.contains(key) {
+                    let data: Arc<[u8]> = self.pool.block_bytes_of(*b).into();
+                    if store.insert(*key, data) {
                         self.local.prefix_stored_blocks += 1;
                     }
                 }

@@ -56,7 +56,7 @@ unsafe impl Sync for HostDeviceMemory {}
 impl HostDeviceMemory {
     /// Maps `blocks` blocks of `block_bytes` (a multiple of 4096) in a new memfd.
     pub fn new(block_bytes: usize, blocks: u32) -> Result<HostDeviceMemory, KvSwapError> {
-        if block_bytes == 0 || block_bytes % 4096 != 0 || blocks == 0 {
+        if block_bytes == 0 || !block_bytes.is_multiple_of(4096) || blocks == 0 {
             return Err(KvSwapError::BadConfig {
                 detail: format!("device pool of {blocks} blocks of {block_bytes} bytes"),
             });

@@ -251,7 +251,7 @@ impl PrefixStore {
             let mut outs: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
             cluster.get(keys, &mut outs)
         };
-        if results.iter().any(|r| *r == BlockGet::Miss(MissReason::Error)) {
+        if results.contains(&BlockGet::Miss(MissReason::Error)) {
             add(&c.cluster_errors, 1);
         }
         for ((key, buf), r) in keys.iter().zip(bufs).zip(&results) {

@@ -200,7 +200,8 @@ impl SwapEngine {
         tiers: CustomTiers,
     ) -> Result<SwapEngine, KvSwapError> {
         let block_bytes = device.block_bytes();
-        if block_bytes == 0 || block_bytes % 4096 != 0 || block_bytes > u32::MAX as usize {
+        if block_bytes == 0 || !block_bytes.is_multiple_of(4096) || block_bytes > u32::MAX as usize
+        {
             return Err(KvSwapError::BadConfig { detail: format!("block size {block_bytes}") });
         }
         if config.ring_capacity < 2 {

@@ -313,8 +313,8 @@ fn drr_weights_split_the_prefill_budget() {
     let mut now = 0;
     for _ in 0..200 {
         let plan = s.schedule(now).unwrap();
-        for t in 0..2 {
-            got[t] += tenant_tokens(plan, t).0;
+        for (t, g) in got.iter_mut().enumerate() {
+            *g += tenant_tokens(plan, t).0;
         }
         now += 10_000_000;
         s.complete_step(now).unwrap();
