@@ -15,7 +15,7 @@ use kvswap::sched::{
     Admission, Overflow, Policy, PreemptCosts, PreemptMode, RejectReason, Request, SchedConfig,
     SchedEvent, Scheduler, SeqCounts, StepKind, TenantConfig, Tier,
 };
-use kvswap::{ChecksumMode, SeqId, SwapEngine};
+use kvswap::{BlockKey, ChecksumMode, ModelDigest, PrefixStats, PrefixStore, SeqId, SwapEngine};
 use rand::{Rng, SeedableRng};
 
 use crate::error::LlmError;
@@ -76,6 +76,35 @@ pub struct EngineConfig {
     /// Test and operator hook: at each step boundary, with this probability, preempt one
     /// running sequence chosen by a generator seeded with `.1`.
     pub chaos: Option<(f64, u64)>,
+    /// Prefix reuse: the content-addressed block cache (host LRU, optional cluster tier).
+    pub prefix: PrefixConfig,
+}
+
+/// Prefix reuse settings (see `docs/llm.md`, "Prefix reuse").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixConfig {
+    /// Look up and store prompt blocks at all.
+    pub enabled: bool,
+    /// Bytes of KV blocks the in-process host cache holds at most.
+    pub host_bytes: usize,
+    /// Redis Cluster nodes (`redis://host:port`) of the shared tier; empty: host cache only.
+    pub cluster: Vec<String>,
+    /// Key prefix in the cluster.
+    pub cluster_namespace: String,
+    /// Bound on one cluster call (lookups wait at most this long).
+    pub cluster_timeout: Duration,
+}
+
+impl Default for PrefixConfig {
+    fn default() -> Self {
+        PrefixConfig {
+            enabled: true,
+            host_bytes: 256 << 20,
+            cluster: Vec::new(),
+            cluster_namespace: "fastlane-kv".into(),
+            cluster_timeout: Duration::from_millis(250),
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -96,6 +125,7 @@ impl Default for EngineConfig {
             preempt: PreemptChoice::Auto,
             stream_ns_max: None,
             chaos: None,
+            prefix: PrefixConfig::default(),
         }
     }
 }
@@ -298,6 +328,16 @@ pub struct EngineCounters {
     pub queued_by_tenant: Vec<usize>,
     /// Bytes of one KV block.
     pub block_bytes: u64,
+    /// Prefix reuse: requests that started with cached blocks.
+    pub prefix_hit_requests: u64,
+    /// Prefix reuse: prompt tokens loaded from the cache instead of prefilled.
+    pub prefix_reused_tokens: u64,
+    /// Prefix reuse: prompt blocks copied into the cache after the step that completed them.
+    pub prefix_stored_blocks: u64,
+    /// Prefix reuse: whether a cluster tier backs the host cache.
+    pub prefix_cluster: bool,
+    /// Prefix reuse: the block store's counters (`None`: prefix reuse off).
+    pub prefix_cache: Option<PrefixStats>,
 }
 
 /// Histograms the engine thread observes as it goes (atomic updates, no lock); the HTTP
@@ -366,12 +406,20 @@ impl EngineHistograms {
     }
 }
 
+/// A request's prefix: the keys of its full prompt blocks and the leading blocks found.
+#[derive(Default)]
+struct PrefixHit {
+    keys: Vec<BlockKey>,
+    blocks: Vec<Arc<[u8]>>,
+}
+
 enum Command {
     Submit {
         id: u64,
         req: GenRequest,
         tx: flume::Sender<StreamEvent>,
         at: Instant,
+        prefix: PrefixHit,
     },
     Abort {
         id: u64,
@@ -392,6 +440,8 @@ pub struct Engine {
     counters: Arc<Mutex<EngineCounters>>,
     histograms: EngineHistograms,
     model: Arc<Model>,
+    prefix: Option<Arc<PrefixStore>>,
+    lookup: Option<JoinHandle<()>>,
 }
 
 struct Live {
@@ -405,6 +455,14 @@ struct Live {
     ttft_ns: Option<u64>,
     preemptions: u32,
     digest: u64,
+    /// Keys of the full prompt blocks (empty: prefix reuse off).
+    keys: Vec<BlockKey>,
+    /// Cached blocks to load into the first blocks before the first prefill.
+    load: Vec<Arc<[u8]>>,
+    /// Prompt tokens covered by `load` (where the first prefill starts).
+    cached_tokens: u32,
+    /// Leading prompt blocks known to be in the cache (loaded from it or stored).
+    stored_blocks: usize,
 }
 
 impl Engine {
@@ -473,6 +531,8 @@ impl Engine {
             preempt: costs,
             protect: None,
         };
+        let prefix =
+            if cfg.prefix.enabled { Some(Arc::new(prefix_store(&cfg, &geom))) } else { None };
         let histograms = EngineHistograms::new();
         let port = EnginePort::new(swap).with_histogram(histograms.swap_seconds.clone());
         let mut sched = Scheduler::new(sched_cfg, tenants, port)?;
@@ -484,6 +544,7 @@ impl Engine {
             prefill_ns_per_token: prefill_ns,
             swap_ns_per_byte: swap_ns,
             block_bytes: crate::kv::block_bytes(&geom) as u64,
+            prefix_cluster: prefix.as_ref().is_some_and(|p| p.has_cluster()),
             ..EngineCounters::default()
         }));
         let mut lp = Loop {
@@ -497,8 +558,10 @@ impl Engine {
             histograms: histograms.clone(),
             local: EngineCounters {
                 block_bytes: crate::kv::block_bytes(&geom) as u64,
+                prefix_cluster: prefix.as_ref().is_some_and(|p| p.has_cluster()),
                 ..EngineCounters::default()
             },
+            prefix: prefix.clone(),
             start: Instant::now(),
             cfg,
             prefill_ns,
@@ -513,6 +576,22 @@ impl Engine {
             .name("fastlane-llm-engine".into())
             .spawn(move || lp.run())
             .map_err(|e| LlmError::Stopped { reason: format!("spawn: {e}") })?;
+        // With prefix reuse, commands pass through a lookup thread that finds each new
+        // request's cached blocks (host cache, then the cluster: network I/O the engine
+        // thread must not wait on) and forwards every command in order.
+        let (tx, lookup) = match &prefix {
+            Some(store) => {
+                let (ltx, lrx) = mpsc::channel::<Command>();
+                let digest = ModelDigest::new(&model.model_id(), &geom);
+                let store = store.clone();
+                let t = std::thread::Builder::new()
+                    .name("fastlane-llm-prefix".into())
+                    .spawn(move || lookup_loop(&lrx, &tx, &store, &digest))
+                    .map_err(|e| LlmError::Stopped { reason: format!("spawn: {e}") })?;
+                (ltx, Some(t))
+            }
+            None => (tx, None),
+        };
         Ok(Engine {
             tx,
             thread: Some(thread),
@@ -520,7 +599,20 @@ impl Engine {
             counters,
             histograms,
             model,
+            prefix,
+            lookup,
         })
+    }
+
+    /// The prefix cache's counters (`None`: prefix reuse off).
+    pub fn prefix_stats(&self) -> Option<PrefixStats> {
+        self.prefix.as_ref().map(|p| p.stats())
+    }
+
+    /// Waits (at most `timeout`) until the blocks queued for the cluster tier are stored;
+    /// `true` if so (and without a cluster).
+    pub fn flush_prefix(&self, timeout: Duration) -> bool {
+        self.prefix.as_ref().is_none_or(|p| p.flush(timeout))
     }
 
     /// The model.
@@ -561,7 +653,7 @@ impl Engine {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = flume::unbounded();
         self.tx
-            .send(Command::Submit { id, req, tx, at: Instant::now() })
+            .send(Command::Submit { id, req, tx, at: Instant::now(), prefix: PrefixHit::default() })
             .map_err(|_| LlmError::Stopped { reason: "engine thread exited".into() })?;
         Ok(Stream { id, rx, engine: self.tx.clone() })
     }
@@ -585,6 +677,9 @@ impl Engine {
 
     fn stop(&mut self) -> Result<(), LlmError> {
         let _ = self.tx.send(Command::Shutdown);
+        if let Some(t) = self.lookup.take() {
+            let _ = t.join();
+        }
         match self.thread.take() {
             Some(t) => t
                 .join()
@@ -618,6 +713,75 @@ fn costs_for(
         swap_ns_per_byte: swap,
         swap_fixed_ns: 20_000,
         kv_bytes_per_token,
+    }
+}
+
+/// The keys of the full blocks of `prompt` for `model`, as the prefix cache names them.
+pub fn prefix_keys(model: &Model, prompt: &[u32]) -> Vec<BlockKey> {
+    let geom = model.kv_geometry();
+    let digest = ModelDigest::new(&model.model_id(), &geom);
+    kvswap::prefix_keys(&digest, prompt, geom.tokens_per_block)
+}
+
+/// The engine's block store: a host cache, and the cluster tier when one is configured and
+/// reachable (when it is not, a warning, and the host cache alone).
+fn prefix_store(cfg: &EngineConfig, geom: &kvswap::KvGeometry) -> PrefixStore {
+    let pc = &cfg.prefix;
+    let scfg = kvswap::PrefixStoreConfig {
+        host_bytes: pc.host_bytes,
+        block_bytes: crate::kv::block_bytes(geom),
+        put_queue_max: kvswap::prefix::PUT_QUEUE_MAX,
+    };
+    if pc.cluster.is_empty() {
+        return PrefixStore::new(scfg);
+    }
+    let t = pc.cluster_timeout.max(Duration::from_millis(4));
+    let ccfg = kvswap::cluster::ClusterTierConfig {
+        namespace: pc.cluster_namespace.clone(),
+        timeout: t,
+        connect_timeout: t / 4,
+        response_timeout: t / 2,
+        ..kvswap::cluster::ClusterTierConfig::default()
+    };
+    let tier = match kvswap::cluster::ClusterTier::connect(&pc.cluster, ccfg) {
+        Ok(t) => t,
+        Err(e) => {
+            log::warn!("prefix cache: cluster {:?} unreachable ({e}); host cache only", pc.cluster);
+            return PrefixStore::new(scfg);
+        }
+    };
+    match PrefixStore::with_cluster(scfg, tier) {
+        Ok(s) => s,
+        Err(e) => {
+            log::warn!("prefix cache: cluster writer thread ({e}); host cache only");
+            PrefixStore::new(scfg)
+        }
+    }
+}
+
+/// The lookup thread: a new request's full prompt blocks are keyed and the longest run of
+/// leading cached blocks found (never the block of the last prompt token: it is always
+/// computed, so its logits exist); every command goes on to the engine in order.
+fn lookup_loop(
+    rx: &Receiver<Command>,
+    tx: &Sender<Command>,
+    store: &PrefixStore,
+    digest: &ModelDigest,
+) {
+    // Ends when the engine handle is gone or after forwarding a shutdown.
+    while let Ok(mut c) = rx.recv() {
+        let shutdown = matches!(c, Command::Shutdown);
+        if let Command::Submit { req, prefix, .. } = &mut c {
+            prefix.keys = kvswap::prefix_keys(digest, &req.prompt, TOKENS_PER_BLOCK as u32);
+            let usable =
+                (req.prompt.len().saturating_sub(1) / TOKENS_PER_BLOCK).min(prefix.keys.len());
+            if usable > 0 {
+                prefix.blocks = store.lookup(&prefix.keys[..usable]);
+            }
+        }
+        if tx.send(c).is_err() || shutdown {
+            return;
+        }
     }
 }
 
@@ -668,6 +832,7 @@ struct Loop {
     swap_ns: f64,
     eos: Vec<u32>,
     chaos: Option<rand_chacha::ChaCha8Rng>,
+    prefix: Option<Arc<PrefixStore>>,
 }
 
 impl Loop {
@@ -762,15 +927,17 @@ impl Loop {
                 }
                 self.sched.release_slot(SeqId(id));
             }
-            Command::Submit { id, req, tx, at } => {
+            Command::Submit { id, req, tx, at, prefix } => {
                 let tenant = req.tenant;
                 let arrival_ns = at.saturating_duration_since(self.start).as_nanos() as u64;
+                let cached_tokens = (prefix.blocks.len() * TOKENS_PER_BLOCK) as u32;
                 let r = Request {
                     seq: SeqId(id),
                     tenant,
                     prompt_tokens: req.prompt.len() as u32,
                     output_tokens: req.max_tokens,
                     arrival_ns,
+                    cached_tokens,
                 };
                 let live = Live {
                     sampler: Sampler::new(req.sampling),
@@ -783,6 +950,10 @@ impl Loop {
                     ttft_ns: None,
                     preemptions: 0,
                     digest: 0xcbf2_9ce4_8422_2325,
+                    stored_blocks: prefix.blocks.len(),
+                    keys: prefix.keys,
+                    load: prefix.blocks,
+                    cached_tokens,
                 };
                 match self.sched.submit(self.now().max(arrival_ns), r) {
                     Ok(Admission::Admitted | Admission::Queued) => {
@@ -900,6 +1071,7 @@ impl Loop {
                 i += 1;
             }
         }
+        self.load_prefixes(&inputs, &tables);
         let items: Vec<BatchItem<'_>> = inputs
             .iter()
             .zip(&tables)
@@ -930,6 +1102,7 @@ impl Loop {
                 row += 1;
             }
         }
+        self.store_prefixes(&inputs, &tables);
         // Measured costs: prefill ns/token from this step when it was mostly prefill.
         let rows: u64 = inputs.iter().map(|i| i.1.len() as u64).sum();
         if plan.prefill_tokens >= 16 && plan.prefill_tokens as u64 * 2 >= rows {
@@ -1000,6 +1173,57 @@ impl Loop {
         }
         self.publish();
         Ok(true)
+    }
+
+    /// Copies each starting sequence's cached prefix blocks into its first blocks: the
+    /// first prefill item of a sequence with a hit starts at `cached_tokens`, so those
+    /// positions must hold their K/V before the forward pass reads them.
+    fn load_prefixes(
+        &mut self,
+        inputs: &[(u64, Vec<u32>, usize, bool)],
+        tables: &[Vec<kvswap::BlockId>],
+    ) {
+        for ((id, _, ctx, _), table) in inputs.iter().zip(tables) {
+            let Some(live) = self.live.get_mut(id) else { continue };
+            if live.load.is_empty() {
+                continue;
+            }
+            // A first prefill after a hit starts exactly there (the scheduler's
+            // `cached_tokens`); anything else (a restart from 0) recomputes and drops them.
+            if *ctx == live.cached_tokens as usize && table.len() >= live.load.len() {
+                for (b, data) in table.iter().zip(&live.load) {
+                    self.pool.write_block(*b, data);
+                }
+                self.local.prefix_hit_requests += 1;
+                self.local.prefix_reused_tokens += u64::from(live.cached_tokens);
+            }
+            live.load = Vec::new();
+        }
+    }
+
+    /// After the forward pass: the full prompt blocks this step completed, not yet in the
+    /// cache, are copied into it (host memory now; the cluster put is queued).
+    fn store_prefixes(
+        &mut self,
+        inputs: &[(u64, Vec<u32>, usize, bool)],
+        tables: &[Vec<kvswap::BlockId>],
+    ) {
+        let Some(store) = &self.prefix else { return };
+        for ((id, toks, ctx, _), table) in inputs.iter().zip(tables) {
+            let Some(live) = self.live.get_mut(id) else { continue };
+            let done =
+                ((ctx + toks.len()) / TOKENS_PER_BLOCK).min(live.keys.len()).min(table.len());
+            let from = live.stored_blocks.min(done);
+            for (key, b) in live.keys[from..done].iter().zip(&table[from..done]) {
+                if !store.contains(key) {
+                    let data: Arc<[u8]> = self.pool.block_bytes_of(*b).into();
+                    if store.insert(*key, data) {
+                        self.local.prefix_stored_blocks += 1;
+                    }
+                }
+            }
+            live.stored_blocks = live.stored_blocks.max(done);
+        }
     }
 
     /// Events outside a step's tokens (preemptions at schedule time, fences, aborts that
@@ -1114,6 +1338,7 @@ impl Loop {
         }
         self.local.prefill_ns_per_token = self.prefill_ns;
         self.local.swap_ns_per_byte = self.swap_ns;
+        self.local.prefix_cache = self.prefix.as_ref().map(|p| p.stats());
         if let Ok(mut c) = self.counters.lock() {
             *c = self.local.clone();
         }

@@ -129,7 +129,31 @@ impl KvPool {
         unsafe { std::slice::from_raw_parts(self.ptr(table, layer, 1, kvh, pos), self.head_dim) }
     }
 
-    /// A block's bytes (tests: corruption and comparisons).
+    /// Bytes of one block of the pool.
+    pub fn block_size(&self) -> usize {
+        self.block_floats * 4
+    }
+
+    /// Overwrites block `b` with `data` (a prefix-cache hit loaded before the step that reads
+    /// it). `data` must be exactly one block.
+    pub fn write_block(&self, b: BlockId, data: &[u8]) {
+        assert!(b.0 < self.blocks, "block {b} outside the pool");
+        assert_eq!(data.len(), self.block_floats * 4, "one whole block");
+        // SAFETY: the destination is block `b` of the pool mapping (checked above), which
+        // lives as long as `self.mem`. The block belongs to the sequence being loaded: the
+        // scheduler gave it to that sequence alone, no step is running (the engine thread
+        // calls this between planning and the forward pass), and a block under a swap is
+        // never in a plan. `data` is a separate heap buffer, so the ranges do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                (self.base as *mut u8).wrapping_add(b.0 as usize * self.block_floats * 4),
+                data.len(),
+            )
+        };
+    }
+
+    /// A block's bytes (the prefix cache's copies; tests: corruption and comparisons).
     pub fn block_bytes_of(&self, b: BlockId) -> &[u8] {
         assert!(b.0 < self.blocks);
         // SAFETY: inside the mapping; callers read blocks no step or swap is writing.

@@ -40,6 +40,8 @@ pub struct Model {
     lm_head: PackedMatrix,
     rope: Rope,
     tokenizer: Tokenizer,
+    /// BLAKE3 of the config and every tensor as loaded (f32): what pins the K/V it computes.
+    digest: [u8; 32],
 }
 
 impl std::fmt::Debug for Model {
@@ -132,6 +134,20 @@ fn attend_impl(
     }
 }
 
+/// Folds one tensor (name, length, f32 bits) into the model digest.
+fn hash_tensor(h: &mut blake3::Hasher, name: &str, data: &[f32]) {
+    h.update(&(name.len() as u64).to_le_bytes());
+    h.update(name.as_bytes());
+    h.update(&(data.len() as u64).to_le_bytes());
+    let mut buf = [0u8; 4096];
+    for chunk in data.chunks(buf.len() / 4) {
+        for (dst, v) in buf.chunks_exact_mut(4).zip(chunk) {
+            dst.copy_from_slice(&v.to_le_bytes());
+        }
+        h.update(&buf[..chunk.len() * 4]);
+    }
+}
+
 thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
@@ -178,6 +194,12 @@ impl Model {
     ) -> Result<Model, LlmError> {
         cfg.validate().map_err(|reason| LlmError::Config { path: src.origin(), reason })?;
         let shapes = tensor_shapes(&cfg);
+        // The model's identity for content-addressed KV blocks: config and weights, in the
+        // order they are read (fixed by the code below).
+        let hasher = std::cell::RefCell::new(blake3::Hasher::new_derive_key(
+            "fastlane-llm model weights v1",
+        ));
+        hasher.borrow_mut().update(serde_json::to_string(&cfg).unwrap_or_default().as_bytes());
         let get = |n: &str| -> Result<Vec<f32>, LlmError> {
             let want = &shapes[n];
             let t = src.tensor(n)?.ok_or_else(|| LlmError::Tensor {
@@ -192,6 +214,7 @@ impl Model {
                     reason: format!("shape {:?}, config.json implies {:?}", t.shape, want),
                 });
             }
+            hash_tensor(&mut hasher.borrow_mut(), n, &t.data);
             Ok(t.data)
         };
         let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
@@ -218,8 +241,11 @@ impl Model {
         let lm = if cfg.tie_word_embeddings { embed.clone() } else { get("lm_head.weight")? };
         let lm_head = PackedMatrix::pack(&lm, cfg.vocab_size, h);
         let rope = Rope::new(hd, cfg.rope_theta, cfg.max_position_embeddings);
+        let norm = get("model.norm.weight")?;
+        let digest = *hasher.borrow().finalize().as_bytes();
         Ok(Model {
-            norm: get("model.norm.weight")?,
+            norm,
+            digest,
             embed,
             layers,
             lm_head,
@@ -229,6 +255,19 @@ impl Model {
             random,
             cfg,
         })
+    }
+
+    /// A name that pins what this model computes: `fastlane-llm:` and the hex BLAKE3 of its
+    /// config and every tensor as loaded. Two processes that load the same weights (any path,
+    /// any dtype that converts to the same f32) get the same id; the prefix cache's block
+    /// keys start from it.
+    pub fn model_id(&self) -> String {
+        let mut s = String::with_capacity(14 + 64);
+        s.push_str("fastlane-llm:");
+        for b in self.digest {
+            s.push_str(&format!("{b:02x}"));
+        }
+        s
     }
 
     /// The config.

@@ -26,6 +26,9 @@
 //! - `cluster` (cargo feature `cluster`, on by default): `cluster::ClusterTier`, a Redis
 //!   Cluster holding such blocks for every machine that reaches it, each value checked
 //!   (key, length, CRC32C) before use; every call bounded by a timeout, failures are misses.
+//! - [`prefix`]: [`PrefixStore`], the content-addressed block store of prefix reuse: a
+//!   host-memory LRU bounded in bytes, backed by the cluster tier when one is given (lookups
+//!   host first, then cluster; puts to the cluster asynchronous through a bounded queue).
 //! - [`server`] and [`client`]: `fastlane kv serve`, a versioned binary protocol over a Unix
 //!   socket ([`proto`]; spec in `docs/kvswap.md`): peers checked by `SO_PEERCRED` against an
 //!   allow-list, each connection mapping only its own slab of the device pool.
@@ -90,6 +93,7 @@ pub mod device;
 pub mod engine;
 pub mod error;
 pub mod geometry;
+pub mod prefix;
 pub mod proto;
 pub mod sched;
 pub mod server;
@@ -108,6 +112,7 @@ pub use engine::{
 };
 pub use error::KvSwapError;
 pub use geometry::{DType, KvGeometry};
+pub use prefix::{PrefixStats, PrefixStore, PrefixStoreConfig};
 pub use tier::{NvmeTierConfig, TierIo, TierKind};
 
 /// A sequence (request) of the inference engine.

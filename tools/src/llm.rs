@@ -181,6 +181,17 @@ pub struct EngineArgs {
     /// Bytes to take from the remote pool.
     #[arg(long, default_value = "256M")]
     pub remote_bytes: String,
+    /// Prefix reuse: prompts' full 16-token blocks are cached by content (model digest +
+    /// token ids) and a new prompt's leading hits are loaded instead of prefilled: on or off.
+    #[arg(long, default_value = "on")]
+    pub prefix_cache: String,
+    /// Bytes of KV blocks the in-process prefix cache holds (K/M/G suffixes).
+    #[arg(long, default_value = "256M")]
+    pub prefix_cache_bytes: String,
+    /// Redis Cluster behind the prefix cache, shared by every engine that names it:
+    /// redis://HOST:PORT[,HOST:PORT...] (any nodes of the cluster).
+    #[arg(long)]
+    pub kv_cluster: Option<String>,
 }
 
 impl EngineArgs {
@@ -251,7 +262,57 @@ impl EngineArgs {
                 })
             })
             .transpose()?;
+        cfg.prefix.enabled = match self.prefix_cache.as_str() {
+            "on" => true,
+            "off" => false,
+            o => bail!("--prefix-cache {o:?}: on or off"),
+        };
+        cfg.prefix.host_bytes =
+            usize::try_from(size(&self.prefix_cache_bytes, "--prefix-cache-bytes")?)
+                .context("--prefix-cache-bytes: too large")?;
+        if let Some(urls) = &self.kv_cluster {
+            cfg.prefix.cluster = parse_cluster_urls(urls)?;
+            if !cfg.prefix.enabled {
+                bail!("--kv-cluster needs --prefix-cache on");
+            }
+        }
         Ok(cfg)
+    }
+}
+
+/// `redis://HOST:PORT[,HOST:PORT...]` → one URL per node.
+fn parse_cluster_urls(text: &str) -> Result<Vec<String>> {
+    let rest = text
+        .strip_prefix("redis://")
+        .with_context(|| format!("--kv-cluster {text:?}: redis://HOST:PORT[,HOST:PORT...]"))?;
+    let mut urls = Vec::new();
+    for node in rest.split(',').map(str::trim) {
+        let node = node.strip_prefix("redis://").unwrap_or(node);
+        let ok = node
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+        if !ok {
+            bail!("--kv-cluster: {node:?} is not HOST:PORT");
+        }
+        urls.push(format!("redis://{node}"));
+    }
+    Ok(urls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_cluster_urls;
+
+    #[test]
+    fn cluster_urls() {
+        assert_eq!(parse_cluster_urls("redis://a:1").unwrap(), vec!["redis://a:1"]);
+        assert_eq!(
+            parse_cluster_urls("redis://10.0.0.1:7000,10.0.0.2:7001, redis://h:7002").unwrap(),
+            vec!["redis://10.0.0.1:7000", "redis://10.0.0.2:7001", "redis://h:7002"]
+        );
+        for bad in ["a:1", "redis://", "redis://a", "redis://a:0", "redis://a:1,b", "redis://:1"] {
+            assert!(parse_cluster_urls(bad).is_err(), "{bad}");
+        }
     }
 }
 

@@ -49,8 +49,9 @@ pub struct BenchArgs {
     #[arg(long)]
     out: Option<std::path::PathBuf>,
     /// Instead of the kernel measurements, a scheduler scenario on the real engine: d (one
-    /// long prompt among ten decoders: chunked vs whole prefill) or b (chat beside batch
-    /// jobs: solo, fifo, drr+preempt).
+    /// long prompt among ten decoders: chunked vs whole prefill), b (chat beside batch
+    /// jobs: solo, fifo, drr+preempt) or prefix (TTFT with a 2,048-token prefix reused from
+    /// the prefix cache vs computed).
     #[arg(long)]
     scenario: Option<String>,
     /// Seconds of arrivals (scenario b, and --url).

@@ -8,6 +8,9 @@
 //!   tight KV pool with a batch tenant whose long jobs fill it. Under `fifo` chat requests
 //!   wait for batch jobs; under `drr+preempt` batch sequences are preempted (swap or
 //!   recompute, measured costs) so chat starts at once. Chat TTFT is compared with chat alone.
+//! - **prefix** (prefix reuse): requests of a 2,048-token prefix and a 64-token suffix, one at
+//!   a time on one engine; TTFT when the prefix is in the host prefix cache against TTFT when
+//!   it is a new prefix (computed), and their ratio.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -202,6 +205,95 @@ pub(crate) fn scenario_b(
     })
 }
 
+#[derive(Debug, Serialize)]
+pub(crate) struct PrefixRun {
+    shared_tokens: usize,
+    suffix_tokens: usize,
+    rounds: usize,
+    /// Median TTFT of requests whose prefix nobody computed before, ms.
+    cold_ttft_ms: f64,
+    /// Median TTFT of requests whose prefix is in the host cache, ms.
+    warm_ttft_ms: f64,
+    /// warm / cold.
+    ratio: f64,
+    /// Prefill tokens one cold request cost (median).
+    cold_prefill_tokens: u64,
+    /// Prefill tokens one reused request cost (median).
+    warm_prefill_tokens: u64,
+    /// Prompt tokens loaded from the cache over the run.
+    reused_tokens: u64,
+}
+
+/// A prompt of `len` tokens named by `salt` (distinct salts share no leading block).
+fn salted(model: &Model, len: usize, salt: u64) -> Vec<u32> {
+    let vocab = model.vocab() as u64;
+    (0..len as u64)
+        .map(|i| ((i.wrapping_add(salt << 20)).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 33) % vocab)
+        .map(|t| t as u32)
+        .collect()
+}
+
+/// Scenario prefix: one engine (prefix cache on); each round a cold request (a new
+/// `shared`-token prefix) and a warm one (the prefix primed before the rounds), each with its
+/// own `suffix`-token tail, one at a time; TTFT medians and their ratio.
+pub(crate) fn scenario_prefix(
+    model: &Arc<Model>,
+    shared: usize,
+    suffix: usize,
+    rounds: usize,
+) -> Result<PrefixRun> {
+    let cfg = EngineConfig { device_blocks: 1024, ..EngineConfig::default() };
+    let e = Engine::start(model.clone(), cfg)?;
+    let with_tail = |salt: u64, tail: u64| {
+        let mut p = salted(model, shared, salt);
+        p.extend(salted(model, suffix, 1_000_000 + tail));
+        p
+    };
+    let one = |p: Vec<u32>| -> Result<(f64, u64)> {
+        let before = e.counters().prefill_tokens;
+        let f = e.submit(GenRequest::greedy(p, 1))?.wait(WAIT)?;
+        // The counters of the step that ended the stream are published right after it.
+        let t0 = Instant::now();
+        let mut after = e.counters();
+        while after.finished == 0 || after.live > 0 {
+            if t0.elapsed() > Duration::from_secs(5) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            after = e.counters();
+        }
+        Ok((f.ttft_ns.unwrap_or(0) as f64 / 1e6, after.prefill_tokens - before))
+    };
+    one(with_tail(0, 0))?; // primes the shared prefix (and warms up)
+    let (mut cold, mut warm, mut cold_p, mut warm_p) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for r in 0..rounds as u64 {
+        let (t, p) = one(with_tail(1 + r, 1 + r))?;
+        cold.push(t);
+        cold_p.push(p as f64);
+        let (t, p) = one(with_tail(0, 1 + r))?;
+        warm.push(t);
+        warm_p.push(p as f64);
+    }
+    let c = e.shutdown()?;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let (cold_ms, warm_ms) = (median(cold), median(warm));
+    Ok(PrefixRun {
+        shared_tokens: shared,
+        suffix_tokens: suffix,
+        rounds,
+        cold_ttft_ms: cold_ms,
+        warm_ttft_ms: warm_ms,
+        ratio: warm_ms / cold_ms,
+        cold_prefill_tokens: median(cold_p) as u64,
+        warm_prefill_tokens: median(warm_p) as u64,
+        reused_tokens: c.prefix_reused_tokens,
+    })
+}
+
 /// Runs a scenario and prints its table (or JSON).
 pub(crate) fn run(
     model: &Arc<Model>,
@@ -292,6 +384,28 @@ pub(crate) fn run(
             }
             Ok(v)
         }
-        other => bail!("--scenario {other:?}: d or b"),
+        "prefix" => {
+            let suffix = 64usize;
+            let shared = 2048.min(model.max_positions().saturating_sub(suffix + 2));
+            let rounds = 2;
+            eprintln!("scenario prefix: TTFT of a {shared}-token shared prefix + {suffix}-token suffix, reused from the host cache vs a cold prefix, {rounds} rounds");
+            let r = scenario_prefix(model, shared, suffix, rounds)?;
+            let v = serde_json::json!({
+                "scenario": "prefix", "model": model.name(), "load": load, "result": &r,
+            });
+            if !json {
+                println!("scenario prefix on the CPU engine ({}), load {load}: TTFT with a {shared}-token prefix reused vs computed, {suffix}-token suffixes", model.name());
+                println!("{:<8} {:>14} {:>16}", "prefix", "TTFT P50 (ms)", "prefill tokens");
+                println!("{:<8} {:>14.1} {:>16}", "cold", r.cold_ttft_ms, r.cold_prefill_tokens);
+                println!("{:<8} {:>14.1} {:>16}", "reused", r.warm_ttft_ms, r.warm_prefill_tokens);
+                println!(
+                    "reused / cold TTFT: {:.3}x (target <= 0.3x); {} blocks reused",
+                    r.ratio,
+                    r.reused_tokens / 16
+                );
+            }
+            Ok(v)
+        }
+        other => bail!("--scenario {other:?}: d, b or prefix"),
     }
 }

@@ -19,6 +19,11 @@ pub struct Request {
     pub output_tokens: u32,
     /// Arrival at the router, ns.
     pub arrival_ns: u64,
+    /// Leading prompt tokens whose KV the caller already has (a prefix-cache hit, loaded into
+    /// the sequence's blocks before its first step): the first prefill starts after them.
+    /// At most `prompt_tokens - 1` is used, so the last prompt token is always computed and
+    /// its logits exist. A restart after a recompute preemption computes from 0.
+    pub cached_tokens: u32,
 }
 
 /// The router's answer to a request.
@@ -118,7 +123,7 @@ impl<P: SwapPort> Scheduler<P> {
                 req,
                 tier,
                 admitted_ns: now_ns,
-                computed: 0,
+                computed: req.cached_tokens.min(req.prompt_tokens.saturating_sub(1)),
                 target: req.prompt_tokens,
                 generated: 0,
                 state: State::Waiting,

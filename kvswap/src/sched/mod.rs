@@ -40,7 +40,9 @@
 //!
 //! It does not run a model: the caller executes [`StepPlan`]s (the simulator prices them with
 //! a cost model). Time is passed in as nanoseconds on the caller's clock, so the same code
-//! runs on a wall clock or a discrete-event one. No prefix caching, no speculative decoding,
+//! runs on a wall clock or a discrete-event one. It holds no prefix cache: a caller that has
+//! a sequence's leading KV already says so with [`Request::cached_tokens`] and the first prefill
+//! starts after it. No speculative decoding,
 //! no pipeline parallelism.
 //!
 //! # Where the code is

@@ -50,7 +50,14 @@ fn port() -> InstantPort {
 }
 
 fn req(seq: u64, tenant: TenantIndex, prompt: u32, out: u32, at: u64) -> Request {
-    Request { seq: SeqId(seq), tenant, prompt_tokens: prompt, output_tokens: out, arrival_ns: at }
+    Request {
+        seq: SeqId(seq),
+        tenant,
+        prompt_tokens: prompt,
+        output_tokens: out,
+        arrival_ns: at,
+        cached_tokens: 0,
+    }
 }
 
 /// Run steps of 10 ms until idle or `steps_max`.
@@ -542,4 +549,68 @@ fn held_slots_wait_for_release() {
     assert!(!s.release_slot(SeqId(1)), "released once");
     drain(&mut s, 1, 100);
     assert_eq!(s.stats(0).unwrap().completed, 2);
+}
+
+#[test]
+fn cached_tokens_start_the_first_prefill_after_them() {
+    for policy in [Policy::Fifo, Policy::Drr] {
+        let t = tenant("a", Tier::Interactive, 100.0, 6000.0, 100, Overflow::Reject);
+        let mut s = Scheduler::new(cfg(policy, 10_000), vec![t], port()).unwrap();
+        // 48 of 100 prompt tokens cached: one chunk of 52 at context 48, blocks for all 100.
+        s.submit(0, Request { cached_tokens: 48, ..req(1, 0, 100, 3, 0) }).unwrap();
+        let plan = s.schedule(0).unwrap().clone();
+        assert_eq!(plan.items.len(), 1, "{policy:?}");
+        assert_eq!(plan.items[0].context_tokens, 48, "{policy:?}");
+        assert_eq!(plan.items[0].kind, StepKind::Prefill { tokens: 52 }, "{policy:?}");
+        assert_eq!(plan.prefill_tokens, 52);
+        assert_eq!(s.blocks().table(SeqId(1)).unwrap().len(), 7, "{policy:?}: 100 tokens");
+        let ev = s.complete_step(1).unwrap();
+        assert!(matches!(ev, [SchedEvent::Token { first: true, .. }]), "{policy:?}: {ev:?}");
+        s.clear_events();
+        // Then decodes at context 100, 101.
+        for k in 0..2u32 {
+            let plan = s.schedule(2 + u64::from(k)).unwrap().clone();
+            assert_eq!(plan.items[0].kind, StepKind::Decode);
+            assert_eq!(plan.items[0].context_tokens, 100 + k);
+            s.complete_step(3 + u64::from(k)).unwrap();
+        }
+        assert!(!s.is_live(SeqId(1)), "{policy:?}: finished after 3 tokens");
+        assert_eq!(s.stats(0).unwrap().prefill_tokens, 52, "{policy:?}: only the tail");
+        assert_eq!(s.blocks().free(), 10_000);
+    }
+}
+
+#[test]
+fn cached_tokens_never_cover_the_last_prompt_token() {
+    let t = tenant("a", Tier::Interactive, 100.0, 6000.0, 100, Overflow::Reject);
+    let mut s = Scheduler::new(cfg(Policy::Fifo, 100), vec![t], port()).unwrap();
+    // The whole prompt (and more) claimed cached: the last token is still computed.
+    s.submit(0, Request { cached_tokens: 64, ..req(1, 0, 32, 1, 0) }).unwrap();
+    s.submit(0, Request { cached_tokens: 32, ..req(2, 0, 32, 1, 0) }).unwrap();
+    let plan = s.schedule(0).unwrap().clone();
+    assert_eq!(plan.items.len(), 2);
+    for it in &plan.items {
+        assert_eq!(it.context_tokens, 31);
+        assert_eq!(it.kind, StepKind::Prefill { tokens: 1 });
+    }
+    let ev = s.complete_step(1).unwrap();
+    assert_eq!(ev.iter().filter(|e| matches!(e, SchedEvent::Token { .. })).count(), 2);
+    assert_eq!(s.blocks().free(), 100);
+}
+
+#[test]
+fn cached_tokens_are_recomputed_after_a_recompute_preemption() {
+    let t = tenant("a", Tier::Interactive, 100.0, 6000.0, 100, Overflow::Reject);
+    let mut s = Scheduler::new(cfg(Policy::Fifo, 100), vec![t], port()).unwrap();
+    s.submit(0, Request { cached_tokens: 32, ..req(1, 0, 40, 5, 0) }).unwrap();
+    let plan = s.schedule(0).unwrap().clone();
+    assert_eq!(plan.items[0].context_tokens, 32);
+    s.complete_step(1).unwrap();
+    s.clear_events();
+    assert!(s.preempt_now(2, SeqId(1), Some(PreemptMode::Recompute)).unwrap());
+    // The restart prefills everything it had computed (the 40 prompt tokens; the generated
+    // token's KV comes with its decode) from position 0, cached or not.
+    let plan = s.schedule(3).unwrap().clone();
+    assert_eq!(plan.items[0].context_tokens, 0);
+    assert_eq!(plan.items[0].kind, StepKind::Prefill { tokens: 40 });
 }

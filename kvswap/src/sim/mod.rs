@@ -253,6 +253,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, SimError> {
                 prompt_tokens: prompt,
                 output_tokens: output,
                 arrival_ns: at,
+                cached_tokens: 0,
             });
             next_seq += 1;
         }
