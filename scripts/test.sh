@@ -10,10 +10,11 @@
 #   5. the loom models of fastlane-ring (RUSTFLAGS="--cfg loom", own target dir)
 #   6. every fuzz target builds (each */fuzz crate, plain `cargo build` on stable, own target
 #      dir target/fuzz; running them is scripts/fuzz-campaign.sh)
-# Options: --skip-install  do not touch system packages (for a machine already set up).
-# Not run here: `cargo deny check licenses bans sources` (deny.toml), checked by hand where
-# cargo-deny is installed; building it (`cargo install cargo-deny --locked`) took more than
-# 7 minutes on a 2-core machine, too long to add to every CI run.
+#   7. cargo deny check licenses bans sources (deny.toml); cargo-deny is built once with
+#      `cargo install` when missing (about 7 minutes on 2 cores, 12 with other builds running)
+# Options: --skip-install  do not touch system packages or install cargo-deny (a machine
+#                          already set up; without cargo-deny step 7 is skipped, saying so).
+# The advisories check needs the advisory database from the network and is not run here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +30,7 @@ done
 if [ "$skip_install" = 0 ]; then
   bash .ci/install-deps.sh
 fi
+deny_version=0.20.2
 if ! command -v cargo >/dev/null; then
   echo "test.sh: cargo not found; FastLane needs a Rust toolchain (1.89 or newer) on PATH" >&2
   exit 1
@@ -67,5 +69,15 @@ step "fuzz targets build"
 for manifest in */fuzz/Cargo.toml; do
   CARGO_TARGET_DIR=target/fuzz cargo build --manifest-path "$manifest" --bins
 done
+
+step "cargo deny check licenses bans sources"
+if ! command -v cargo-deny >/dev/null && [ "$skip_install" = 0 ]; then
+  cargo install --locked "cargo-deny@$deny_version"
+fi
+if command -v cargo-deny >/dev/null; then
+  cargo deny --log-level error check licenses bans sources
+else
+  echo "SKIPPED: cargo-deny is not installed (--skip-install); cargo install --locked cargo-deny@$deny_version"
+fi
 
 printf '\nall checks passed in %ss\n' "$(( $(date +%s) - start ))"
