@@ -157,12 +157,13 @@ pub struct EngineArgs {
     /// How preempted sequences give up their blocks: auto (measured costs), swap, recompute.
     #[arg(long, default_value = "auto")]
     pub preempt: String,
-    /// Prefill chunk in tokens (0: whole prompts in one step).
-    #[arg(long, default_value_t = 256)]
-    pub chunk: u32,
-    /// Token budget of one step.
-    #[arg(long, default_value_t = 512)]
-    pub batch_tokens: u32,
+    /// Prefill chunk in tokens (0: whole prompts in one step). Default 256; 64 for serve.
+    #[arg(long)]
+    pub chunk: Option<u32>,
+    /// Token budget of one step. Default 512; 128 for serve (a step is not preemptible, so
+    /// its length bounds how long a new request waits for the one in flight).
+    #[arg(long)]
+    pub batch_tokens: Option<u32>,
     /// Host swap tier size (bytes, K/M/G suffixes; 0: none, swap goes to --nvme/--remote).
     #[arg(long, default_value = "256M")]
     pub host_bytes: String,
@@ -236,8 +237,8 @@ impl EngineArgs {
             policy,
             preempt,
             device_blocks: self.device_blocks,
-            chunk_tokens: (self.chunk > 0).then_some(self.chunk),
-            batch_tokens_max: self.batch_tokens.max(1),
+            chunk_tokens: Some(self.chunk.unwrap_or(256)).filter(|&c| c > 0),
+            batch_tokens_max: self.batch_tokens.unwrap_or(512).max(1),
             ..EngineConfig::default()
         };
         cfg.swap.host_bytes = size(&self.host_bytes, "--host-bytes")?;
@@ -400,6 +401,14 @@ fn serve(a: &ServeArgs) -> Result<()> {
     let mut cfg = a.engine.engine_config()?;
     if a.engine.policy.is_none() {
         cfg.policy = Policy::Drr;
+    }
+    // Serving defaults: short steps (BENCHMARKS.md, serving: the quiet tenant's P99 TTFT is
+    // its solo TTFT plus the step in flight).
+    if a.engine.chunk.is_none() {
+        cfg.chunk_tokens = Some(64);
+    }
+    if a.engine.batch_tokens.is_none() {
+        cfg.batch_tokens_max = 128;
     }
     cfg.tenants = tenants.sched_configs();
     let engine = Arc::new(Engine::start(model.clone(), cfg)?);

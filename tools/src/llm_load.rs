@@ -226,6 +226,7 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
         }
     }
     let start = Instant::now();
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut handles = Vec::new();
     for (ti, l) in loads.iter().enumerate() {
         let mut rng = SimRng::stream(o.seed, ti as u64 + 1);
@@ -241,11 +242,14 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
             }
             let max_tokens = l.output.sample(&mut rng);
             let when = start + Duration::from_nanos(at);
+            let answered = answered.clone();
             handles.push((
                 ti,
                 tokio::spawn(async move {
                     tokio::time::sleep_until(when.into()).await;
-                    one(&addr, &key, &prompt, max_tokens).await
+                    let r = one(&addr, &key, &prompt, max_tokens).await;
+                    answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    r
                 }),
             ));
         }
@@ -260,9 +264,22 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
         })
         .collect();
     let deadline = start + Duration::from_secs_f64(o.secs) + Duration::from_secs(120);
-    let mut last_report = Instant::now();
     let total = handles.len();
-    for (k, (ti, h)) in handles.into_iter().enumerate() {
+    // Progress on stderr every 5 s (not with --json).
+    let progress = (!o.json).then(|| {
+        let answered = answered.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                eprintln!(
+                    "  {:.0}s: {}/{total} requests answered",
+                    start.elapsed().as_secs_f64(),
+                    answered.load(std::sync::atomic::Ordering::Relaxed)
+                );
+            }
+        })
+    });
+    for (ti, h) in handles {
         let r = &mut res[ti];
         r.sent += 1;
         let left = deadline.saturating_duration_since(Instant::now());
@@ -283,10 +300,9 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
             Ok(Ok(Ok(out))) if out.status == 503 => r.rejected_503 += 1,
             _ => r.errors += 1,
         }
-        if !o.json && last_report.elapsed() > Duration::from_secs(5) {
-            last_report = Instant::now();
-            eprintln!("  {:.0}s: {k}/{total} requests answered", start.elapsed().as_secs_f64());
-        }
+    }
+    if let Some(p) = progress {
+        p.abort();
     }
     let wall = start.elapsed().as_secs_f64();
     for r in res.iter_mut() {
