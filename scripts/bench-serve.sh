@@ -7,6 +7,7 @@
 #   drr     both tenants, --policy drr (the gate in the engine: bucket + slots + DRR)
 #   router  both tenants through `fastlane router` in front of an `llm serve --policy fifo`
 #   slow    as drr, with 1,000 streams of a third tenant held open by clients that never read
+#   protect as drr, with --protect (latency protection: not work-conserving, off by default)
 # Results: benches/results/llm/<date>-<commit>-scenario-a-http.json (+ .hlog and SVG per run).
 # Usage: scripts/bench-serve.sh [--model random:small] [--rate 1] [--seconds 60] [--arrivals poisson|bursty]
 set -euo pipefail
@@ -87,6 +88,10 @@ engine_url=$url
 bench drr "$url"
 bench slow "$url" --slow-streams 1000 --slow-tokens 64
 stop up
+start up "${engine[@]}" --policy drr --protect
+engine_url=$url
+bench protect "$url"
+stop up
 start up llm serve --model "$model" --device-blocks 4096 --policy fifo
 engine_url=$url
 start router router --upstream "$url" --tenants "$tmp/tenants.toml"
@@ -97,7 +102,7 @@ out="$dir/$stem.json"
 python3 - "$tmp" "$out" "$rate" <<'PY'
 import json, sys
 tmp, out, rate = sys.argv[1], sys.argv[2], float(sys.argv[3])
-runs = {k: json.load(open(f"{tmp}/{k}.json")) for k in ("solo", "fifo", "drr", "router", "slow")}
+runs = {k: json.load(open(f"{tmp}/{k}.json")) for k in ("solo", "fifo", "drr", "router", "slow", "protect")}
 t = lambda k, n: next(x for x in runs[k]["tenants"] if x["tenant"] == n)
 
 def steps(k):

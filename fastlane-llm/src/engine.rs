@@ -78,6 +78,9 @@ pub struct EngineConfig {
     pub chaos: Option<(f64, u64)>,
     /// Prefix reuse: the content-addressed block cache (host LRU, optional cluster tier).
     pub prefix: PrefixConfig,
+    /// Latency protection of under-rate interactive tenants (`kvswap::sched::ProtectConfig`;
+    /// gives up work conservation while their prefill is in the step). Off by default.
+    pub protect: Option<kvswap::sched::ProtectConfig>,
 }
 
 /// Prefix reuse settings (see `docs/llm.md`, "Prefix reuse").
@@ -125,6 +128,7 @@ impl Default for EngineConfig {
             preempt: PreemptChoice::Auto,
             stream_ns_max: None,
             chaos: None,
+            protect: None,
             prefix: PrefixConfig::default(),
         }
     }
@@ -529,7 +533,7 @@ impl Engine {
             drr_quantum_tokens: u64::from(cfg.chunk_tokens.unwrap_or(256)),
             stream_ns_max: cfg.stream_ns_max,
             preempt: costs,
-            protect: None,
+            protect: cfg.protect,
         };
         let prefix =
             if cfg.prefix.enabled { Some(Arc::new(prefix_store(&cfg, &geom))) } else { None };

@@ -157,6 +157,11 @@ pub struct EngineArgs {
     /// How preempted sequences give up their blocks: auto (measured costs), swap, recompute.
     #[arg(long, default_value = "auto")]
     pub preempt: String,
+    /// Latency protection (policies drr, drr+preempt): while an interactive tenant that sends
+    /// under its rate has prefill in the step, other tenants add no prefill to that step
+    /// (their decodes still run); not work-conserving, off by default (docs/scheduler.md).
+    #[arg(long)]
+    pub protect: bool,
     /// Prefill chunk in tokens (0: whole prompts in one step). Default 256; 64 for serve.
     #[arg(long)]
     pub chunk: Option<u32>,
@@ -239,6 +244,7 @@ impl EngineArgs {
             device_blocks: self.device_blocks,
             chunk_tokens: Some(self.chunk.unwrap_or(256)).filter(|&c| c > 0),
             batch_tokens_max: self.batch_tokens.unwrap_or(512).max(1),
+            protect: self.protect.then(kvswap::sched::ProtectConfig::default),
             ..EngineConfig::default()
         };
         cfg.swap.host_bytes = size(&self.host_bytes, "--host-bytes")?;
