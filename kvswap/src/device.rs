@@ -22,18 +22,35 @@ pub trait DeviceMemory: Send + Sync + std::fmt::Debug {
     /// Address of a block when the memory is host-addressable (then workers copy and do I/O
     /// straight from it); `None` for GPU memory (workers stage through host buffers).
     fn block_ptr(&self, block: BlockId) -> Option<*mut u8>;
-    /// Copies block `block` into `dst` (for memory that is not host-addressable).
+    /// Copies block `block` into `dst` (for memory that is not host-addressable; the default
+    /// copies from [`block_ptr`](Self::block_ptr)).
     ///
     /// # Safety
     ///
     /// `dst..dst+block_bytes()` is writable, and no transfer writes the block meanwhile.
-    unsafe fn read_block(&self, block: BlockId, dst: *mut u8) -> Result<(), KvSwapError>;
-    /// Copies `src` into block `block`.
+    unsafe fn read_block(&self, block: BlockId, dst: *mut u8) -> Result<(), KvSwapError> {
+        let src = self
+            .block_ptr(block)
+            .ok_or(KvSwapError::BadConfig { detail: format!("block {block} outside the pool") })?;
+        // SAFETY: block_ptr gives a block inside the memory; the caller guarantees dst and
+        // exclusivity.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, self.block_bytes()) };
+        Ok(())
+    }
+    /// Copies `src` into block `block` (the default copies to [`block_ptr`](Self::block_ptr)).
     ///
     /// # Safety
     ///
     /// `src..src+block_bytes()` is readable, and nobody reads or writes the block meanwhile.
-    unsafe fn write_block(&self, block: BlockId, src: *const u8) -> Result<(), KvSwapError>;
+    unsafe fn write_block(&self, block: BlockId, src: *const u8) -> Result<(), KvSwapError> {
+        let dst = self
+            .block_ptr(block)
+            .ok_or(KvSwapError::BadConfig { detail: format!("block {block} outside the pool") })?;
+        // SAFETY: block_ptr gives a block inside the memory; the caller guarantees src and
+        // exclusivity.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, self.block_bytes()) };
+        Ok(())
+    }
 }
 
 /// Host memory standing in for GPU memory: one `MAP_SHARED` mapping of a memfd, 2 MiB
@@ -112,24 +129,6 @@ impl DeviceMemory for HostDeviceMemory {
         (block.0 < self.blocks)
             // SAFETY: block < blocks, so the offset stays inside the mapping.
             .then(|| unsafe { self.base().add(block.0 as usize * self.block_bytes) })
-    }
-
-    unsafe fn read_block(&self, block: BlockId, dst: *mut u8) -> Result<(), KvSwapError> {
-        let src = self
-            .block_ptr(block)
-            .ok_or(KvSwapError::BadConfig { detail: format!("block {block} outside the pool") })?;
-        // SAFETY: src is inside the mapping; the caller guarantees dst and exclusivity.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, self.block_bytes) };
-        Ok(())
-    }
-
-    unsafe fn write_block(&self, block: BlockId, src: *const u8) -> Result<(), KvSwapError> {
-        let dst = self
-            .block_ptr(block)
-            .ok_or(KvSwapError::BadConfig { detail: format!("block {block} outside the pool") })?;
-        // SAFETY: dst is inside the mapping; the caller guarantees src and exclusivity.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, self.block_bytes) };
-        Ok(())
     }
 }
 
@@ -362,24 +361,6 @@ impl DeviceMemory for SlabDeviceMemory {
         (block.0 < self.blocks)
             // SAFETY: block < blocks, so the offset stays inside the reservation.
             .then(|| unsafe { self.base.as_ptr().add(block.0 as usize * self.block_bytes) })
-    }
-
-    unsafe fn read_block(&self, block: BlockId, dst: *mut u8) -> Result<(), KvSwapError> {
-        let src = self
-            .block_ptr(block)
-            .ok_or(KvSwapError::BadConfig { detail: format!("block {block} outside the pool") })?;
-        // SAFETY: src is inside the reservation; the caller guarantees dst and exclusivity.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, self.block_bytes) };
-        Ok(())
-    }
-
-    unsafe fn write_block(&self, block: BlockId, src: *const u8) -> Result<(), KvSwapError> {
-        let dst = self
-            .block_ptr(block)
-            .ok_or(KvSwapError::BadConfig { detail: format!("block {block} outside the pool") })?;
-        // SAFETY: dst is inside the reservation; the caller guarantees src and exclusivity.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, self.block_bytes) };
-        Ok(())
     }
 }
 

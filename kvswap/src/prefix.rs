@@ -1,5 +1,5 @@
 //! A content-addressed store of KV blocks for prefix reuse: an in-process host-memory LRU
-//! bounded in bytes, optionally backed by a shared [`ClusterTier`](crate::cluster::ClusterTier).
+//! bounded in bytes, optionally backed by a shared [`ClusterTier`].
 //!
 //! Blocks are named by [`BlockKey`] (chained hashes of a model digest and token ids, see
 //! [`cas`](crate::cas)), so a block stored by one sequence is found by any later sequence, on
