@@ -33,6 +33,9 @@ pub struct Metrics {
     preemptions: IntCounterVec,
     swap_bytes: IntCounterVec,
     steps: IntCounterVec,
+    prefix_blocks: IntCounterVec,
+    prefix_reused_tokens: IntCounterVec,
+    prefix_cache_blocks: IntGaugeVec,
 }
 
 fn must<T>(r: prometheus::Result<T>) -> T {
@@ -104,6 +107,21 @@ impl Metrics {
             "Engine steps (batched forward passes)",
             &[],
         );
+        let prefix_blocks = counter(
+            "fastlane_llm_prefix_blocks_total",
+            "Prompt blocks looked up in the prefix cache, by result (host_hit, cluster_hit, miss, integrity_miss)",
+            &["result"],
+        );
+        let prefix_reused_tokens = counter(
+            "fastlane_llm_prefix_reused_tokens_total",
+            "Prompt tokens loaded from the prefix cache instead of prefilled",
+            &[],
+        );
+        let prefix_cache_blocks = gauge(
+            "fastlane_llm_prefix_cache_blocks",
+            "KV blocks held in the host prefix cache",
+            &[],
+        );
         Metrics {
             registry,
             ttft,
@@ -117,6 +135,9 @@ impl Metrics {
             preemptions,
             swap_bytes,
             steps,
+            prefix_blocks,
+            prefix_reused_tokens,
+            prefix_cache_blocks,
         }
     }
 
@@ -173,6 +194,14 @@ impl Metrics {
         }
         up(&self.swap_bytes, &["in", "all"], c.swap_in_bytes);
         up(&self.steps, &[], c.steps);
+        up(&self.prefix_reused_tokens, &[], c.prefix_reused_tokens);
+        if let Some(p) = &c.prefix_cache {
+            up(&self.prefix_blocks, &["host_hit"], p.host_hits);
+            up(&self.prefix_blocks, &["cluster_hit"], p.cluster_hits);
+            up(&self.prefix_blocks, &["miss"], p.misses);
+            up(&self.prefix_blocks, &["integrity_miss"], p.integrity_misses);
+            self.prefix_cache_blocks.with_label_values::<&str>(&[]).set(p.host_blocks as i64);
+        }
         self.render_front()
     }
 }
