@@ -1335,7 +1335,7 @@ impl Loop {
         self.local.blocks_total = self.sched.blocks().total();
         self.local.live = self.live.len() as u64;
         self.local.seqs = self.sched.seq_counts();
-        let n = self.sched.tenant_names().len();
+        let n = self.sched.tenant_count();
         self.local.queued_by_tenant.resize(n, 0);
         for t in 0..n {
             self.local.queued_by_tenant[t] = self.sched.router_queued_of(t);

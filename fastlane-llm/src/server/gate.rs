@@ -61,6 +61,8 @@ struct Inner {
     upstream_inflight: usize,
     upstream_max: usize,
     next_id: u64,
+    /// Each tenant's dispatchable head cost (scratch of `pump`, kept to not allocate).
+    heads: Vec<Option<u64>>,
 }
 
 /// The gate.
@@ -149,6 +151,7 @@ impl Gate {
                 upstream_inflight: 0,
                 upstream_max: upstream_slots.max(1),
                 next_id: 0,
+                heads: Vec::with_capacity(weights.len()),
             }),
             start: Instant::now(),
             wake: Arc::new(Notify::new()),
@@ -255,18 +258,16 @@ impl Gate {
         let now = self.now_ns();
         // Bounded: each turn dispatches one waiter or stops.
         while i.upstream_inflight < i.upstream_max {
-            let heads: Vec<Option<u64>> = i
-                .tenants
-                .iter_mut()
-                .map(|t| {
-                    let ok = t.inflight < t.max_concurrent && t.bucket.has_token(now);
-                    t.queue.front().filter(|_| ok).map(|w| w.cost)
-                })
-                .collect();
+            let Inner { tenants, heads, .. } = &mut *i;
+            heads.clear();
+            heads.extend(tenants.iter_mut().map(|t| {
+                let ok = t.inflight < t.max_concurrent && t.bucket.has_token(now);
+                t.queue.front().filter(|_| ok).map(|w| w.cost)
+            }));
             let mut picked = None;
             for (tier, interactive) in [(0, true), (1, false)] {
                 let of_tier =
-                    |f: usize| heads[f].filter(|_| i.tenants[f].interactive == interactive);
+                    |f: usize| i.heads[f].filter(|_| i.tenants[f].interactive == interactive);
                 if let Some(f) = i.drr[tier].pick(of_tier) {
                     picked = Some((tier, f));
                     break;

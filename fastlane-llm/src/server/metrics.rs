@@ -1,7 +1,8 @@
 //! Prometheus metrics of the front end and the engine (`GET /metrics`).
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 use crate::engine::{EngineCounters, EngineHistograms};
@@ -44,7 +45,27 @@ fn must<T>(r: prometheus::Result<T>) -> T {
     r.expect("valid metric definition")
 }
 
+/// One tenant's latency histograms, looked up once per request rather than per token.
+#[derive(Debug, Clone)]
+pub struct TenantLatency {
+    /// See [`Metrics::ttft`].
+    pub ttft: Histogram,
+    /// See [`Metrics::inter_token`].
+    pub inter_token: Histogram,
+    /// See [`Metrics::e2e`].
+    pub e2e: Histogram,
+}
+
 impl Metrics {
+    /// `tenant`'s latency histograms.
+    pub fn tenant_latency(&self, tenant: &str) -> TenantLatency {
+        TenantLatency {
+            ttft: self.ttft.with_label_values(&[tenant]),
+            inter_token: self.inter_token.with_label_values(&[tenant]),
+            e2e: self.e2e.with_label_values(&[tenant]),
+        }
+    }
+
     /// All families, registered.
     pub fn new() -> Metrics {
         let registry = Registry::new();

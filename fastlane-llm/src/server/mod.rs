@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 
 use crate::engine::{Engine, FinishReason, Finished, GenRequest, Stream, StreamEvent};
 use crate::sampling::SamplingParams;
-pub use metrics::Metrics;
+pub use metrics::{Metrics, TenantLatency};
 pub use tenants::Tenants;
 
 /// Largest request body accepted.
@@ -431,6 +431,7 @@ async fn run(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let ctx = Ctx {
+        lat: st.metrics.tenant_latency(&tname),
         st,
         tname,
         arrived,
@@ -450,6 +451,7 @@ async fn run(
 struct Ctx {
     st: Arc<AppState>,
     tname: String,
+    lat: TenantLatency,
     arrived: Instant,
     kind: Kind,
     id: String,
@@ -469,11 +471,7 @@ impl Ctx {
     }
 
     fn record_end(&self, outcome: &str) {
-        self.st
-            .metrics
-            .e2e
-            .with_label_values(&[&self.tname])
-            .observe(self.arrived.elapsed().as_secs_f64());
+        self.lat.e2e.observe(self.arrived.elapsed().as_secs_f64());
         self.st.metrics.requests.with_label_values(&[&self.tname, outcome]).inc();
     }
 }
@@ -525,11 +523,7 @@ async fn whole(
             StreamEvent::Token { .. } => {
                 if !first_seen {
                     first_seen = true;
-                    ctx.st
-                        .metrics
-                        .ttft
-                        .with_label_values(&[&ctx.tname])
-                        .observe(ctx.arrived.elapsed().as_secs_f64());
+                    ctx.lat.ttft.observe(ctx.arrived.elapsed().as_secs_f64());
                 }
             }
             StreamEvent::Done(f) => break f,
@@ -633,16 +627,10 @@ impl Sse {
         match ev {
             Ok(StreamEvent::Token { id, text }) => {
                 let now = Instant::now();
-                let m = &self.ctx.st.metrics;
+                let lat = &self.ctx.lat;
                 match self.last_token {
-                    None => m
-                        .ttft
-                        .with_label_values(&[&self.ctx.tname])
-                        .observe(self.ctx.arrived.elapsed().as_secs_f64()),
-                    Some(t) => m
-                        .inter_token
-                        .with_label_values(&[&self.ctx.tname])
-                        .observe(now.duration_since(t).as_secs_f64()),
+                    None => lat.ttft.observe(self.ctx.arrived.elapsed().as_secs_f64()),
+                    Some(t) => lat.inter_token.observe(now.duration_since(t).as_secs_f64()),
                 }
                 self.last_token = Some(now);
                 self.tokens += 1;

@@ -28,7 +28,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 
 use super::gate::{Gate, GateError, Permit};
-use super::{body_bytes, tenant_of_headers, ApiError, Metrics, Router, Tenants};
+use super::{body_bytes, tenant_of_headers, ApiError, Metrics, Router, TenantLatency, Tenants};
 
 /// Router settings.
 #[derive(Debug, Clone)]
@@ -221,6 +221,7 @@ async fn generate(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
 struct Relay {
     st: Arc<ProxyState>,
     tenant: String,
+    lat: TenantLatency,
     arrived: Instant,
     deadline: Option<Instant>,
     streaming: bool,
@@ -235,7 +236,7 @@ impl Relay {
     fn end(&mut self, outcome: &str) {
         self.ended = true;
         let m = &self.st.metrics;
-        m.e2e.with_label_values(&[&self.tenant]).observe(self.arrived.elapsed().as_secs_f64());
+        self.lat.e2e.observe(self.arrived.elapsed().as_secs_f64());
         m.requests.with_label_values(&[&self.tenant, outcome]).inc();
     }
 
@@ -279,16 +280,11 @@ impl Relay {
                     }
                     if self.ok {
                         let now = Instant::now();
-                        let m = &self.st.metrics;
                         match self.last {
-                            None => m
-                                .ttft
-                                .with_label_values(&[&self.tenant])
-                                .observe(self.arrived.elapsed().as_secs_f64()),
-                            Some(l) => m
-                                .inter_token
-                                .with_label_values(&[&self.tenant])
-                                .observe(now.duration_since(l).as_secs_f64()),
+                            None => self.lat.ttft.observe(self.arrived.elapsed().as_secs_f64()),
+                            Some(l) => {
+                                self.lat.inter_token.observe(now.duration_since(l).as_secs_f64())
+                            }
                         }
                         self.last = Some(now);
                     }
@@ -321,6 +317,7 @@ fn relay(
     let (parts, body) = upstream.into_parts();
     st.metrics.streams_open.with_label_values(&[&tenant]).inc();
     let relay = Relay {
+        lat: st.metrics.tenant_latency(&tenant),
         ok: parts.status.is_success(),
         st,
         tenant,

@@ -339,6 +339,11 @@ impl<P: SwapPort> Scheduler<P> {
         &self.port
     }
 
+    /// Number of tenants.
+    pub fn tenant_count(&self) -> usize {
+        self.tenants.len()
+    }
+
     /// Tenant names, in index order.
     pub fn tenant_names(&self) -> Vec<&str> {
         self.tenants.iter().map(|t| t.cfg.name.as_str()).collect()
