@@ -913,22 +913,23 @@ impl Loop {
         }
     }
 
+    /// Ends a live request as aborted (nothing when it already ended).
+    fn abort_live(&mut self, id: u64) -> Result<(), LlmError> {
+        if self.live.contains_key(&id) {
+            self.sched.abort(SeqId(id))?;
+            self.end(id, FinishReason::Abort);
+        }
+        Ok(())
+    }
+
     /// Handles one command; `false` on shutdown.
     fn command(&mut self, c: Command) -> Result<bool, LlmError> {
         match c {
             Command::Shutdown => return Ok(false),
-            Command::Abort { id } => {
-                if self.live.contains_key(&id) {
-                    self.sched.abort(SeqId(id))?;
-                    self.end(id, FinishReason::Abort);
-                }
-            }
+            Command::Abort { id } => self.abort_live(id)?,
             Command::Release { id } => {
-                // A stream dropped before its end: abort first (a no-op when it ended).
-                if self.live.contains_key(&id) {
-                    self.sched.abort(SeqId(id))?;
-                    self.end(id, FinishReason::Abort);
-                }
+                // A stream dropped before its end is aborted first (a no-op when it ended).
+                self.abort_live(id)?;
                 self.sched.release_slot(SeqId(id));
             }
             Command::Submit { id, req, tx, at, prefix } => {

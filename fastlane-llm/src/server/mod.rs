@@ -328,11 +328,10 @@ enum Kind {
     Chat,
 }
 
-/// Ends the engine request if the client goes away first (the guard is dropped with the
-/// response body).
+/// Counts a stream that ends before its last event (the client went away) as aborted. The
+/// engine request itself ends with the [`Stream`], dropped with the response body beside this
+/// guard: its drop aborts a live request and frees the slot.
 struct AbortOnDrop {
-    engine: Arc<Engine>,
-    id: u64,
     done: bool,
     metrics: Metrics,
     tenant: String,
@@ -342,7 +341,6 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.metrics.streams_open.with_label_values(&[&self.tenant]).dec();
         if !self.done {
-            self.engine.abort(self.id);
             self.metrics.requests.with_label_values(&[&self.tenant, "aborted"]).inc();
         }
     }
@@ -419,13 +417,7 @@ async fn run(
     }
     st.metrics.requests.with_label_values(&[&tname, "admitted"]).inc();
     st.metrics.streams_open.with_label_values(&[&tname]).inc();
-    let guard = AbortOnDrop {
-        engine: st.engine.clone(),
-        id: stream.id,
-        done: false,
-        metrics: st.metrics.clone(),
-        tenant: tname.clone(),
-    };
+    let guard = AbortOnDrop { done: false, metrics: st.metrics.clone(), tenant: tname.clone() };
     let fence = st.tenants.get(t).max_stream_seconds.map(Duration::from_secs_f64);
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
