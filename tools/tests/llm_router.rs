@@ -132,6 +132,12 @@ fn router_passes_through_and_enforces_the_tenants() {
     let (st, text) = r.post("/v1/completions", "key-quiet", r#"{"prompt": "x", "stream": "yes"}"#);
     assert_eq!(st, 400);
     assert!(json_body(&text)["error"]["message"].as_str().unwrap().contains("stream"));
+    let (st, text) =
+        r.post("/v1/completions", "key-quiet", r#"{"prompt": "x", "max_tokens": "ten"}"#);
+    assert_eq!(st, 400, "{text}");
+    assert!(json_body(&text)["error"]["message"].as_str().unwrap().contains("max_tokens"));
+    let (st, _) = r.post("/v1/completions", "key-quiet", r#"["not", "an", "object"]"#);
+    assert_eq!(st, 400);
     // The upstream's own 400s pass through.
     let (st, text) = r.post("/v1/completions", "key-quiet", r#"{"prompt": "x", "temprature": 1}"#);
     assert_eq!(st, 400, "{text}");
