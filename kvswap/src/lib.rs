@@ -112,7 +112,7 @@ pub use engine::{
 };
 pub use error::KvSwapError;
 pub use geometry::{DType, KvGeometry};
-pub use prefix::{PrefixStats, PrefixStore, PrefixStoreConfig};
+pub use prefix::{Located, PrefixStats, PrefixStore, PrefixStoreConfig};
 pub use tier::{NvmeTierConfig, TierIo, TierKind};
 
 /// A sequence (request) of the inference engine.

@@ -81,6 +81,18 @@ pub struct PrefixStats {
     pub puts_dropped: u64,
     /// Puts that failed at the cluster (dropped; the block stays in the host cache).
     pub put_errors: u64,
+    /// Blocks the host cache could not take (larger than it, or the rest of it pinned).
+    pub host_refused: u64,
+    /// Keys asked for by `get` (per-key lookups, not leading runs).
+    pub gets: u64,
+    /// Keys `get` served (from any tier).
+    pub get_hits: u64,
+    /// Pins held now (a key pinned twice counts twice).
+    pub pins: u64,
+    /// Blocks pinned in the host cache now.
+    pub pinned_blocks: u64,
+    /// Blocks removed by `evict`.
+    pub evicted_by_request: u64,
 }
 
 #[derive(Debug, Default)]
@@ -99,6 +111,11 @@ struct Counters {
     cluster_puts: AtomicU64,
     puts_dropped: AtomicU64,
     put_errors: AtomicU64,
+    host_refused: AtomicU64,
+    gets: AtomicU64,
+    get_hits: AtomicU64,
+    pins: AtomicU64,
+    evicted_by_request: AtomicU64,
     /// Puts queued and not yet finished (for [`PrefixStore::flush`]).
     pending_puts: AtomicU64,
 }
@@ -107,45 +124,116 @@ fn add(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
+/// A host-cache entry: the block, its recency tick, and how many pins hold it.
+#[derive(Debug)]
+struct Entry {
+    data: Arc<[u8]>,
+    tick: u64,
+    pins: u32,
+}
+
 /// The host cache: blocks by key, recency by a tick (`order` maps tick → key, oldest first).
+/// A pinned entry is not in `order`, so eviction never reaches it.
 #[derive(Debug, Default)]
 struct HostLru {
-    map: HashMap<BlockKey, (Arc<[u8]>, u64)>,
+    map: HashMap<BlockKey, Entry>,
     order: BTreeMap<u64, BlockKey>,
     tick: u64,
     bytes: usize,
+    /// Bytes and blocks of pinned entries.
+    pinned: usize,
+    pinned_blocks: usize,
 }
 
 impl HostLru {
     fn get(&mut self, key: &BlockKey) -> Option<Arc<[u8]>> {
-        let (data, t) = self.map.get_mut(key)?;
-        self.order.remove(t);
-        self.tick += 1;
-        *t = self.tick;
-        self.order.insert(self.tick, *key);
-        Some(data.clone())
+        let e = self.map.get_mut(key)?;
+        if e.pins == 0 {
+            self.order.remove(&e.tick);
+            self.tick += 1;
+            e.tick = self.tick;
+            self.order.insert(self.tick, *key);
+        }
+        Some(e.data.clone())
     }
 
-    /// Inserts (or refreshes) `key`; returns the blocks evicted to make room.
-    fn insert(&mut self, key: BlockKey, data: Arc<[u8]>, cap: usize) -> u64 {
+    /// Inserts (or refreshes) `key`; `Some(blocks evicted to make room)`, or `None` when the
+    /// block cannot fit (larger than the cache, or the rest of it pinned).
+    fn insert(&mut self, key: BlockKey, data: Arc<[u8]>, cap: usize) -> Option<u64> {
         if self.get(&key).is_some() {
-            return 0;
+            return Some(0);
+        }
+        if self.pinned + data.len() > cap {
+            return None;
         }
         let mut evicted = 0;
-        // Bounded: each pass removes one entry.
+        // Bounded: each pass removes one unpinned entry, and the pinned bytes alone leave
+        // room (checked above).
         while self.bytes + data.len() > cap {
             let Some((_, old)) = self.order.pop_first() else { break };
-            if let Some((d, _)) = self.map.remove(&old) {
-                self.bytes -= d.len();
+            if let Some(e) = self.map.remove(&old) {
+                self.bytes -= e.data.len();
             }
             evicted += 1;
         }
         self.tick += 1;
         self.bytes += data.len();
         self.order.insert(self.tick, key);
-        self.map.insert(key, (data, self.tick));
-        evicted
+        self.map.insert(key, Entry { data, tick: self.tick, pins: 0 });
+        Some(evicted)
     }
+
+    /// Adds a pin to a cached `key`; `false` when it is not cached.
+    fn pin(&mut self, key: &BlockKey) -> bool {
+        let Some(e) = self.map.get_mut(key) else { return false };
+        if e.pins == 0 {
+            self.order.remove(&e.tick);
+            self.pinned += e.data.len();
+            self.pinned_blocks += 1;
+        }
+        e.pins += 1;
+        true
+    }
+
+    /// Removes a pin; `false` when `key` is not cached or not pinned.
+    fn unpin(&mut self, key: &BlockKey) -> bool {
+        let Some(e) = self.map.get_mut(key) else { return false };
+        if e.pins == 0 {
+            return false;
+        }
+        e.pins -= 1;
+        if e.pins == 0 {
+            self.pinned -= e.data.len();
+            self.pinned_blocks -= 1;
+            self.tick += 1;
+            e.tick = self.tick;
+            self.order.insert(self.tick, *key);
+        }
+        true
+    }
+
+    /// Removes an unpinned `key`; `false` when it is absent or pinned.
+    fn remove(&mut self, key: &BlockKey) -> bool {
+        match self.map.get(key) {
+            Some(e) if e.pins == 0 => {}
+            _ => return false,
+        }
+        let Some(e) = self.map.remove(key) else { return false };
+        self.order.remove(&e.tick);
+        self.bytes -= e.data.len();
+        true
+    }
+}
+
+/// Where a block was found by [`PrefixStore::exists`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Located {
+    /// In this process's host cache.
+    Host,
+    /// In this process's NVMe tier.
+    Nvme,
+    /// In the shared cluster (a hint: the value is not read, a later get may still miss).
+    Cluster,
 }
 
 /// The store. `Send + Sync`: one engine thread inserts while another thread looks up.
@@ -287,11 +375,132 @@ impl PrefixStore {
         self.host().get(key).is_some()
     }
 
+    /// Per-key reads (not a leading run): host cache first, then the cluster for the keys
+    /// the host missed (one pipelined batch). Cluster hits are verified and inserted into the
+    /// host cache. `None` is a miss.
+    pub fn get(&self, keys: &[BlockKey]) -> Vec<Option<Arc<[u8]>>> {
+        let c = &self.counters;
+        add(&c.gets, keys.len() as u64);
+        #[cfg_attr(not(feature = "cluster"), allow(unused_mut))]
+        let mut out: Vec<Option<Arc<[u8]>>> = {
+            let mut h = self.host();
+            keys.iter().map(|k| h.get(k)).collect()
+        };
+        #[cfg(feature = "cluster")]
+        if let Some(cluster) = &self.cluster {
+            let missing: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_none()).collect();
+            if !missing.is_empty() {
+                let bb = self.cfg.block_bytes;
+                let mkeys: Vec<BlockKey> = missing.iter().map(|&i| keys[i]).collect();
+                let mut bufs: Vec<Vec<u8>> = mkeys.iter().map(|_| vec![0u8; bb]).collect();
+                let results = {
+                    let mut outs: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+                    cluster.get(&mkeys, &mut outs)
+                };
+                if results.contains(&BlockGet::Miss(MissReason::Error)) {
+                    add(&c.cluster_errors, 1);
+                }
+                for ((&i, buf), r) in missing.iter().zip(bufs).zip(&results) {
+                    match r {
+                        BlockGet::Hit => {
+                            let data: Arc<[u8]> = buf.into();
+                            add(&c.cluster_hits, 1);
+                            add(&c.bytes_in, bb as u64);
+                            self.insert_host(keys[i], data.clone());
+                            out[i] = Some(data);
+                        }
+                        BlockGet::Miss(MissReason::Integrity) => add(&c.integrity_misses, 1),
+                        BlockGet::Miss(_) => {}
+                    }
+                }
+            }
+        }
+        add(&c.get_hits, out.iter().filter(|o| o.is_some()).count() as u64);
+        out
+    }
+
+    /// Where each key is, nearest tier first; `None`: on no tier. Does not refresh recency.
+    pub fn exists(&self, keys: &[BlockKey]) -> Vec<Option<Located>> {
+        #[cfg_attr(not(feature = "cluster"), allow(unused_mut))]
+        let mut out: Vec<Option<Located>> = {
+            let h = self.host();
+            keys.iter().map(|k| h.map.contains_key(k).then_some(Located::Host)).collect()
+        };
+        #[cfg(feature = "cluster")]
+        if let Some(cluster) = &self.cluster {
+            let missing: Vec<usize> = (0..keys.len()).filter(|&i| out[i].is_none()).collect();
+            if !missing.is_empty() {
+                let mkeys: Vec<BlockKey> = missing.iter().map(|&i| keys[i]).collect();
+                for (&i, there) in missing.iter().zip(cluster.exists(&mkeys)) {
+                    if there {
+                        out[i] = Some(Located::Cluster);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Pins each key in the host cache (a key found only on a lower tier is read into the
+    /// host cache first); a pinned block is never evicted until as many `unpin`s. `false`
+    /// for a key on no tier, or one the host cache cannot hold (the rest of it pinned).
+    pub fn pin(&self, keys: &[BlockKey]) -> Vec<bool> {
+        let mut out = vec![false; keys.len()];
+        let mut missing = Vec::new();
+        {
+            let mut h = self.host();
+            for (i, k) in keys.iter().enumerate() {
+                if h.pin(k) {
+                    out[i] = true;
+                } else {
+                    missing.push(i);
+                }
+            }
+        }
+        if !missing.is_empty() {
+            let mkeys: Vec<BlockKey> = missing.iter().map(|&i| keys[i]).collect();
+            let got = self.get(&mkeys);
+            let mut h = self.host();
+            for (&i, g) in missing.iter().zip(got) {
+                // Read in by `get` (host insert); pin it if it is still there.
+                out[i] = g.is_some() && h.pin(&keys[i]);
+            }
+        }
+        add(&self.counters.pins, out.iter().filter(|&&p| p).count() as u64);
+        out
+    }
+
+    /// Removes one pin from each key; `false` for a key not pinned.
+    pub fn unpin(&self, keys: &[BlockKey]) -> Vec<bool> {
+        let out: Vec<bool> = {
+            let mut h = self.host();
+            keys.iter().map(|k| h.unpin(k)).collect()
+        };
+        let n = out.iter().filter(|&&p| p).count() as u64;
+        self.counters.pins.fetch_sub(n, Ordering::Relaxed);
+        out
+    }
+
+    /// Removes each key from this process's tiers (host cache); `false` for a key absent
+    /// there or pinned. Copies in the shared cluster stay (other engines may use them; the
+    /// cluster's own LRU ages them out).
+    pub fn evict(&self, keys: &[BlockKey]) -> Vec<bool> {
+        let out: Vec<bool> = {
+            let mut h = self.host();
+            keys.iter().map(|k| h.remove(k)).collect()
+        };
+        add(&self.counters.evicted_by_request, out.iter().filter(|&&p| p).count() as u64);
+        out
+    }
+
     fn insert_host(&self, key: BlockKey, data: Arc<[u8]>) -> bool {
         if data.len() > self.cfg.host_bytes {
             return false;
         }
-        let evicted = self.host().insert(key, data, self.cfg.host_bytes);
+        let Some(evicted) = self.host().insert(key, data, self.cfg.host_bytes) else {
+            add(&self.counters.host_refused, 1);
+            return false;
+        };
         add(&self.counters.evictions, evicted);
         add(&self.counters.host_inserts, 1);
         true
@@ -334,9 +543,9 @@ impl PrefixStore {
     pub fn stats(&self) -> PrefixStats {
         let c = &self.counters;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (blocks, bytes) = {
+        let (blocks, bytes, pinned_blocks) = {
             let h = self.host();
-            (h.map.len() as u64, h.bytes as u64)
+            (h.map.len() as u64, h.bytes as u64, h.pinned_blocks as u64)
         };
         PrefixStats {
             lookups: l(&c.lookups),
@@ -355,6 +564,12 @@ impl PrefixStore {
             cluster_puts: l(&c.cluster_puts),
             puts_dropped: l(&c.puts_dropped),
             put_errors: l(&c.put_errors),
+            host_refused: l(&c.host_refused),
+            gets: l(&c.gets),
+            get_hits: l(&c.get_hits),
+            pins: l(&c.pins),
+            pinned_blocks,
+            evicted_by_request: l(&c.evicted_by_request),
         }
     }
 }
@@ -492,5 +707,52 @@ mod tests {
         s.insert(k[1], block(8));
         assert!(!s.contains(&k[0]));
         assert_eq!(&held[0][..], &[7u8; 64][..]);
+    }
+
+    #[test]
+    fn get_exists_pin_unpin_evict() {
+        let s = store(3);
+        let k = keys(5, 4);
+        for (i, key) in k.iter().enumerate().take(3) {
+            assert!(s.insert(*key, block(i as u8)));
+        }
+        // Per-key get: holes do not end the answer.
+        let g = s.get(&[k[0], k[3], k[2]]);
+        assert_eq!(g.iter().map(Option::is_some).collect::<Vec<_>>(), [true, false, true]);
+        assert_eq!(&g[2].as_ref().unwrap()[..], &[2u8; 64][..]);
+        assert_eq!(
+            s.exists(&[k[1], k[4]]),
+            vec![Some(Located::Host), None],
+            "exists names the tier"
+        );
+        // Pin k1 (now the oldest): inserting two more evicts k0 and k2, never k1.
+        assert_eq!(s.pin(&[k[1], k[4]]), vec![true, false], "an absent key cannot be pinned");
+        assert_eq!(s.pin(&[k[1]]), vec![true], "pins nest");
+        s.insert(k[3], block(3));
+        s.insert(k[4], block(4));
+        assert!(s.contains(&k[1]), "pinned block survives eviction");
+        assert!(!s.contains(&k[0]) && !s.contains(&k[2]));
+        assert!(!s.evict(&[k[1]])[0], "a pinned block is not evicted on request");
+        let st = s.stats();
+        assert_eq!((st.pins, st.pinned_blocks, st.host_blocks), (2, 1, 3));
+        assert_eq!(s.unpin(&[k[1], k[0]]), vec![true, false]);
+        assert_eq!(s.unpin(&[k[1]]), vec![true]);
+        assert_eq!(s.unpin(&[k[1]]), vec![false], "no pin left");
+        assert_eq!(s.evict(&[k[1], k[0]]), vec![true, false]);
+        assert!(!s.contains(&k[1]));
+        let st = s.stats();
+        assert_eq!((st.pins, st.pinned_blocks, st.evicted_by_request), (0, 0, 1));
+        // The failed pin of k4 looked it up too.
+        assert_eq!((st.gets, st.get_hits), (4, 2));
+        // With every byte pinned, an insert is refused (and counted), not forced in.
+        let full = store(2);
+        let k = keys(3, 5);
+        full.insert(k[0], block(0));
+        full.insert(k[1], block(1));
+        assert_eq!(full.pin(&k[..2]), vec![true, true]);
+        full.insert(k[2], block(2));
+        assert!(!full.contains(&k[2]));
+        assert!(full.contains(&k[0]) && full.contains(&k[1]));
+        assert_eq!(full.stats().host_refused, 1);
     }
 }
