@@ -22,6 +22,7 @@ use crate::geometry::{DType, KvGeometry};
 
 const MODEL_CONTEXT: &str = "fastlane kvswap model digest v1";
 const BLOCK_CONTEXT: &str = "fastlane kvswap block key v1";
+const NAMESPACE_CONTEXT: &str = "fastlane kv serve namespaced key v1";
 
 /// A 32-byte digest of a model id and its KV geometry; every [`BlockKey`] starts from one.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -84,6 +85,19 @@ impl BlockKey {
             }
             h.update(&buf[..chunk.len() * 4]);
         }
+        BlockKey(*h.finalize().as_bytes())
+    }
+
+    /// The store key of a client's 32-byte `key` in `namespace`: `BLAKE3-derive("fastlane kv
+    /// serve namespaced key v1", namespace ‖ 0x00 ‖ key)`. `fastlane kv serve` names every
+    /// block a client stores or asks for this way, so clients of one namespace share blocks
+    /// and no client can name a block of another namespace. A namespace never holds a 0 byte
+    /// (`[A-Za-z0-9._:-]`), so no two (namespace, key) pairs hash the same input.
+    pub fn in_namespace(namespace: &str, key: &[u8; 32]) -> BlockKey {
+        let mut h = blake3::Hasher::new_derive_key(NAMESPACE_CONTEXT);
+        h.update(namespace.as_bytes());
+        h.update(&[0u8]);
+        h.update(key);
         BlockKey(*h.finalize().as_bytes())
     }
 
@@ -239,6 +253,17 @@ mod tests {
         assert_ne!(a, b);
         // A block's length is part of its key.
         assert_ne!(BlockKey::chain(&d, None, &[0]), BlockKey::chain(&d, None, &[0, 0]));
+    }
+
+    #[test]
+    fn namespaces_separate_store_keys() {
+        let k = [7u8; 32];
+        let a = BlockKey::in_namespace("team-a", &k);
+        assert_eq!(a, BlockKey::in_namespace("team-a", &k), "deterministic");
+        assert_ne!(a, BlockKey::in_namespace("team-b", &k));
+        assert_ne!(a, BlockKey::in_namespace("team-a", &[8u8; 32]));
+        assert_ne!(a, BlockKey(k), "the client's key is not the store key");
+        assert_ne!(BlockKey::in_namespace("", &k), BlockKey::in_namespace("uid:0", &k));
     }
 
     #[test]

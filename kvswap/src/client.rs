@@ -12,7 +12,7 @@ use memmap2::{MmapOptions, MmapRaw};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use crate::proto::{
-    self, ErrorCode, Header, HelloReply, ProtoError, Request, HEADER_LEN, PAYLOAD_MAX,
+    self, located, ErrorCode, Header, HelloReply, Key, ProtoError, Request, HEADER_LEN, PAYLOAD_MAX,
 };
 
 /// What went wrong on the client side.
@@ -45,6 +45,19 @@ pub struct Lookup {
     pub blocks_out: u32,
     /// Device blocks the sequence holds.
     pub device_blocks: u32,
+}
+
+/// Where `EXISTS` found a key's block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Where {
+    /// On no tier.
+    Absent,
+    /// In the server's host memory.
+    Host,
+    /// On the server's NVMe tier.
+    Nvme,
+    /// In the shared cluster (a hint: a later `GET` may still miss).
+    Cluster,
 }
 
 /// What a client asks for at `HELLO`.
@@ -288,6 +301,57 @@ impl KvClient {
         self.call(&Request::Cancel { ticket }).map(|_| ())
     }
 
+    /// Copies each `(key, block)`'s device block (held by a sequence of this connection, no
+    /// transfer in flight) into the server's content-addressed store under `key`, shared with
+    /// the connections of this namespace. Per key: `true` stored, `false` refused.
+    pub fn put(&mut self, items: &[(Key, u32)]) -> Result<Vec<bool>, KvClientError> {
+        let p = self.call(&Request::Put { items: items.to_vec() })?;
+        flags(&p, items.len())
+    }
+
+    /// For each `(key, block)`: on a hit the block now holds the stored bytes (`true`), on a
+    /// miss it is untouched (`false`). Blocks as for [`KvClient::put`], each named once.
+    pub fn get(&mut self, items: &[(Key, u32)]) -> Result<Vec<bool>, KvClientError> {
+        let p = self.call(&Request::Get { items: items.to_vec() })?;
+        flags(&p, items.len())
+    }
+
+    /// Where each key's block is in this namespace.
+    pub fn exists(&mut self, keys: &[Key]) -> Result<Vec<Where>, KvClientError> {
+        let p = self.call(&Request::Exists { keys: keys.to_vec() })?;
+        per_key(&p, keys.len())?
+            .iter()
+            .map(|c| match *c {
+                located::ABSENT => Ok(Where::Absent),
+                located::HOST => Ok(Where::Host),
+                located::NVME => Ok(Where::Nvme),
+                located::CLUSTER => Ok(Where::Cluster),
+                _ => Err(KvClientError::BadReply("EXISTS: unknown tier")),
+            })
+            .collect()
+    }
+
+    /// Pins each key's block in the server's host memory for this connection (never evicted
+    /// until as many [`KvClient::unpin`]s or this connection closes). Per key: `true` pinned,
+    /// `false` on no tier or no room.
+    pub fn pin(&mut self, keys: &[Key]) -> Result<Vec<bool>, KvClientError> {
+        let p = self.call(&Request::Pin { keys: keys.to_vec() })?;
+        flags(&p, keys.len())
+    }
+
+    /// Releases one of this connection's pins of each key; `false` where it holds none.
+    pub fn unpin(&mut self, keys: &[Key]) -> Result<Vec<bool>, KvClientError> {
+        let p = self.call(&Request::Unpin { keys: keys.to_vec() })?;
+        flags(&p, keys.len())
+    }
+
+    /// Removes each key's block from the server's own tiers; `false` where it is absent or
+    /// pinned (by any connection). Copies in a shared cluster stay.
+    pub fn evict(&mut self, keys: &[Key]) -> Result<Vec<bool>, KvClientError> {
+        let p = self.call(&Request::Evict { keys: keys.to_vec() })?;
+        flags(&p, keys.len())
+    }
+
     /// `(capacity, used)` bytes per tier (host, nvme, remote), device free and pinned blocks.
     #[allow(clippy::type_complexity)]
     pub fn stats(&mut self) -> Result<([(u64, u64); 3], u32, u32), KvClientError> {
@@ -318,6 +382,26 @@ fn u64_at(b: &[u8], i: usize) -> Result<u64, KvClientError> {
         .and_then(|s| s.try_into().ok())
         .map(u64::from_le_bytes)
         .ok_or(KvClientError::BadReply("reply shorter than its fields"))
+}
+
+/// A per-key reply body: exactly one byte per key asked.
+fn per_key(p: &[u8], n: usize) -> Result<&[u8], KvClientError> {
+    if p.len() != n {
+        return Err(KvClientError::BadReply("per-key reply of another length than the keys"));
+    }
+    Ok(p)
+}
+
+/// A per-key reply of 0/1 bytes.
+fn flags(p: &[u8], n: usize) -> Result<Vec<bool>, KvClientError> {
+    per_key(p, n)?
+        .iter()
+        .map(|b| match b {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(KvClientError::BadReply("per-key result not 0 or 1")),
+        })
+        .collect()
 }
 
 fn ticket(p: &[u8]) -> Result<u64, KvClientError> {

@@ -31,7 +31,9 @@
 //!   host first, then cluster; puts to the cluster asynchronous through a bounded queue).
 //! - [`server`] and [`client`]: `fastlane kv serve`, a versioned binary protocol over a Unix
 //!   socket ([`proto`]; spec in `docs/kvswap.md`): peers checked by `SO_PEERCRED` against an
-//!   allow-list, each connection mapping only its own slab of the device pool.
+//!   allow-list, each connection mapping only its own slab of the device pool; per-sequence
+//!   swap ops, and content-addressed ops (`PUT`/`GET`/`EXISTS`/`PIN`/`UNPIN`/`EVICT`) on one
+//!   [`PrefixStore`] per server, keys qualified by the connection's namespace.
 //!
 //! # The engine's API (stable)
 //!

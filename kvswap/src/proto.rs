@@ -15,6 +15,12 @@
 //! its namespace, and its reply the client's own slab of the pool. A version-1 frame is
 //! answered with a version-1 error reply ([`ErrorCode::VersionUnsupported`]) and the
 //! connection is closed.
+//!
+//! Content-addressed ops (`PUT`, `GET`, `EXISTS`, `PIN`, `UNPIN`, `EVICT`, ops 12–17) were added
+//! within version 2: every earlier op keeps its number and encoding, so a client that never
+//! sends them sees no change, and a server without them closes the connection of a client that
+//! does (unknown op). Their keys are the client's 32-byte names; the server qualifies each by
+//! the connection's namespace before it touches its store.
 // Bytes from a peer: errors, not panics.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
@@ -34,6 +40,31 @@ pub const PAYLOAD_MAX: usize = 64 * 1024;
 pub const BLOCKS_MAX: usize = (PAYLOAD_MAX - 12) / 4;
 /// Reply bit of `op`.
 pub const REPLY: u16 = 0x8000;
+/// Bytes of a content key.
+pub const KEY_BYTES: usize = 32;
+/// Most keys in one `EXISTS`/`PIN`/`UNPIN`/`EVICT` (`count u32` then 32 bytes each).
+pub const KEYS_MAX: usize = (PAYLOAD_MAX - 4) / KEY_BYTES;
+/// Most `(key, block)` pairs in one `PUT`/`GET` (`count u32` then 36 bytes each).
+pub const KEY_BLOCKS_MAX: usize = (PAYLOAD_MAX - 4) / (KEY_BYTES + 4);
+// The limits fill a payload, and one more would not fit.
+const _: () = assert!(4 + (KEY_BYTES + 4) * (KEY_BLOCKS_MAX + 1) > PAYLOAD_MAX);
+const _: () = assert!(4 + KEY_BYTES * (KEYS_MAX + 1) > PAYLOAD_MAX);
+
+/// A client's content key: 32 opaque bytes (e.g. a vLLM block hash or a
+/// [`BlockKey`](crate::cas::BlockKey)); the server qualifies it by the connection's namespace.
+pub type Key = [u8; KEY_BYTES];
+
+/// Per-key answers of `EXISTS`: where the block is, nearest tier first.
+pub mod located {
+    /// On no tier.
+    pub const ABSENT: u8 = 0;
+    /// In the server's host memory.
+    pub const HOST: u8 = 1;
+    /// On the server's NVMe tier.
+    pub const NVME: u8 = 2;
+    /// In the shared cluster (a hint: a later `GET` may still miss).
+    pub const CLUSTER: u8 = 3;
+}
 
 /// Operation codes.
 pub mod op {
@@ -59,6 +90,18 @@ pub mod op {
     pub const CANCEL: u16 = 10;
     /// Tier accounting.
     pub const STATS: u16 = 11;
+    /// Copy blocks of the connection's slab into the content-addressed store under keys.
+    pub const PUT: u16 = 12;
+    /// Copy blocks found in the store by key into blocks of the connection's slab.
+    pub const GET: u16 = 13;
+    /// Where each key's block is (absent, host, nvme, cluster).
+    pub const EXISTS: u16 = 14;
+    /// Keep blocks in the server's host memory until unpinned (or the connection closes).
+    pub const PIN: u16 = 15;
+    /// Release this connection's pins.
+    pub const UNPIN: u16 = 16;
+    /// Remove unpinned blocks from the server's own tiers.
+    pub const EVICT: u16 = 17;
 }
 
 /// Why a frame was refused (the connection is then closed).
@@ -218,6 +261,36 @@ pub enum Request {
     },
     /// Accounting.
     Stats,
+    /// Store each block under its key.
+    Put {
+        /// `(key, device block)` pairs.
+        items: Vec<(Key, u32)>,
+    },
+    /// Fetch each key's block into its device block (a miss leaves the block untouched).
+    Get {
+        /// `(key, device block)` pairs.
+        items: Vec<(Key, u32)>,
+    },
+    /// Where each key's block is.
+    Exists {
+        /// Keys.
+        keys: Vec<Key>,
+    },
+    /// Pin each key's block in host memory for this connection.
+    Pin {
+        /// Keys.
+        keys: Vec<Key>,
+    },
+    /// Release one of this connection's pins of each key.
+    Unpin {
+        /// Keys.
+        keys: Vec<Key>,
+    },
+    /// Remove each key's (unpinned) block from the server's tiers.
+    Evict {
+        /// Keys.
+        keys: Vec<Key>,
+    },
 }
 
 fn u32_at(b: &[u8], i: usize) -> u32 {
@@ -245,6 +318,12 @@ impl Request {
             Request::Drop { .. } => op::DROP,
             Request::Cancel { .. } => op::CANCEL,
             Request::Stats => op::STATS,
+            Request::Put { .. } => op::PUT,
+            Request::Get { .. } => op::GET,
+            Request::Exists { .. } => op::EXISTS,
+            Request::Pin { .. } => op::PIN,
+            Request::Unpin { .. } => op::UNPIN,
+            Request::Evict { .. } => op::EVICT,
         }
     }
 
@@ -268,6 +347,39 @@ impl Request {
             }
             exact(8 + 4 * count)?;
             Ok((u32_at(p, 0), (0..count).map(|i| u32_at(p, 8 + 4 * i)).collect()))
+        };
+        let key_at = |i: usize| {
+            let mut k = [0u8; KEY_BYTES];
+            k.copy_from_slice(&p[i..i + KEY_BYTES]);
+            k
+        };
+        // count u32, count × stride bytes; the count is checked against `max` and the exact
+        // length before anything is allocated.
+        let counted = |stride: usize, max: usize| -> Result<usize, ProtoError> {
+            if p.len() < 4 {
+                return Err(ProtoError::BadLength { op: opc, len: p.len(), expected: 4 });
+            }
+            let count = u32_at(p, 0) as usize;
+            if count > max {
+                return Err(ProtoError::BadField { op: opc, what: "key count" });
+            }
+            exact(4 + stride * count)?;
+            Ok(count)
+        };
+        // count u32, count × (key [u8; 32], block u32).
+        let key_blocks = || -> Result<Vec<(Key, u32)>, ProtoError> {
+            let count = counted(KEY_BYTES + 4, KEY_BLOCKS_MAX)?;
+            Ok((0..count)
+                .map(|i| {
+                    let at = 4 + (KEY_BYTES + 4) * i;
+                    (key_at(at), u32_at(p, at + KEY_BYTES))
+                })
+                .collect())
+        };
+        // count u32, count × key [u8; 32].
+        let keys = || -> Result<Vec<Key>, ProtoError> {
+            let count = counted(KEY_BYTES, KEYS_MAX)?;
+            Ok((0..count).map(|i| key_at(4 + KEY_BYTES * i)).collect())
         };
         Ok(match opc {
             op::HELLO => {
@@ -329,6 +441,12 @@ impl Request {
                 exact(0)?;
                 Request::Stats
             }
+            op::PUT => Request::Put { items: key_blocks()? },
+            op::GET => Request::Get { items: key_blocks()? },
+            op::EXISTS => Request::Exists { keys: keys()? },
+            op::PIN => Request::Pin { keys: keys()? },
+            op::UNPIN => Request::Unpin { keys: keys()? },
+            op::EVICT => Request::Evict { keys: keys()? },
             other => return Err(ProtoError::BadOp(other)),
         })
     }
@@ -364,6 +482,22 @@ impl Request {
                 out.extend_from_slice(&timeout_ms.to_le_bytes());
             }
             Request::Cancel { ticket } => out.extend_from_slice(&ticket.to_le_bytes()),
+            Request::Put { items } | Request::Get { items } => {
+                out.extend_from_slice(&(items.len() as u32).to_le_bytes());
+                for (key, block) in items {
+                    out.extend_from_slice(key);
+                    out.extend_from_slice(&block.to_le_bytes());
+                }
+            }
+            Request::Exists { keys }
+            | Request::Pin { keys }
+            | Request::Unpin { keys }
+            | Request::Evict { keys } => {
+                out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+                for key in keys {
+                    out.extend_from_slice(key);
+                }
+            }
         }
     }
 
@@ -522,6 +656,8 @@ pub enum ErrorCode {
     /// The frame's protocol version is not this server's (sent in the peer's version, then
     /// closed).
     VersionUnsupported = 21,
+    /// A content-addressed op on a server without a store (`--cas-bytes 0`).
+    StoreDisabled = 22,
     /// Anything else.
     Other = 99,
 }
@@ -577,6 +713,7 @@ impl ErrorCode {
             HelloRequired,
             NamespaceRefused,
             VersionUnsupported,
+            StoreDisabled,
         ]
         .get(v as usize)
         .copied()
@@ -603,6 +740,16 @@ mod tests {
             Request::Drop { seq: 1 },
             Request::Cancel { ticket: 5 },
             Request::Stats,
+            Request::Put { items: vec![([1; KEY_BYTES], 4), ([2; KEY_BYTES], 5)] },
+            Request::Put { items: vec![] },
+            Request::Get { items: vec![([3; KEY_BYTES], u32::MAX)] },
+            Request::Exists { keys: vec![[4; KEY_BYTES], [5; KEY_BYTES]] },
+            Request::Exists { keys: vec![] },
+            Request::Pin { keys: vec![[6; KEY_BYTES]] },
+            Request::Unpin { keys: vec![[7; KEY_BYTES]] },
+            Request::Evict { keys: vec![[8; KEY_BYTES], [8; KEY_BYTES]] },
+            Request::Put { items: vec![([9; KEY_BYTES], 1); KEY_BLOCKS_MAX] },
+            Request::Evict { keys: vec![[10; KEY_BYTES]; KEYS_MAX] },
         ];
         for r in reqs {
             let f = r.encode(42);
@@ -638,6 +785,54 @@ mod tests {
         let mut f = Request::Hello { blocks: 1, namespace: "ab".into() }.encode(1);
         f[20] = 200; // namespace length past the payload and the limit
         assert!(decode_frame(&f).is_err());
+    }
+
+    #[test]
+    fn hostile_content_addressed_frames_are_refused() {
+        assert_eq!((KEY_BLOCKS_MAX, KEYS_MAX), (1820, 2047));
+        let with_count = |opc: u16, count: u32, body: usize| {
+            let mut p = count.to_le_bytes().to_vec();
+            p.resize(4 + body, 0xab);
+            let h = Header { op: opc, req_id: 1, len: p.len() as u32 };
+            let mut f = h.encode().to_vec();
+            f.extend_from_slice(&p);
+            f
+        };
+        for opc in [op::PUT, op::GET] {
+            // A count the payload does not carry, a count over the limit, a stray byte, a
+            // key cut short, no count at all.
+            for (count, body) in [(2, 36), (KEY_BLOCKS_MAX as u32 + 1, 0), (1, 37), (1, 35)] {
+                let f = with_count(opc, count, body);
+                assert!(
+                    matches!(
+                        decode_frame(&f),
+                        Err(ProtoError::BadLength { .. } | ProtoError::BadField { .. })
+                    ),
+                    "op {opc} count {count} body {body}"
+                );
+            }
+            let f = Header { op: opc, req_id: 1, len: 3 }.encode().to_vec();
+            let mut f3 = f.clone();
+            f3.extend_from_slice(&[1, 0, 0]);
+            assert!(matches!(decode_frame(&f3), Err(ProtoError::BadLength { .. })));
+            let f = with_count(opc, u32::MAX, 0);
+            assert!(matches!(decode_frame(&f), Err(ProtoError::BadField { .. })));
+        }
+        for opc in [op::EXISTS, op::PIN, op::UNPIN, op::EVICT] {
+            for (count, body) in [(2, 32), (KEYS_MAX as u32 + 1, 0), (1, 33), (1, 36), (0, 1)] {
+                let f = with_count(opc, count, body);
+                assert!(decode_frame(&f).is_err(), "op {opc} count {count} body {body}");
+            }
+            assert_eq!(
+                decode_frame(&with_count(opc, 1, 32)).map(|(_, r, _)| r.op()),
+                Ok(opc),
+                "a well-formed op {opc}"
+            );
+        }
+        // A key-only payload is not a PUT (stride 36, not 32).
+        assert!(decode_frame(&with_count(op::PUT, 1, 32)).is_err());
+        assert_eq!(ErrorCode::from_u32(22), ErrorCode::StoreDisabled);
+        assert_eq!(ErrorCode::from_u32(23), ErrorCode::Other);
     }
 
     #[test]

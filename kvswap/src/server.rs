@@ -6,7 +6,15 @@
 //! sees: at `HELLO` it gets its own slab of the device pool, backed by its own memfd
 //! ([`SlabDeviceMemory`]), so its mapping holds only its blocks; the slab goes back to the
 //! pool (zeroed) when the connection is gone and its transfers have drained. Each connection
-//! is in one namespace (default `uid:<uid>`), the unit future shared blocks will be shared in.
+//! is in one namespace (default `uid:<uid>`), the unit blocks are shared in.
+//!
+//! Content-addressed blocks ([`Server::with_store`]): one [`PrefixStore`] per server, shared
+//! by every connection. `PUT` copies blocks of the connection's own slab into it, `GET` copies
+//! hits back into the slab, `EXISTS`/`PIN`/`UNPIN`/`EVICT` act on keys. Every client key is
+//! qualified by the connection's namespace ([`BlockKey::in_namespace`]) before the store sees
+//! it, so connections of one namespace share blocks and a connection of another namespace can
+//! neither read, test for, pin nor evict them. Pins are counted per connection and released
+//! when it closes.
 //!
 //! One thread per connection (at most [`CONNECTIONS_MAX`]); the engine sits behind a mutex
 //! held only for one engine call at a time (a `COMPLETE` waits in 1 ms slices). Sequence ids
@@ -16,7 +24,7 @@
 // Serves peers: a panic here is a client taking the server down; errors instead.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -27,11 +35,14 @@ use std::time::{Duration, Instant};
 
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
+use crate::cas::BlockKey;
 use crate::device::{DeviceMemory, Slab, SlabDeviceMemory};
 use crate::engine::{SeqPhase, SwapEngine};
 use crate::error::KvSwapError;
+use crate::prefix::{Located, PrefixStore};
 use crate::proto::{
-    self, ErrorCode, Header, HelloReply, ProtoError, Request, HEADER_LEN, MAGIC, PAYLOAD_MAX,
+    self, located, ErrorCode, Header, HelloReply, Key, ProtoError, Request, HEADER_LEN, MAGIC,
+    PAYLOAD_MAX,
 };
 use crate::{BlockId, SeqId, Ticket, TierKind};
 
@@ -44,6 +55,9 @@ pub const COMPLETE_WAIT_MAX: Duration = Duration::from_secs(60);
 pub const DRAIN_WAIT_MAX: Duration = Duration::from_secs(5);
 /// How long the server waits for a refused peer's first frame before it answers anyway.
 const REFUSE_READ_WAIT: Duration = Duration::from_secs(1);
+/// Most pins one connection may hold on one key (with [`CONNECTIONS_MAX`] connections the
+/// store's per-block pin count stays far below `u32::MAX`).
+pub const PINS_PER_KEY_MAX: u32 = 1 << 16;
 
 /// Who may connect and how much of the device pool each connection may hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,6 +161,10 @@ pub struct ServerCounters {
     pub requests: AtomicU64,
     /// Peers refused for their credentials.
     pub refused: AtomicU64,
+    /// Content-addressed requests (`PUT` … `EVICT`) served.
+    pub cas_requests: AtomicU64,
+    /// Pins released because their connection closed without `UNPIN`.
+    pub pins_released_on_close: AtomicU64,
 }
 
 /// The server.
@@ -159,6 +177,7 @@ pub struct Server {
     draining: Arc<Mutex<Vec<Slab>>>,
     live: Arc<AtomicUsize>,
     counters: Arc<ServerCounters>,
+    store: Option<Arc<PrefixStore>>,
 }
 
 impl Server {
@@ -196,7 +215,27 @@ impl Server {
             draining: Arc::new(Mutex::new(Vec::new())),
             live: Arc::new(AtomicUsize::new(0)),
             counters: Arc::new(ServerCounters::default()),
+            store: None,
         })
+    }
+
+    /// Serves the content-addressed ops from `store` (shared by every connection; its
+    /// blocks must be the device pool's size). Without a store those ops are answered with
+    /// [`ErrorCode::StoreDisabled`].
+    pub fn with_store(mut self, store: Arc<PrefixStore>) -> Result<Server, KvSwapError> {
+        let (sb, db) = (store.config().block_bytes, self.device.block_bytes());
+        if sb != db {
+            return Err(KvSwapError::BadConfig {
+                detail: format!("kv serve: store blocks of {sb} bytes, device blocks of {db}"),
+            });
+        }
+        self.store = Some(store);
+        Ok(self)
+    }
+
+    /// The content-addressed store, if any (for its counters while serving).
+    pub fn store(&self) -> Option<Arc<PrefixStore>> {
+        self.store.clone()
     }
 
     /// The counters.
@@ -256,6 +295,8 @@ impl Server {
                         namespace: None,
                         tickets: HashSet::new(),
                         seqs: HashSet::new(),
+                        store: self.store.clone(),
+                        pins: HashMap::new(),
                         counters: self.counters.clone(),
                         stop: stop_all.clone(),
                     };
@@ -344,6 +385,10 @@ struct Conn {
     namespace: Option<String>,
     tickets: HashSet<u64>,
     seqs: HashSet<u32>,
+    /// The server's content-addressed store (`None`: the ops are refused).
+    store: Option<Arc<PrefixStore>>,
+    /// This connection's pins, by store key: released when it closes.
+    pins: HashMap<BlockKey, u32>,
     counters: Arc<ServerCounters>,
     stop: Arc<AtomicBool>,
 }
@@ -401,6 +446,7 @@ impl Conn {
                 }
             }
         }
+        self.release_pins();
         let mut e = self.engine();
         for s in &self.seqs {
             let _ = e.drop_seq(self.seq(*s));
@@ -633,6 +679,10 @@ impl Conn {
                 return self.reply(h, Err((ErrorCode::HelloRequired, msg)), None);
             }
         };
+        if let Some(r) = self.content_addressed(slab, &req) {
+            self.counters.cas_requests.fetch_add(1, Ordering::Relaxed);
+            return self.reply(h, r, None);
+        }
         let r: Result<Vec<u8>, KvSwapError> = match req {
             Request::Hello { .. } => Ok(Vec::new()),
             Request::Alloc { seq, n } => {
@@ -732,8 +782,246 @@ impl Conn {
                 b.extend_from_slice(&st.device_pinned.to_le_bytes());
                 Ok(b)
             }
+            // Answered by `content_addressed` above.
+            Request::Put { .. }
+            | Request::Get { .. }
+            | Request::Exists { .. }
+            | Request::Pin { .. }
+            | Request::Unpin { .. }
+            | Request::Evict { .. } => Ok(Vec::new()),
         };
         self.reply(h, r.map_err(|e| (ErrorCode::of(&e), e.to_string())), None)
+    }
+}
+
+impl Conn {
+    /// Serves a content-addressed op (`None`: `req` is not one). The reply body is one `u8`
+    /// per key, in request order.
+    fn content_addressed(&mut self, slab: Slab, req: &Request) -> Option<Result<Vec<u8>, Refusal>> {
+        let r = match req {
+            Request::Put { items } => self.put(slab, items),
+            Request::Get { items } => self.get(slab, items),
+            Request::Exists { keys } => self.with_store(keys, |_, store, keys| {
+                let code = |l: Option<Located>| match l {
+                    None => located::ABSENT,
+                    Some(Located::Host) => located::HOST,
+                    Some(Located::Nvme) => located::NVME,
+                    Some(Located::Cluster) => located::CLUSTER,
+                };
+                store.exists(keys).into_iter().map(code).collect()
+            }),
+            Request::Pin { keys } => self.with_store(keys, Conn::pin),
+            Request::Unpin { keys } => self.with_store(keys, Conn::unpin),
+            Request::Evict { keys } => self.with_store(keys, |_, store, keys| {
+                store.evict(keys).into_iter().map(u8::from).collect()
+            }),
+            _ => return None,
+        };
+        Some(r)
+    }
+
+    /// The store, or the refusal of a server without one.
+    fn store(&self) -> Result<Arc<PrefixStore>, Refusal> {
+        self.store.clone().ok_or_else(|| {
+            (
+                ErrorCode::StoreDisabled,
+                "this kv server has no content-addressed store (started with --cas-bytes 0)".into(),
+            )
+        })
+    }
+
+    /// The store keys of a client's keys: each qualified by this connection's namespace.
+    fn store_keys<'a>(&self, keys: impl IntoIterator<Item = &'a Key>) -> Vec<BlockKey> {
+        // HELLO sets the slab and the namespace together; ops reach here only after it.
+        let ns = self.namespace.as_deref().unwrap_or_default();
+        keys.into_iter().map(|k| BlockKey::in_namespace(ns, k)).collect()
+    }
+
+    /// A key-only op: the store keys, then `f` with them.
+    fn with_store(
+        &mut self,
+        keys: &[Key],
+        f: impl FnOnce(&mut Conn, &PrefixStore, &[BlockKey]) -> Vec<u8>,
+    ) -> Result<Vec<u8>, Refusal> {
+        let store = self.store()?;
+        let keys = self.store_keys(keys);
+        Ok(f(self, &store, &keys))
+    }
+
+    /// Checks that every block is this connection's to copy to or from: in its slab, held by
+    /// one of its sequences (`ALLOC`), not read or written by a transfer in flight, and (with
+    /// `distinct`) named once.
+    ///
+    /// What this checks stays true until this connection's next request: only this
+    /// connection's own requests, served one at a time on this thread, allocate, free, pin
+    /// or drop blocks of its slab (other connections allocate in their own slabs only).
+    fn check_blocks(&self, slab: Slab, blocks: &[u32], distinct: bool) -> Result<(), Refusal> {
+        let range = slab.range();
+        let mut e = self.engine();
+        for (i, &b) in blocks.iter().enumerate() {
+            let ours = range.contains(&b)
+                && e.block_owner(BlockId(b)).is_some_and(|s| s.0 >> 32 == self.id);
+            if !ours {
+                return Err((
+                    ErrorCode::BlockNotOwned,
+                    format!(
+                        "block {b} (key {i}) is not held by a sequence of this connection                          (its slab is {range:?}; ALLOC blocks before PUT or GET)"
+                    ),
+                ));
+            }
+        }
+        let ids: Vec<BlockId> = blocks.iter().map(|b| BlockId(*b)).collect();
+        if let Some(b) = e.first_pinned(&ids) {
+            return Err((
+                ErrorCode::BlockPinned,
+                format!("block {b} is being swapped; COMPLETE its transfer first"),
+            ));
+        }
+        drop(e);
+        if distinct {
+            let mut seen = HashSet::with_capacity(blocks.len());
+            if let Some(b) = blocks.iter().find(|b| !seen.insert(**b)) {
+                return Err((
+                    ErrorCode::DuplicateBlock,
+                    format!("block {b} is named twice: a GET writes each block once"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `PUT`: copies each block into the store under its key; per key 1 stored, 0 refused.
+    fn put(&mut self, slab: Slab, items: &[(Key, u32)]) -> Result<Vec<u8>, Refusal> {
+        let store = self.store()?;
+        let blocks: Vec<u32> = items.iter().map(|i| i.1).collect();
+        self.check_blocks(slab, &blocks, false)?;
+        let keys = self.store_keys(items.iter().map(|i| &i.0));
+        let bb = self.device.block_bytes();
+        let mut out = Vec::with_capacity(items.len());
+        for (key, &b) in keys.into_iter().zip(&blocks) {
+            let mut data = Arc::<[u8]>::new_uninit_slice(bb);
+            let Some(dst) = Arc::get_mut(&mut data) else {
+                return Err((ErrorCode::Other, "fresh block buffer is shared".into()));
+            };
+            // SAFETY:
+            // - `dst` is a fresh buffer of `bb` = block_bytes bytes, writable and ours alone.
+            // - `b` is a block of this connection's slab, held by one of its sequences and
+            //   pinned by no transfer (`check_blocks`), and nothing but this thread's requests
+            //   can start one on it before this copy ends: no worker writes it meanwhile.
+            //   (The client may write its own mapping meanwhile; it then stores torn bytes of
+            //   its own, as with a swap-out.)
+            if let Err(e) = unsafe { self.device.read_block(BlockId(b), dst.as_mut_ptr().cast()) } {
+                return Err((ErrorCode::of(&e), e.to_string()));
+            }
+            // SAFETY: `read_block` wrote all `bb` bytes (it returned Ok).
+            let data = unsafe { data.assume_init() };
+            out.push(u8::from(store.insert(key, data)));
+        }
+        Ok(out)
+    }
+
+    /// `GET`: copies each hit into its block; per key 1 hit (the block now holds it), 0 miss
+    /// (the block is untouched).
+    fn get(&mut self, slab: Slab, items: &[(Key, u32)]) -> Result<Vec<u8>, Refusal> {
+        let store = self.store()?;
+        let blocks: Vec<u32> = items.iter().map(|i| i.1).collect();
+        self.check_blocks(slab, &blocks, true)?;
+        let keys = self.store_keys(items.iter().map(|i| &i.0));
+        let bb = self.device.block_bytes();
+        let mut out = Vec::with_capacity(items.len());
+        for (hit, &b) in store.get(&keys).into_iter().zip(&blocks) {
+            let Some(data) = hit.filter(|d| d.len() == bb) else {
+                out.push(0);
+                continue;
+            };
+            // SAFETY:
+            // - `data` holds `bb` = block_bytes readable bytes (checked above), kept alive by
+            //   its `Arc` for the call.
+            // - `b` is a block of this connection's slab held by one of its sequences, pinned by
+            //   no transfer and named once in this request (`check_blocks`); only this thread's
+            //   requests could start a transfer on it, so no worker reads or writes it
+            //   meanwhile.
+            if let Err(e) = unsafe { self.device.write_block(BlockId(b), data.as_ptr()) } {
+                return Err((ErrorCode::of(&e), e.to_string()));
+            }
+            out.push(1);
+        }
+        Ok(out)
+    }
+
+    /// `PIN`: per key 1 when pinned for this connection, 0 when the block is on no tier,
+    /// cannot be held in host memory, or this connection holds [`PINS_PER_KEY_MAX`] pins of it.
+    fn pin(&mut self, store: &PrefixStore, keys: &[BlockKey]) -> Vec<u8> {
+        let mut out = vec![0u8; keys.len()];
+        let mut asked = Vec::with_capacity(keys.len());
+        let mut at = Vec::with_capacity(keys.len());
+        let mut pending: HashMap<BlockKey, u32> = HashMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            let held = self.pins.get(k).copied().unwrap_or(0);
+            let p = pending.entry(*k).or_insert(0);
+            if held.saturating_add(*p) < PINS_PER_KEY_MAX {
+                *p += 1;
+                asked.push(*k);
+                at.push(i);
+            }
+        }
+        for ((k, i), ok) in asked.iter().zip(at).zip(store.pin(&asked)) {
+            if ok {
+                *self.pins.entry(*k).or_insert(0) += 1;
+                out[i] = 1;
+            }
+        }
+        out
+    }
+
+    /// `UNPIN`: per key 1 when one of this connection's pins of it was released, 0 when this
+    /// connection holds none (another connection's pins are not its to release).
+    fn unpin(&mut self, store: &PrefixStore, keys: &[BlockKey]) -> Vec<u8> {
+        let mut out = vec![0u8; keys.len()];
+        let mut asked = Vec::with_capacity(keys.len());
+        let mut at = Vec::with_capacity(keys.len());
+        let mut pending: HashMap<BlockKey, u32> = HashMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            let held = self.pins.get(k).copied().unwrap_or(0);
+            let p = pending.entry(*k).or_insert(0);
+            if *p < held {
+                *p += 1;
+                asked.push(*k);
+                at.push(i);
+            }
+        }
+        for ((k, i), ok) in asked.iter().zip(at).zip(store.unpin(&asked)) {
+            if ok {
+                out[i] = 1;
+            }
+            // Our count goes down either way: a pin the store no longer has is not ours.
+            if let Some(n) = self.pins.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    self.pins.remove(k);
+                }
+            }
+        }
+        out
+    }
+
+    /// Releases every pin this connection still holds (it is closing).
+    fn release_pins(&mut self) {
+        let Some(store) = self.store.clone() else { return };
+        let mut released = 0u64;
+        for (k, n) in self.pins.drain() {
+            // In slices, so that a key pinned many times does not need one long vector.
+            let mut left = n as usize;
+            while left > 0 {
+                let now = left.min(1024);
+                released += store.unpin(&vec![k; now]).iter().filter(|u| **u).count() as u64;
+                left -= now;
+            }
+        }
+        if released > 0 {
+            self.counters.pins_released_on_close.fetch_add(released, Ordering::Relaxed);
+            log::debug!("kv serve: connection {} closed holding {released} pins", self.id);
+        }
     }
 }
 

@@ -1,15 +1,16 @@
 //! The Unix-socket server with the Rust client: a full preemption round trip over the
-//! protocol, and hostile frames that must close only their own connection.
+//! protocol, the content-addressed ops against the server's store (and two servers sharing a
+//! real Redis Cluster), and hostile frames that must close only their own connection.
 
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvswap::client::{HelloOptions, KvClient, KvClientError};
-use kvswap::proto::{ErrorCode, Request};
+use kvswap::client::{HelloOptions, KvClient, KvClientError, Where};
+use kvswap::proto::{ErrorCode, Key, Request};
 use kvswap::server::{Server, ServerConfig};
-use kvswap::{EngineConfig, SlabDeviceMemory, SwapEngine};
+use kvswap::{EngineConfig, PrefixStore, PrefixStoreConfig, SlabDeviceMemory, SwapEngine};
 
 const BB: usize = 64 * 1024;
 
@@ -24,16 +25,49 @@ fn start_with(
     dir: &std::path::Path,
     cfg: impl FnOnce(&mut ServerConfig),
 ) -> (std::path::PathBuf, Arc<AtomicBool>, std::thread::JoinHandle<Server>) {
+    start_full(dir, "kv.sock", cfg, None)
+}
+
+/// A content-addressed store of `blocks` blocks of `BB` in host memory.
+fn store_cfg(blocks: usize) -> PrefixStoreConfig {
+    PrefixStoreConfig {
+        host_bytes: blocks * BB,
+        block_bytes: BB,
+        put_queue_max: kvswap::prefix::PUT_QUEUE_MAX,
+    }
+}
+
+/// A server with a content-addressed store, its config adjusted by `cfg`.
+#[allow(clippy::type_complexity)]
+fn start_cas(
+    dir: &std::path::Path,
+    cfg: impl FnOnce(&mut ServerConfig),
+) -> (std::path::PathBuf, Arc<AtomicBool>, std::thread::JoinHandle<Server>, Arc<PrefixStore>) {
+    let store = Arc::new(PrefixStore::new(store_cfg(8)));
+    let (p, s, h) = start_full(dir, "kv.sock", cfg, Some(store.clone()));
+    (p, s, h, store)
+}
+
+/// A server on socket `name` in `dir`, with `store` if given.
+fn start_full(
+    dir: &std::path::Path,
+    name: &str,
+    cfg: impl FnOnce(&mut ServerConfig),
+    store: Option<Arc<PrefixStore>>,
+) -> (std::path::PathBuf, Arc<AtomicBool>, std::thread::JoinHandle<Server>) {
     let dev = Arc::new(SlabDeviceMemory::new(BB, 32).unwrap());
     let engine = SwapEngine::new(
         EngineConfig { host_bytes: 16 * BB as u64, ..Default::default() },
         dev.clone(),
     )
     .unwrap();
-    let path = dir.join("kv.sock");
+    let path = dir.join(name);
     let mut config = ServerConfig::for_pool(32);
     cfg(&mut config);
-    let server = Server::bind(&path, engine, dev.clone(), config).unwrap();
+    let mut server = Server::bind(&path, engine, dev.clone(), config).unwrap();
+    if let Some(store) = store {
+        server = server.with_store(store).unwrap();
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
     let h = std::thread::spawn(move || {
@@ -446,4 +480,293 @@ fn hello_limits_namespaces_and_old_clients() {
     stop.store(true, Ordering::Relaxed);
     drop((a, s, old));
     h.join().unwrap();
+}
+
+/// A client key: `n` in every byte of the first 8, then a marker.
+fn key(n: u8) -> Key {
+    let mut k = [0x5au8; 32];
+    k[..8].fill(n);
+    k
+}
+
+/// Block bytes for `seed`.
+fn bytes_of(seed: u8) -> Vec<u8> {
+    (0..BB).map(|i| seed ^ (i as u8).wrapping_mul(31) ^ (i >> 8) as u8).collect()
+}
+
+fn read(c: &KvClient, b: u32) -> Vec<u8> {
+    let mut v = vec![0u8; BB];
+    c.read_block(b, &mut v);
+    v
+}
+
+fn server_err<T: std::fmt::Debug>(r: Result<T, KvClientError>) -> ErrorCode {
+    match r {
+        Err(KvClientError::Server { code, .. }) => code,
+        other => panic!("expected a server error, got {other:?}"),
+    }
+}
+
+#[test]
+fn cas_put_get_exists_pin_unpin_evict() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, stop, h, store) = start_cas(dir.path(), |_| {});
+    let mut c = KvClient::connect(&path).unwrap();
+    let b = c.alloc(1, 4).unwrap();
+    let (k0, k1, k2) = (key(0), key(1), key(2));
+    c.write_block(b[0], &bytes_of(10));
+    c.write_block(b[1], &bytes_of(11));
+    assert_eq!(c.put(&[(k0, b[0]), (k1, b[1])]).unwrap(), [true, true]);
+    assert_eq!(c.exists(&[k0, k1, k2]).unwrap(), [Where::Host, Where::Host, Where::Absent]);
+
+    // GET into other blocks: hits copy the stored bytes, a miss leaves its block as it was.
+    c.write_block(b[2], &[0u8; BB]);
+    c.write_block(b[3], &[0x77u8; BB]);
+    assert_eq!(c.get(&[(k1, b[2]), (k2, b[3])]).unwrap(), [true, false]);
+    assert!(read(&c, b[2]) == bytes_of(11), "GET did not bring back the PUT bytes");
+    assert!(read(&c, b[3]).iter().all(|x| *x == 0x77), "a miss wrote its block");
+    // The store holds a copy: overwriting the source block changes nothing stored.
+    c.write_block(b[0], &[0u8; BB]);
+    assert_eq!(c.get(&[(k0, b[3])]).unwrap(), [true]);
+    assert!(read(&c, b[3]) == bytes_of(10));
+
+    // Pins: an absent key cannot be pinned; a pinned block is not evicted.
+    assert_eq!(c.pin(&[k0, k2]).unwrap(), [true, false]);
+    assert_eq!(c.evict(&[k0, k1, k2]).unwrap(), [false, true, false]);
+    assert_eq!(c.exists(&[k0, k1]).unwrap(), [Where::Host, Where::Absent]);
+    assert_eq!(c.get(&[(k1, b[2])]).unwrap(), [false]);
+    assert_eq!(store.stats().pins, 1);
+    // One pin, one release; a second UNPIN has nothing of this connection's to release.
+    assert_eq!(c.unpin(&[k0, k0]).unwrap(), [true, false]);
+    assert_eq!(store.stats().pins, 0);
+    assert_eq!(c.evict(&[k0]).unwrap(), [true]);
+    assert_eq!(c.exists(&[k0]).unwrap(), [Where::Absent]);
+    // Empty requests are fine.
+    assert!(c.put(&[]).unwrap().is_empty() && c.exists(&[]).unwrap().is_empty());
+    // The connection's sequence ops still work alongside.
+    assert_eq!(c.lookup(1).unwrap().device_blocks, 4);
+    stop.store(true, Ordering::Relaxed);
+    drop(c);
+    let server = h.join().unwrap();
+    assert_eq!(server.counters().cas_requests.load(Ordering::Relaxed), 13);
+}
+
+#[test]
+fn cas_namespaces_share_inside_and_isolate_across_and_pins_go_with_the_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let me = euid();
+    let (path, stop, h, store) =
+        start_cas(dir.path(), |c| c.namespaces = vec![("team".into(), vec![me])]);
+    let team = HelloOptions { blocks: 4, namespace: "team".into() };
+    let mut a = KvClient::connect_with(&path, &team).unwrap();
+    let mut b = KvClient::connect_with(&path, &team).unwrap();
+    let mut u =
+        KvClient::connect_with(&path, &HelloOptions { blocks: 4, ..Default::default() }).unwrap();
+    let (ab, bb, ub) = (a.alloc(1, 2).unwrap(), b.alloc(1, 2).unwrap(), u.alloc(1, 2).unwrap());
+    let k = key(9);
+    a.write_block(ab[0], &bytes_of(90));
+    assert_eq!(a.put(&[(k, ab[0])]).unwrap(), [true]);
+
+    // Same namespace: B finds A's block and gets its bytes.
+    assert_eq!(b.exists(&[k]).unwrap(), [Where::Host]);
+    assert_eq!(b.get(&[(k, bb[0])]).unwrap(), [true]);
+    assert!(read(&b, bb[0]) == bytes_of(90), "B got other bytes than A put");
+
+    // Another namespace: U can neither read, test for, pin nor evict it.
+    u.write_block(ub[0], &[0x33u8; BB]);
+    assert_eq!(u.get(&[(k, ub[0])]).unwrap(), [false]);
+    assert!(read(&u, ub[0]).iter().all(|x| *x == 0x33), "U's block changed on a miss");
+    assert_eq!(u.exists(&[k]).unwrap(), [Where::Absent]);
+    assert_eq!(u.pin(&[k]).unwrap(), [false]);
+    assert_eq!(u.evict(&[k]).unwrap(), [false]);
+    assert_eq!(b.exists(&[k]).unwrap(), [Where::Host], "U's EVICT removed team's block");
+    // U's block under the same client key is another block: neither side sees the other's.
+    u.write_block(ub[1], &bytes_of(91));
+    assert_eq!(u.put(&[(k, ub[1])]).unwrap(), [true]);
+    assert_eq!(b.get(&[(k, bb[1])]).unwrap(), [true]);
+    assert!(read(&b, bb[1]) == bytes_of(90), "U's PUT replaced team's block");
+    assert_eq!(u.get(&[(k, ub[0])]).unwrap(), [true]);
+    assert!(read(&u, ub[0]) == bytes_of(91));
+
+    // Pins are per connection: B's pin holds the block against A's EVICT, A cannot release
+    // it, and it goes when B's connection does.
+    assert_eq!(b.pin(&[k, k]).unwrap(), [true, true]);
+    assert_eq!(a.evict(&[k]).unwrap(), [false]);
+    assert_eq!(a.unpin(&[k]).unwrap(), [false]);
+    assert_eq!(store.stats().pins, 2);
+    drop(b);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.stats().pins != 0 {
+        assert!(std::time::Instant::now() < deadline, "B's pins outlived its connection");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(a.evict(&[k]).unwrap(), [true]);
+    assert_eq!(a.exists(&[k]).unwrap(), [Where::Absent]);
+    assert_eq!(u.exists(&[k]).unwrap(), [Where::Host], "team's EVICT removed U's block");
+    stop.store(true, Ordering::Relaxed);
+    drop((a, u));
+    let server = h.join().unwrap();
+    assert_eq!(server.counters().pins_released_on_close.load(Ordering::Relaxed), 2);
+}
+
+#[test]
+fn cas_blocks_must_be_the_connections_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, stop, h, _store) = start_cas(dir.path(), |_| {});
+    let opts = HelloOptions { blocks: 4, ..Default::default() };
+    let mut a = KvClient::connect_with(&path, &opts).unwrap();
+    let mut b = KvClient::connect_with(&path, &opts).unwrap();
+    let ab = a.alloc(1, 2).unwrap();
+    let bb = b.alloc(1, 2).unwrap();
+    a.write_block(ab[0], &bytes_of(1));
+    assert_eq!(a.put(&[(key(1), ab[0])]).unwrap(), [true]);
+    // Another connection's block, a block of its own slab it did not ALLOC, a block outside
+    // the pool: refused, for PUT and GET alike.
+    let unallocated = b.slab().find(|x| !bb.contains(x)).unwrap();
+    for bad in [ab[0], unallocated, u32::MAX] {
+        assert_eq!(server_err(b.put(&[(key(2), bb[0]), (key(3), bad)])), ErrorCode::BlockNotOwned);
+        assert_eq!(server_err(b.get(&[(key(1), bb[0]), (key(1), bad)])), ErrorCode::BlockNotOwned);
+    }
+    // Nothing of a refused request happened: no key stored, B's block untouched.
+    assert_eq!(b.exists(&[key(2)]).unwrap(), [Where::Absent]);
+    assert!(read(&b, bb[0]).iter().all(|x| *x == 0), "a refused GET wrote a block");
+    assert!(read(&a, ab[0]) == bytes_of(1), "A's block changed");
+    // A GET naming one block twice is refused; a PUT may read one block twice.
+    assert_eq!(server_err(b.get(&[(key(1), bb[0]), (key(1), bb[0])])), ErrorCode::DuplicateBlock);
+    assert_eq!(b.put(&[(key(4), bb[1]), (key(5), bb[1])]).unwrap(), [true, true]);
+    // A block being swapped: refused while the transfer pins it (or fine once it is done).
+    let t = b.prepare_store(1, &bb).unwrap();
+    match b.get(&[(key(1), bb[0])]) {
+        Err(KvClientError::Server { code: ErrorCode::BlockPinned, .. }) | Ok(_) => {}
+        other => panic!("unexpected {other:?}"),
+    }
+    b.complete(t, Duration::from_secs(10)).unwrap();
+    assert_eq!(b.get(&[(key(1), bb[0])]).unwrap(), [true]);
+    assert!(read(&b, bb[0]) == bytes_of(1));
+    // Dropped sequences' blocks are no longer the connection's.
+    b.drop_seq(1).unwrap();
+    assert_eq!(server_err(b.put(&[(key(6), bb[0])])), ErrorCode::BlockNotOwned);
+    stop.store(true, Ordering::Relaxed);
+    drop((a, b));
+    h.join().unwrap();
+}
+
+#[test]
+fn cas_ops_without_a_store_are_refused_and_the_connection_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, stop, h) = start(dir.path());
+    let mut c = KvClient::connect(&path).unwrap();
+    let b = c.alloc(1, 1).unwrap();
+    assert_eq!(server_err(c.put(&[(key(1), b[0])])), ErrorCode::StoreDisabled);
+    assert_eq!(server_err(c.get(&[(key(1), b[0])])), ErrorCode::StoreDisabled);
+    assert_eq!(server_err(c.exists(&[key(1)])), ErrorCode::StoreDisabled);
+    assert_eq!(server_err(c.pin(&[key(1)])), ErrorCode::StoreDisabled);
+    assert_eq!(server_err(c.unpin(&[key(1)])), ErrorCode::StoreDisabled);
+    assert_eq!(server_err(c.evict(&[key(1)])), ErrorCode::StoreDisabled);
+    assert_eq!(c.lookup(1).unwrap().device_blocks, 1);
+    stop.store(true, Ordering::Relaxed);
+    drop(c);
+    h.join().unwrap();
+}
+
+#[test]
+fn hostile_cas_frames_close_only_their_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, stop, h, store) = start_cas(dir.path(), |_| {});
+    let mut good = KvClient::connect(&path).unwrap();
+    let gb = good.alloc(1, 1).unwrap();
+    good.write_block(gb[0], &bytes_of(5));
+    assert_eq!(good.put(&[(key(5), gb[0])]).unwrap(), [true]);
+    let hostile: Vec<Vec<u8>> = vec![
+        {
+            let mut f = Request::Put { items: vec![(key(1), 0)] }.encode(1);
+            f[16] = 2; // two items announced, one sent
+            f
+        },
+        {
+            let mut f = Request::Exists { keys: vec![key(1)] }.encode(1);
+            f[16..20].copy_from_slice(&u32::MAX.to_le_bytes()); // count far past the limit
+            f
+        },
+        {
+            let mut f = Request::Get { items: vec![(key(1), 0)] }.encode(1);
+            f.pop(); // one byte short of its header's length
+            f[12] -= 1;
+            f
+        },
+        {
+            let mut f = Request::Evict { keys: vec![key(1)] }.encode(1);
+            f[12] += 1; // a stray byte after the key
+            f.push(0);
+            f
+        },
+    ];
+    for bytes in &hostile {
+        let mut bad = KvClient::connect(&path).unwrap();
+        bad.send_raw(bytes).unwrap();
+        assert!(bad.exists(&[key(5)]).is_err(), "hostile connection still served");
+        assert_eq!(good.exists(&[key(5)]).unwrap(), [Where::Host]);
+    }
+    assert_eq!(good.get(&[(key(5), gb[0])]).unwrap(), [true]);
+    assert!(read(&good, gb[0]) == bytes_of(5));
+    assert_eq!(store.stats().host_blocks, 1, "a hostile frame stored something");
+    stop.store(true, Ordering::Relaxed);
+    drop(good);
+    let server = h.join().unwrap();
+    assert_eq!(server.counters().protocol_errors.load(Ordering::Relaxed), hostile.len() as u64);
+}
+
+/// Two servers (as on two machines), each with its own host store backed by one real Redis
+/// Cluster: a block one server's client puts is found by the other server's client.
+#[cfg(feature = "cluster")]
+#[test]
+fn two_servers_share_blocks_through_the_cluster() {
+    use kvswap::cluster::{ClusterTier, ClusterTierConfig};
+    let cluster = kvswap::testing::RedisCluster::start().unwrap_or_else(|e| panic!("{e}"));
+    let store = || {
+        let cfg = ClusterTierConfig {
+            namespace: "kv-serve-test".into(),
+            timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_millis(500),
+            response_timeout: Duration::from_secs(1),
+            ..Default::default()
+        };
+        let tier = ClusterTier::connect(&cluster.urls(), cfg).unwrap();
+        Arc::new(PrefixStore::with_cluster(store_cfg(8), tier).unwrap())
+    };
+    let (sa, sb) = (store(), store());
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, stop_a, ha) = start_full(dir.path(), "a.sock", |_| {}, Some(sa.clone()));
+    let me = euid();
+    let other_ns = |c: &mut ServerConfig| c.namespaces = vec![("other".into(), vec![me])];
+    let (pb, stop_b, hb) = start_full(dir.path(), "b.sock", other_ns, Some(sb.clone()));
+    let mut a = KvClient::connect(&pa).unwrap();
+    let mut b = KvClient::connect(&pb).unwrap();
+    let (ab, bb) = (a.alloc(1, 2).unwrap(), b.alloc(1, 2).unwrap());
+    a.write_block(ab[0], &bytes_of(42));
+    a.write_block(ab[1], &bytes_of(43));
+    assert_eq!(a.put(&[(key(42), ab[0]), (key(43), ab[1])]).unwrap(), [true, true]);
+    assert!(sa.flush(Duration::from_secs(10)), "A's puts did not reach the cluster");
+    assert_eq!(sa.stats().cluster_puts, 2);
+    // B's host memory does not hold them; the cluster does.
+    assert_eq!(b.exists(&[key(42), key(44)]).unwrap(), [Where::Cluster, Where::Absent]);
+    assert_eq!(b.get(&[(key(42), bb[0]), (key(44), bb[1])]).unwrap(), [true, false]);
+    assert!(read(&b, bb[0]) == bytes_of(42), "B got other bytes than A put");
+    // Now in B's host memory too.
+    assert_eq!(b.exists(&[key(42)]).unwrap(), [Where::Host]);
+    assert_eq!(sb.stats().cluster_hits, 1);
+    // A block found only in the cluster can be pinned (read into host memory first).
+    assert_eq!(b.pin(&[key(43)]).unwrap(), [true]);
+    assert_eq!(b.exists(&[key(43)]).unwrap(), [Where::Host]);
+    // Another namespace sees neither B's host copies nor the cluster's.
+    let mut other =
+        KvClient::connect_with(&pb, &HelloOptions { blocks: 1, namespace: "other".into() })
+            .unwrap();
+    assert_eq!(other.exists(&[key(42), key(43)]).unwrap(), [Where::Absent, Where::Absent]);
+    drop(other);
+    stop_a.store(true, Ordering::Relaxed);
+    stop_b.store(true, Ordering::Relaxed);
+    drop((a, b));
+    ha.join().unwrap();
+    hb.join().unwrap();
 }

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 from . import proto
-from .proto import ErrorCode, Op, Phase, ProtocolError, Tier
+from .proto import ErrorCode, Location, Op, Phase, ProtocolError, Tier
 
 _HELLO_RECV = proto.HEADER_LEN + 256
 """Bytes read with the fd: a whole successful ``HELLO`` reply (at most 176 bytes)."""
@@ -83,6 +83,8 @@ class Stats:
 
 
 Blocks = Sequence[int]
+Keys = Sequence[bytes]
+KeyBlocks = Sequence["tuple[bytes, int]"]
 
 
 class KvClient:
@@ -263,8 +265,8 @@ class KvClient:
         """Sends one request and returns the reply body after an OK status.
 
         The generic entry point: every op method goes through it, and an op the server
-        gains later (content-addressed ``PUT``/``GET``/``EXISTS``) needs only an encoder
-        and a decoder in :mod:`fastlane_kv.proto` and a method here. Raises
+        gains later needs only an encoder and a decoder in :mod:`fastlane_kv.proto` and a
+        method here. Raises
         :class:`KvError` on an error status. On a socket timeout or a reply that does not
         parse the connection is closed (the stream may be out of step) and the error
         (``TimeoutError``/``OSError`` or :class:`ProtocolError`) raised.
@@ -377,6 +379,54 @@ class KvClient:
         """Cancels ``ticket``; :meth:`complete` then reports ``CANCELLED`` (unless it had
         finished); the data stays where it was."""
         self.call(Op.CANCEL, proto.ticket_only(ticket))
+
+    # ------------------------------------------------------- content-addressed blocks
+
+    def put(self, items: KeyBlocks) -> list[bool]:
+        """Stores each ``(key, block)``'s device block in the server's content-addressed
+        store under ``key`` (32 bytes), shared with the connections of this namespace.
+
+        The bytes go from the shared mapping (write them with :meth:`block` first) straight
+        into the store: none cross the socket. Each block must be held by one of this
+        connection's sequences (:meth:`alloc`) with no transfer in flight, else
+        :class:`KvError` (``BLOCK_NOT_OWNED``, ``BLOCK_PINNED``) and nothing is stored.
+        Per key: ``True`` stored, ``False`` refused.
+        """
+        items = list(items)
+        return proto.decode_flags(self.call(Op.PUT, proto.key_blocks(items)), len(items), "PUT")
+
+    def get(self, items: KeyBlocks) -> list[bool]:
+        """For each ``(key, block)``: on a hit (``True``) the server copied the stored bytes
+        into ``block`` of the shared mapping (read them with :meth:`block`); on a miss
+        (``False``) the block is untouched. Blocks as for :meth:`put`, each named once
+        (``DUPLICATE_BLOCK`` otherwise)."""
+        items = list(items)
+        return proto.decode_flags(self.call(Op.GET, proto.key_blocks(items)), len(items), "GET")
+
+    def exists(self, keys: Keys) -> list[Location]:
+        """Where each key's block is in this namespace: :class:`Location` ``ABSENT``,
+        ``HOST``, ``NVME`` or ``CLUSTER``."""
+        keys = list(keys)
+        return proto.decode_locations(self.call(Op.EXISTS, proto.keys(keys)), len(keys))
+
+    def pin(self, keys: Keys) -> list[bool]:
+        """Pins each key's block in the server's host memory for this connection: never
+        evicted until as many :meth:`unpin` calls or until this connection closes. ``False``
+        for a key on no tier or one there is no room to hold."""
+        keys = list(keys)
+        return proto.decode_flags(self.call(Op.PIN, proto.keys(keys)), len(keys), "PIN")
+
+    def unpin(self, keys: Keys) -> list[bool]:
+        """Releases one of this connection's pins of each key; ``False`` where it holds
+        none (another connection's pins are not its to release)."""
+        keys = list(keys)
+        return proto.decode_flags(self.call(Op.UNPIN, proto.keys(keys)), len(keys), "UNPIN")
+
+    def evict(self, keys: Keys) -> list[bool]:
+        """Removes each key's block from the server's own tiers; ``False`` where it is
+        absent or pinned by any connection. Copies in a shared cluster stay."""
+        keys = list(keys)
+        return proto.decode_flags(self.call(Op.EVICT, proto.keys(keys)), len(keys), "EVICT")
 
     def stats(self) -> Stats:
         """Server-wide tier bytes and device pool blocks."""

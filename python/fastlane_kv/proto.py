@@ -8,6 +8,11 @@ header then ``len`` payload bytes, all little endian::
 Replies carry ``op | 0x8000`` and the request's ``req_id``; their payload starts with a
 ``status u32`` (0 = OK, else an :class:`ErrorCode`) and, on an error, a UTF-8 message.
 
+Ops 12-17 (``PUT``, ``GET``, ``EXISTS``, ``PIN``, ``UNPIN``, ``EVICT``) are the
+content-addressed ones, added within version 2 (every earlier op is unchanged). Their keys
+are 32 opaque bytes, qualified by the connection's namespace on the server; their replies are
+the status and one byte per key.
+
 This module only encodes and decodes bytes; it does no I/O. Everything read from the
 server is checked (magic, version, op, lengths) before it is used.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass
+from typing import Sequence
 
 MAGIC: int = struct.unpack("<I", b"KVSW")[0]
 """``"KVSW"`` read as a little-endian u32."""
@@ -34,6 +40,12 @@ REPLY: int = 0x8000
 """Reply bit of ``op``."""
 U32_MAX: int = 0xFFFF_FFFF
 """Largest sequence id, block id, count or timeout on the wire."""
+KEY_BYTES: int = 32
+"""Bytes of a content key."""
+KEYS_MAX: int = (PAYLOAD_MAX - 4) // KEY_BYTES
+"""Most keys in one ``EXISTS``/``PIN``/``UNPIN``/``EVICT`` (2 047)."""
+KEY_BLOCKS_MAX: int = (PAYLOAD_MAX - 4) // (KEY_BYTES + 4)
+"""Most ``(key, block)`` pairs in one ``PUT``/``GET`` (1 820)."""
 
 _HEADER = struct.Struct("<IHHII")
 _HELLO_REPLY = struct.Struct("<QIIQI")  # block_bytes, first_block, blocks, map_len, ns_len
@@ -69,6 +81,18 @@ class Op(enum.IntEnum):
     """Cancel a ticket."""
     STATS = 11
     """Tier accounting."""
+    PUT = 12
+    """Copy blocks of the slab into the content-addressed store under keys."""
+    GET = 13
+    """Copy stored blocks, by key, into blocks of the slab."""
+    EXISTS = 14
+    """Where each key's block is."""
+    PIN = 15
+    """Keep keys' blocks in the server's host memory for this connection."""
+    UNPIN = 16
+    """Release this connection's pins."""
+    EVICT = 17
+    """Remove unpinned blocks from the server's own tiers."""
 
 
 class ErrorCode(enum.IntEnum):
@@ -96,6 +120,7 @@ class ErrorCode(enum.IntEnum):
     HELLO_REQUIRED = 19
     NAMESPACE_REFUSED = 20
     VERSION_UNSUPPORTED = 21
+    STORE_DISABLED = 22
     OTHER = 99
 
     @classmethod
@@ -123,6 +148,18 @@ class Tier(enum.IntEnum):
     HOST = 0
     NVME = 1
     REMOTE = 2
+
+
+class Location(enum.IntEnum):
+    """Where ``EXISTS`` found a key's block, nearest tier first."""
+
+    ABSENT = 0
+    HOST = 1
+    """The server's host memory."""
+    NVME = 2
+    """The server's NVMe tier."""
+    CLUSTER = 3
+    """The shared cluster (a hint: a later ``GET`` may still miss)."""
 
 
 class ProtocolError(Exception):
@@ -220,6 +257,49 @@ def complete(ticket: int, timeout_ms: int) -> bytes:
 def ticket_only(ticket: int) -> bytes:
     """``CANCEL`` payload: ``ticket u64``."""
     return struct.pack("<Q", ticket)
+
+
+def _key(k: object) -> bytes:
+    if not isinstance(k, (bytes, bytearray, memoryview)) or len(k) != KEY_BYTES:
+        raise ValueError(f"key {k!r:.80} is not {KEY_BYTES} bytes")
+    return bytes(k)
+
+
+def key_blocks(items: "Sequence[tuple[bytes, int]]") -> bytes:
+    """``PUT``/``GET`` payload: ``count u32, count x (key [32 bytes], block u32)``."""
+    if len(items) > KEY_BLOCKS_MAX:
+        raise ValueError(f"{len(items)} keys is over the {KEY_BLOCKS_MAX} of one PUT/GET")
+    out = [struct.pack("<I", len(items))]
+    for k, b in items:
+        out.append(_key(k))
+        out.append(struct.pack("<I", _u32("block", b)))
+    return b"".join(out)
+
+
+def keys(ks: "Sequence[bytes]") -> bytes:
+    """``EXISTS``/``PIN``/``UNPIN``/``EVICT`` payload: ``count u32, count x key``."""
+    if len(ks) > KEYS_MAX:
+        raise ValueError(f"{len(ks)} keys is over the {KEYS_MAX} of one request")
+    return struct.pack("<I", len(ks)) + b"".join(_key(k) for k in ks)
+
+
+def decode_flags(body: bytes, n: int, what: str) -> "list[bool]":
+    """A ``PUT``/``GET``/``PIN``/``UNPIN``/``EVICT`` reply body: one 0/1 byte per key."""
+    if len(body) != n:
+        raise ProtocolError(f"{what} reply of {len(body)} bytes for {n} keys")
+    if any(b > 1 for b in body):
+        raise ProtocolError(f"{what} reply: a per-key result other than 0 or 1")
+    return [b == 1 for b in body]
+
+
+def decode_locations(body: bytes, n: int) -> "list[Location]":
+    """An ``EXISTS`` reply body: one :class:`Location` byte per key."""
+    if len(body) != n:
+        raise ProtocolError(f"EXISTS reply of {len(body)} bytes for {n} keys")
+    try:
+        return [Location(b) for b in body]
+    except ValueError as e:
+        raise ProtocolError(f"EXISTS reply: {e}") from e
 
 
 def split_status(payload: bytes) -> "tuple[int, bytes]":

@@ -27,6 +27,7 @@ from fastlane_kv import (  # noqa: E402  (after the path set-up above)
     ErrorCode,
     KvClient,
     KvError,
+    Location,
     Phase,
     ProtocolError,
     Tier,
@@ -374,6 +375,125 @@ class IsolationTest(ServerTest):
         c = until("A's slab to be given out again", reuse, timeout_s=10.0, tries=200)
         self.clients.append(c)
         self.assertEqual(c.memory[:], bytes(len(c.memory)), "the next client sees A's data")
+
+
+def key(n: int) -> bytes:
+    """A 32-byte content key for ``n``."""
+    return n.to_bytes(8, "little") + b"\x5a" * 24
+
+
+class CasTest(ServerTest):
+    server_args = ("--namespace", f"team-py={os.geteuid()}", "--cas-bytes", "4M")
+
+    def test_put_get_exists_pin_unpin_evict(self) -> None:
+        c = self.client(slab_blocks=4)
+        b = c.alloc(1, 4)
+        c.block(b[0])[:] = pattern(1)
+        c.block(b[1])[:] = pattern(2)
+        self.assertEqual(c.put([(key(1), b[0]), (key(2), b[1])]), [True, True])
+        self.assertEqual(
+            c.exists([key(1), key(2), key(3)]), [Location.HOST, Location.HOST, Location.ABSENT]
+        )
+        # A hit lands in the shared mapping: a view taken before the GET sees it (zero copy).
+        view = c.block(b[2])
+        view[:] = bytes(BLOCK_BYTES)
+        c.block(b[3])[:] = b"\x77" * BLOCK_BYTES
+        self.assertEqual(c.get([(key(2), b[2]), (key(3), b[3])]), [True, False])
+        self.assertTrue(view == pattern(2), "GET did not bring back the PUT bytes")
+        self.assertTrue(c.block(b[3]) == b"\x77" * BLOCK_BYTES, "a miss wrote its block")
+        view.release()
+        # The store keeps its own copy.
+        c.block(b[0])[:] = bytes(BLOCK_BYTES)
+        self.assertEqual(c.get([(key(1), b[3])]), [True])
+        self.assertEqual(c.read_block(b[3]), pattern(1))
+        # Pinned blocks are not evicted; UNPIN releases only what this connection pinned.
+        self.assertEqual(c.pin([key(1), key(3)]), [True, False])
+        self.assertEqual(c.evict([key(1), key(2), key(3)]), [False, True, False])
+        self.assertEqual(c.exists([key(1), key(2)]), [Location.HOST, Location.ABSENT])
+        self.assertEqual(c.unpin([key(1), key(1)]), [True, False])
+        self.assertEqual(c.evict([key(1)]), [True])
+        self.assertEqual(c.exists([key(1)]), [Location.ABSENT])
+        self.assertEqual(c.put([]), [])
+
+    def test_namespaces_share_inside_and_isolate_across(self) -> None:
+        a = self.client(slab_blocks=2, namespace="team-py")
+        b = self.client(slab_blocks=2, namespace="team-py")
+        u = self.client(slab_blocks=2)  # uid:<uid>, another namespace
+        ab, bb, ub = a.alloc(1, 2), b.alloc(1, 2), u.alloc(1, 2)
+        a.block(ab[0])[:] = pattern(50)
+        self.assertEqual(a.put([(key(50), ab[0])]), [True])
+        # Same namespace: found, and the bytes are A's.
+        self.assertEqual(b.exists([key(50)]), [Location.HOST])
+        self.assertEqual(b.get([(key(50), bb[0])]), [True])
+        self.assertEqual(b.read_block(bb[0]), pattern(50))
+        # Another namespace: cannot read, test for, pin nor evict it.
+        u.block(ub[0])[:] = b"\x33" * BLOCK_BYTES
+        self.assertEqual(u.get([(key(50), ub[0])]), [False])
+        self.assertTrue(u.block(ub[0]) == b"\x33" * BLOCK_BYTES)
+        self.assertEqual(u.exists([key(50)]), [Location.ABSENT])
+        self.assertEqual(u.pin([key(50)]), [False])
+        self.assertEqual(u.evict([key(50)]), [False])
+        self.assertEqual(b.exists([key(50)]), [Location.HOST])
+        # The same client key in U's namespace is another block.
+        u.block(ub[1])[:] = pattern(51)
+        self.assertEqual(u.put([(key(50), ub[1])]), [True])
+        self.assertEqual(b.get([(key(50), bb[1])]), [True])
+        self.assertEqual(b.read_block(bb[1]), pattern(50))
+
+    def test_pins_are_released_when_their_connection_closes(self) -> None:
+        a = self.client(slab_blocks=1, namespace="team-py")
+        b = self.client(slab_blocks=1, namespace="team-py")
+        ab = a.alloc(1, 1)
+        a.write_block(ab[0], pattern(60))
+        self.assertEqual(a.put([(key(60), ab[0])]), [True])
+        self.assertEqual(b.pin([key(60), key(60)]), [True, True])
+        self.assertEqual(a.evict([key(60)]), [False], "a pinned block was evicted")
+        self.assertEqual(a.unpin([key(60)]), [False], "A released B's pin")
+        self.clients.remove(b)
+        b.close()
+        # B's connection thread releases its pins when it sees the close (bounded wait).
+        until("B's pins to go with its connection", lambda: a.evict([key(60)])[0] or None)
+        self.assertEqual(a.exists([key(60)]), [Location.ABSENT])
+
+    def test_blocks_must_be_the_connections_own(self) -> None:
+        a = self.client(slab_blocks=2)
+        b = self.client(slab_blocks=2)
+        ab, bb = a.alloc(1, 1), b.alloc(1, 1)
+        a.write_block(ab[0], pattern(70))
+        self.assertEqual(a.put([(key(70), ab[0])]), [True])
+        unallocated = next(x for x in b.slab if x not in bb)
+        for bad in (ab[0], unallocated, 0xFFFF_FFFF):
+            self.assertKvError(ErrorCode.BLOCK_NOT_OWNED, lambda: b.put([(key(71), bad)]))
+            self.assertKvError(
+                ErrorCode.BLOCK_NOT_OWNED, lambda: b.get([(key(70), bb[0]), (key(70), bad)])
+            )
+        self.assertEqual(b.read_block(bb[0]), bytes(BLOCK_BYTES), "a refused GET wrote")
+        self.assertEqual(b.exists([key(71)]), [Location.ABSENT])
+        self.assertKvError(
+            ErrorCode.DUPLICATE_BLOCK, lambda: b.get([(key(70), bb[0]), (key(70), bb[0])])
+        )
+        self.assertEqual(a.read_block(ab[0]), pattern(70))
+        with self.assertRaises(ValueError):
+            b.put([(b"short", bb[0])])
+        with self.assertRaises(ValueError):
+            b.exists([key(1)] * 2048)
+        # Still serving.
+        self.assertEqual(b.get([(key(70), bb[0])]), [True])
+        self.assertEqual(b.read_block(bb[0]), pattern(70))
+
+
+class CasDisabledTest(ServerTest):
+    server_args = ("--cas-bytes", "0")
+
+    def test_ops_are_refused_and_the_connection_goes_on(self) -> None:
+        c = self.client(slab_blocks=1)
+        b = c.alloc(1, 1)
+        e = self.assertKvError(ErrorCode.STORE_DISABLED, lambda: c.put([(key(1), b[0])]))
+        self.assertIn("--cas-bytes 0", e.message)
+        self.assertKvError(ErrorCode.STORE_DISABLED, lambda: c.get([(key(1), b[0])]))
+        for op in (c.exists, c.pin, c.unpin, c.evict):
+            self.assertKvError(ErrorCode.STORE_DISABLED, lambda: op([key(1)]))
+        self.assertEqual(c.lookup(1).device_blocks, 1)
 
 
 if __name__ == "__main__":

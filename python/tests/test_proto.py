@@ -39,6 +39,40 @@ class FrameTest(unittest.TestCase):
             with self.assertRaises(ValueError):
                 bad()
 
+    def test_content_addressed_frames_match_the_rust_encoding(self) -> None:
+        k1, k2 = b"\x01" * 32, b"\x02" * 32
+        # kvswap::proto::Request::Put { items: [(k1, 4), (k2, 5)] } and Exists { [k1, k2] }.
+        self.assertEqual(
+            proto.key_blocks([(k1, 4), (k2, 5)]),
+            struct.pack("<I", 2) + k1 + struct.pack("<I", 4) + k2 + struct.pack("<I", 5),
+        )
+        self.assertEqual(proto.keys([k1, k2]), struct.pack("<I", 2) + k1 + k2)
+        self.assertEqual(proto.frame(Op.EVICT, 3, proto.keys([]))[6:8], b"\x11\x00")
+        self.assertEqual((Op.PUT, Op.GET, Op.EXISTS, Op.PIN, Op.UNPIN, Op.EVICT),
+                         (12, 13, 14, 15, 16, 17))  # fmt: skip
+        self.assertEqual((proto.KEYS_MAX, proto.KEY_BLOCKS_MAX), (2047, 1820))
+        self.assertEqual(ErrorCode.from_wire(22), ErrorCode.STORE_DISABLED)
+        for bad in (lambda: proto.keys([b"\x01" * 31]), lambda: proto.keys(["x" * 32]),
+                    lambda: proto.keys([k1] * (proto.KEYS_MAX + 1)),
+                    lambda: proto.key_blocks([(k1, -1)]),
+                    lambda: proto.key_blocks([(k1, 0)] * (proto.KEY_BLOCKS_MAX + 1))):  # fmt: skip
+            with self.assertRaises(ValueError):
+                bad()
+
+    def test_per_key_replies(self) -> None:
+        self.assertEqual(proto.decode_flags(b"\x01\x00", 2, "PUT"), [True, False])
+        self.assertEqual(
+            proto.decode_locations(b"\x00\x01\x02\x03", 4),
+            [proto.Location.ABSENT, proto.Location.HOST, proto.Location.NVME,
+             proto.Location.CLUSTER],
+        )  # fmt: skip
+        for bad in (lambda: proto.decode_flags(b"\x01", 2, "GET"),
+                    lambda: proto.decode_flags(b"\x02", 1, "PIN"),
+                    lambda: proto.decode_locations(b"\x04", 1),
+                    lambda: proto.decode_locations(b"", 1)):  # fmt: skip
+            with self.assertRaises(ProtocolError):
+                bad()
+
     def test_hostile_headers(self) -> None:
         good = proto.Header(Op.STATS | proto.REPLY, 1, 4).encode()
         for i, v in ((0, 0), (4, 1), (14, 0xFF)):  # magic, version 1, length over the max

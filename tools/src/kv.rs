@@ -3,7 +3,9 @@
 //! - `fastlane kv serve --socket PATH`: the swap engine behind the versioned Unix-socket
 //!   protocol of `kvswap::proto` (docs/kvswap.md), until SIGINT/SIGTERM. Each connection gets
 //!   its own slab of the device pool (its own memfd); peers are checked against
-//!   `--allow-uid`/`--allow-gid` (default: the server's own uid).
+//!   `--allow-uid`/`--allow-gid` (default: the server's own uid). Content-addressed ops
+//!   (`PUT`/`GET`/`EXISTS`/`PIN`/`UNPIN`/`EVICT`) go to one `PrefixStore` of `--cas-bytes`,
+//!   optionally backed by a Redis Cluster (`--kv-cluster`).
 //! - `fastlane kv bench`: host tier vs `memcpy` and NVMe tier vs sequential O_DIRECT
 //!   `pwrite`/`pread` of the same bytes in one run, the remote tier (a `fastlane rdma serve`
 //!   pool, `--pool`) without a peer, and swap-in latency per tier as `.hlog`; `--json` prints
@@ -23,8 +25,8 @@ use fastlane_hist::{HlogWriter, LatencyRecorder, Summary};
 use fastlane_util::parse_size;
 use kvswap::server::{Server, ServerConfig};
 use kvswap::{
-    BlockId, ChecksumMode, EngineConfig, HostDeviceMemory, KvGeometry, NvmeTierConfig,
-    RemoteTierConfig, SeqId, SlabDeviceMemory, SpillPolicy, SwapEngine,
+    BlockId, ChecksumMode, EngineConfig, HostDeviceMemory, KvGeometry, NvmeTierConfig, PrefixStore,
+    PrefixStoreConfig, RemoteTierConfig, SeqId, SlabDeviceMemory, SpillPolicy, SwapEngine,
 };
 use serde::Serialize;
 
@@ -130,6 +132,48 @@ struct ServeArgs {
     /// own `uid:<uid>` namespace, the default.
     #[arg(long, value_parser = parse_namespace)]
     namespace: Vec<(String, Vec<u32>)>,
+    /// Host memory of the content-addressed block store (K/M/G suffixes) behind the ops
+    /// PUT, GET, EXISTS, PIN, UNPIN and EVICT: one store for all connections, least recently
+    /// used blocks evicted first (pinned ones never). Keys are qualified by the connection's
+    /// namespace, so connections of one namespace share blocks and others cannot see them.
+    /// 0 turns the store off: those ops are then refused with status 22 (store disabled).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    cas_bytes: u64,
+    /// Back the content-addressed store with a Redis Cluster, shared by every `fastlane kv
+    /// serve` that names it: redis://HOST:PORT[,HOST:PORT...], any nodes of the cluster. Puts reach it asynchronously; host misses are looked up in it; every
+    /// value is verified (key, length, CRC32C). Needs --cas-bytes above 0; refuses to start
+    /// when no node answers.
+    #[arg(long, value_name = "redis://HOST:PORT[,HOST:PORT...]")]
+    kv_cluster: Option<String>,
+}
+
+/// Redis key prefix of the blocks `fastlane kv serve` stores in a cluster (their names are
+/// namespace-qualified hashes, so they cannot meet other users' blocks anyway).
+const CLUSTER_KEY_PREFIX: &str = "fastlane-kv-serve";
+
+/// The content-addressed store `--cas-bytes` and `--kv-cluster` describe (`None`: off).
+fn cas_store(a: &ServeArgs, block_bytes: usize) -> Result<Option<Arc<PrefixStore>>> {
+    let urls = a.kv_cluster.as_deref().map(crate::cluster_urls::parse_cluster_urls).transpose()?;
+    if a.cas_bytes == 0 {
+        if urls.is_some() {
+            bail!("--kv-cluster backs the content-addressed store: it needs --cas-bytes above 0");
+        }
+        return Ok(None);
+    }
+    let cfg = PrefixStoreConfig {
+        host_bytes: usize::try_from(a.cas_bytes).context("--cas-bytes: too large")?,
+        block_bytes,
+        put_queue_max: kvswap::prefix::PUT_QUEUE_MAX,
+    };
+    let Some(urls) = urls else { return Ok(Some(Arc::new(PrefixStore::new(cfg)))) };
+    let ccfg = kvswap::cluster::ClusterTierConfig {
+        namespace: CLUSTER_KEY_PREFIX.into(),
+        ..kvswap::cluster::ClusterTierConfig::default()
+    };
+    let tier = kvswap::cluster::ClusterTier::connect(&urls, ccfg)
+        .with_context(|| format!("--kv-cluster: connecting to {urls:?}"))?;
+    let store = PrefixStore::with_cluster(cfg, tier).context("--kv-cluster: writer thread")?;
+    Ok(Some(Arc::new(store)))
 }
 
 /// `NAME=UID[:UID...]`.
@@ -253,16 +297,31 @@ fn serve(a: &ServeArgs) -> Result<()> {
         checksum: checksum_mode(&a.checksum)?,
         ..EngineConfig::default()
     };
+    let store = cas_store(a, g.block_bytes() as usize)?;
     let engine = SwapEngine::new(config, dev.clone())?;
     let locked = engine.stats().tiers[0].locked;
-    let server = Server::bind(&a.socket, engine, dev.clone(), access)?;
+    let mut server = Server::bind(&a.socket, engine, dev.clone(), access)?;
+    let cas = match &store {
+        None => "off (--cas-bytes 0)".to_string(),
+        Some(_) => format!(
+            "{} bytes{}",
+            a.cas_bytes,
+            match &a.kv_cluster {
+                Some(u) => format!(", backed by the cluster at {u}"),
+                None => String::new(),
+            }
+        ),
+    };
+    if let Some(s) = store.clone() {
+        server = server.with_store(s)?;
+    }
     signals.on_stop({
         let stop = stop.clone();
         move || stop.store(true, Ordering::Relaxed)
     })?;
     eprintln!(
-        "fastlane kv serve: {} blocks of {} bytes, host tier {} bytes{}, listening on {:?} \
-         (protocol v{}), peers allowed: {allowed}",
+        "fastlane kv serve: {} blocks of {} bytes, host tier {} bytes{}, content-addressed \
+         store {cas}, listening on {:?} (protocol v{}), peers allowed: {allowed}",
         a.device_blocks,
         g.block_bytes(),
         a.host_bytes,
@@ -280,6 +339,31 @@ fn serve(a: &ServeArgs) -> Result<()> {
         c.requests.load(Ordering::Relaxed),
         c.protocol_errors.load(Ordering::Relaxed)
     );
+    if let Some(s) = &store {
+        let st = s.stats();
+        eprintln!(
+            "fastlane kv serve: content-addressed store: {} requests, {} keys got ({} hits: {} \
+             cluster), {} blocks inserted, {} evicted for room, {} by EVICT, {} refused; {} \
+             blocks ({} bytes) held, {} pins released on close; cluster: {} puts, {} dropped, \
+             {} put errors, {} call errors, {} integrity misses",
+            c.cas_requests.load(Ordering::Relaxed),
+            st.gets,
+            st.get_hits,
+            st.cluster_hits,
+            st.host_inserts,
+            st.evictions,
+            st.evicted_by_request,
+            st.host_refused,
+            st.host_blocks,
+            st.host_bytes,
+            c.pins_released_on_close.load(Ordering::Relaxed),
+            st.cluster_puts,
+            st.puts_dropped,
+            st.put_errors,
+            st.cluster_errors,
+            st.integrity_misses
+        );
+    }
     let _ = std::fs::remove_file(&a.socket);
     drop(server);
     drop(dev);

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod bench_blk;
 mod bench_nvme;
+mod cluster_urls;
 mod hist;
 mod itch;
 mod journal;

@@ -363,6 +363,18 @@ impl SwapEngine {
         self.alloc.range_idle(range)
     }
 
+    /// The sequence that holds device block `block` (`None`: free, or outside the pool).
+    pub fn block_owner(&self, block: BlockId) -> Option<SeqId> {
+        self.alloc.owner(block)
+    }
+
+    /// Processes the completions the workers have posted (results stay for `poll`/`wait`),
+    /// then returns the first of `blocks` that a transfer in flight still reads or writes.
+    pub fn first_pinned(&mut self, blocks: &[BlockId]) -> Option<BlockId> {
+        self.poll_workers();
+        blocks.iter().copied().find(|b| self.alloc.is_pinned(*b))
+    }
+
     /// Hands the named free device blocks to `seq` (creating it under tenant 0 if new), for
     /// an owner whose own block manager decides which blocks a sequence holds (the inference
     /// engine's scheduler): it adopts a sequence's blocks for one transfer and frees them in
