@@ -96,6 +96,9 @@ pub struct PrefixConfig {
     pub cluster_namespace: String,
     /// Bound on one cluster call (lookups wait at most this long).
     pub cluster_timeout: Duration,
+    /// The NVMe tier under the host cache (a file of block slots; blocks the host cache
+    /// evicts are written there in the background); `None`: none.
+    pub nvme: Option<kvswap::PrefixNvmeConfig>,
 }
 
 impl Default for PrefixConfig {
@@ -106,6 +109,7 @@ impl Default for PrefixConfig {
             cluster: Vec::new(),
             cluster_namespace: "fastlane-kv".into(),
             cluster_timeout: Duration::from_millis(250),
+            nvme: None,
         }
     }
 }
@@ -536,7 +540,7 @@ impl Engine {
             protect: cfg.protect,
         };
         let prefix =
-            if cfg.prefix.enabled { Some(Arc::new(prefix_store(&cfg, &geom))) } else { None };
+            if cfg.prefix.enabled { Some(Arc::new(prefix_store(&cfg, &geom)?)) } else { None };
         let histograms = EngineHistograms::new();
         let port = EnginePort::new(swap).with_histogram(histograms.swap_seconds.clone());
         let mut sched = Scheduler::new(sched_cfg, tenants, port)?;
@@ -727,17 +731,22 @@ pub fn prefix_keys(model: &Model, prompt: &[u32]) -> Vec<BlockKey> {
     kvswap::prefix_keys(&digest, prompt, geom.tokens_per_block)
 }
 
-/// The engine's block store: a host cache, and the cluster tier when one is configured and
-/// reachable (when it is not, a warning, and the host cache alone).
-fn prefix_store(cfg: &EngineConfig, geom: &kvswap::KvGeometry) -> PrefixStore {
+/// The engine's block store: a host cache, the NVMe tier when one is configured (an error
+/// opening it fails the engine's start), and the cluster tier when one is configured and
+/// reachable (when it is not, a warning, and the local tiers alone).
+fn prefix_store(cfg: &EngineConfig, geom: &kvswap::KvGeometry) -> Result<PrefixStore, LlmError> {
     let pc = &cfg.prefix;
     let scfg = kvswap::PrefixStoreConfig {
         host_bytes: pc.host_bytes,
         block_bytes: crate::kv::block_bytes(geom),
         put_queue_max: kvswap::prefix::PUT_QUEUE_MAX,
+        nvme: pc.nvme.clone(),
+    };
+    let local = |scfg: kvswap::PrefixStoreConfig| {
+        PrefixStore::open(scfg).map_err(|e| LlmError::PrefixCache { reason: e.to_string() })
     };
     if pc.cluster.is_empty() {
-        return PrefixStore::new(scfg);
+        return local(scfg);
     }
     let t = pc.cluster_timeout.max(Duration::from_millis(4));
     let ccfg = kvswap::cluster::ClusterTierConfig {
@@ -750,15 +759,21 @@ fn prefix_store(cfg: &EngineConfig, geom: &kvswap::KvGeometry) -> PrefixStore {
     let tier = match kvswap::cluster::ClusterTier::connect(&pc.cluster, ccfg) {
         Ok(t) => t,
         Err(e) => {
-            log::warn!("prefix cache: cluster {:?} unreachable ({e}); host cache only", pc.cluster);
-            return PrefixStore::new(scfg);
+            log::warn!(
+                "prefix cache: cluster {:?} unreachable ({e}); local tiers only",
+                pc.cluster
+            );
+            return local(scfg);
         }
     };
-    match PrefixStore::with_cluster(scfg, tier) {
-        Ok(s) => s,
+    match PrefixStore::with_cluster(scfg.clone(), tier) {
+        Ok(s) => Ok(s),
         Err(e) => {
-            log::warn!("prefix cache: cluster writer thread ({e}); host cache only");
-            PrefixStore::new(scfg)
+            // The NVMe tier failing again is the engine's error; else the cluster's writer
+            // thread was the trouble.
+            let s = local(scfg)?;
+            log::warn!("prefix cache: cluster not used ({e}); local tiers only");
+            Ok(s)
         }
     }
 }

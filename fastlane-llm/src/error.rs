@@ -60,6 +60,12 @@ pub enum LlmError {
     /// The swap engine or the KV pool failed.
     #[error("kvswap: {0}")]
     KvSwap(#[from] kvswap::KvSwapError),
+    /// The prefix cache could not be set up (its NVMe tier: the file, its size).
+    #[error("prefix cache: {reason}")]
+    PrefixCache {
+        /// What failed (names the file and the step).
+        reason: String,
+    },
     /// The scheduler refused a configuration or a request.
     #[error("scheduler: {0}")]
     Sched(#[from] kvswap::sched::SchedError),

@@ -159,6 +159,46 @@ fn concurrent_requests_and_a_tiny_host_cache_stay_exact() {
 }
 
 #[test]
+fn blocks_evicted_to_the_nvme_tier_are_reused_bit_for_bit() {
+    // A host cache of one block over an NVMe tier: A's 3 shared blocks are stored, two of
+    // them spilled to the file; B finds all three there (read back, checked, promoted).
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let a = prompt(7, 10, 0);
+    let b = prompt(7, 13, 1);
+    let want = reference(&[a.clone(), b.clone()]);
+    let nvme = |path| Some(kvswap::PrefixNvmeConfig::new(path, 1 << 20));
+    let cfg = config(PrefixConfig {
+        host_bytes: 64 * 1024,
+        nvme: nvme(dir.path().join("prefix.nvme")),
+        ..PrefixConfig::default()
+    });
+    let e = Engine::start(model(), cfg).expect("engine starts");
+    assert_eq!(e.counters().block_bytes, 64 * 1024);
+    let g1 = run(&e, &a);
+    assert_eq!((g1.0.as_slice(), g1.1), (want[0].0.as_slice(), want[0].1));
+    assert!(e.flush_prefix(Duration::from_secs(10)), "spills written");
+    let s = e.prefix_stats().expect("on");
+    assert_eq!((s.host_blocks, s.nvme_blocks, s.nvme_spills, s.evictions), (1, 2, 2, 2), "{s:?}");
+    assert_eq!(s.nvme_capacity_blocks, 16);
+    let g2 = run(&e, &b);
+    assert_eq!(g2.0, want[1].0, "token ids");
+    assert_eq!(g2.1, want[1].1, "logits bits");
+    assert_eq!(g2.2, 13, "only the tail prefilled (reference: {})", want[1].2);
+    let s = e.prefix_stats().expect("on");
+    // The first NVMe hit's promotion evicts A's third block from the host (spilled, then
+    // found on the NVMe side too).
+    assert_eq!((s.host_hits, s.nvme_hits, s.misses), (0, 3, 3), "{s:?}");
+    assert_eq!((s.integrity_misses, s.nvme_errors, s.nvme_spills_dropped), (0, 0, 0));
+    let k = e.shutdown().expect("clean shutdown");
+    assert_eq!(k.blocks_free, k.blocks_total);
+    // An NVMe tier that cannot be opened fails the start, naming the file.
+    let bad = dir.path().join("missing").join("prefix.nvme");
+    let cfg = config(PrefixConfig { nvme: nvme(bad), ..PrefixConfig::default() });
+    let Err(err) = Engine::start(model(), cfg) else { panic!("start succeeded") };
+    assert!(err.to_string().contains("missing/prefix.nvme"), "{err}");
+}
+
+#[test]
 fn two_engines_share_blocks_through_the_cluster() {
     let cluster = start_cluster();
     let a = prompt(4, 9, 0);

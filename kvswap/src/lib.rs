@@ -27,8 +27,10 @@
 //!   Cluster holding such blocks for every machine that reaches it, each value checked
 //!   (key, length, CRC32C) before use; every call bounded by a timeout, failures are misses.
 //! - [`prefix`]: [`PrefixStore`], the content-addressed block store of prefix reuse: a
-//!   host-memory LRU bounded in bytes, backed by the cluster tier when one is given (lookups
-//!   host first, then cluster; puts to the cluster asynchronous through a bounded queue).
+//!   host-memory LRU bounded in bytes, optionally an NVMe tier of fixed slots under it (blocks
+//!   the host evicts are spilled there by a background thread; reads checked by CRC32C) and
+//!   the cluster tier under both (lookups host, then NVMe, then cluster; puts to the cluster
+//!   and spills to NVMe asynchronous through bounded queues).
 //! - [`server`] and [`client`]: `fastlane kv serve`, a versioned binary protocol over a Unix
 //!   socket ([`proto`]; spec in `docs/kvswap.md`): peers checked by `SO_PEERCRED` against an
 //!   allow-list, each connection mapping only its own slab of the device pool; per-sequence
@@ -114,7 +116,7 @@ pub use engine::{
 };
 pub use error::KvSwapError;
 pub use geometry::{DType, KvGeometry};
-pub use prefix::{Located, PrefixStats, PrefixStore, PrefixStoreConfig};
+pub use prefix::{Located, PrefixNvmeConfig, PrefixStats, PrefixStore, PrefixStoreConfig};
 pub use tier::{NvmeTierConfig, TierIo, TierKind};
 
 /// A sequence (request) of the inference engine.

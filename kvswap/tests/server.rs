@@ -34,6 +34,7 @@ fn store_cfg(blocks: usize) -> PrefixStoreConfig {
         host_bytes: blocks * BB,
         block_bytes: BB,
         put_queue_max: kvswap::prefix::PUT_QUEUE_MAX,
+        nvme: None,
     }
 }
 
@@ -549,6 +550,39 @@ fn cas_put_get_exists_pin_unpin_evict() {
     drop(c);
     let server = h.join().unwrap();
     assert_eq!(server.counters().cas_requests.load(Ordering::Relaxed), 13);
+}
+
+#[test]
+fn cas_blocks_evicted_from_host_are_served_from_the_nvme_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    // Host memory for 2 blocks, an NVMe file for 8: the third put spills the oldest.
+    let mut cfg = store_cfg(2);
+    cfg.nvme =
+        Some(kvswap::prefix::PrefixNvmeConfig::new(dir.path().join("cas.nvme"), 8 * BB as u64));
+    let store = Arc::new(PrefixStore::open(cfg).unwrap());
+    let (path, stop, h) = start_full(dir.path(), "kv.sock", |_| {}, Some(store.clone()));
+    let mut c = KvClient::connect(&path).unwrap();
+    let b = c.alloc(1, 4).unwrap();
+    for i in 0..3u8 {
+        c.write_block(b[usize::from(i)], &bytes_of(20 + i));
+    }
+    let keys = [key(20), key(21), key(22)];
+    assert_eq!(c.put(&[(keys[0], b[0]), (keys[1], b[1]), (keys[2], b[2])]).unwrap(), [true; 3]);
+    assert!(store.flush(Duration::from_secs(5)), "spill not written in 5 s");
+    assert_eq!(c.exists(&keys).unwrap(), [Where::Nvme, Where::Host, Where::Host]);
+    assert_eq!(store.stats().nvme_spills, 1);
+    // Read back from the file (verified), byte for byte, into another block.
+    c.write_block(b[3], &[0u8; BB]);
+    assert_eq!(c.get(&[(keys[0], b[3])]).unwrap(), [true]);
+    assert!(read(&c, b[3]) == bytes_of(20), "NVMe tier returned other bytes");
+    assert_eq!(store.stats().nvme_hits, 1);
+    // EVICT removes it from every local tier.
+    assert!(store.flush(Duration::from_secs(5)));
+    assert_eq!(c.evict(&[keys[0]]).unwrap(), [true]);
+    assert_eq!(c.exists(&[keys[0]]).unwrap(), [Where::Absent]);
+    stop.store(true, Ordering::Relaxed);
+    drop(c);
+    h.join().unwrap();
 }
 
 #[test]

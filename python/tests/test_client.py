@@ -382,6 +382,40 @@ def key(n: int) -> bytes:
     return n.to_bytes(8, "little") + b"\x5a" * 24
 
 
+class CasNvmeTest(ServerTest):
+    """The store with 2 blocks of host memory and an NVMe tier file (--cas-nvme)."""
+
+    def setUp(self) -> None:
+        self.tier_dir = tempfile.TemporaryDirectory(prefix="fastlane-kv-py-nvme-")
+        self.server_args = (
+            "--cas-bytes", str(2 * BLOCK_BYTES),
+            "--cas-nvme", str(Path(self.tier_dir.name) / "cas.tier"),
+            "--cas-nvme-bytes", str(8 * BLOCK_BYTES),
+        )  # fmt: skip
+        super().setUp()
+
+    def tearDown(self) -> None:
+        super().tearDown()
+        self.tier_dir.cleanup()
+
+    def test_blocks_evicted_from_host_come_back_from_nvme(self) -> None:
+        c = self.client(slab_blocks=4)
+        b = c.alloc(1, 4)
+        for i in range(3):
+            c.block(b[i])[:] = pattern(80 + i)
+        self.assertEqual(c.put([(key(80 + i), b[i]) for i in range(3)]), [True] * 3)
+        # The spill of the oldest block is written in the background: wait for it (bounded).
+        until("the oldest block to reach the NVMe tier",
+              lambda: c.exists([key(80)]) == [Location.NVME] or None)  # fmt: skip
+        self.assertEqual(c.exists([key(81), key(82)]), [Location.HOST, Location.HOST])
+        c.block(b[3])[:] = bytes(BLOCK_BYTES)
+        self.assertEqual(c.get([(key(80), b[3])]), [True])
+        self.assertEqual(c.read_block(b[3]), pattern(80))
+        # EVICT removes it from host and NVMe alike.
+        until("no spill in flight for key 80", lambda: c.evict([key(80)])[0] or None)
+        self.assertEqual(c.exists([key(80)]), [Location.ABSENT])
+
+
 class CasTest(ServerTest):
     server_args = ("--namespace", f"team-py={os.geteuid()}", "--cas-bytes", "4M")
 

@@ -145,6 +145,15 @@ struct ServeArgs {
     /// when no node answers.
     #[arg(long, value_name = "redis://HOST:PORT[,HOST:PORT...]")]
     kv_cluster: Option<String>,
+    /// NVMe tier of the content-addressed store, between host memory and the cluster: a
+    /// file (created 0600, preallocated, O_DIRECT where the filesystem allows) that blocks
+    /// evicted from host memory spill to in the background and are read back from, verified
+    /// by CRC32C. Its previous contents are ignored.
+    #[arg(long, value_name = "PATH")]
+    cas_nvme: Option<PathBuf>,
+    /// Size of the --cas-nvme file (K/M/G suffixes).
+    #[arg(long, default_value = "4G", value_parser = parse_size, requires = "cas_nvme")]
+    cas_nvme_bytes: u64,
 }
 
 /// Redis key prefix of the blocks `fastlane kv serve` stores in a cluster (their names are
@@ -158,21 +167,45 @@ fn cas_store(a: &ServeArgs, block_bytes: usize) -> Result<Option<Arc<PrefixStore
         if urls.is_some() {
             bail!("--kv-cluster backs the content-addressed store: it needs --cas-bytes above 0");
         }
+        if a.cas_nvme.is_some() {
+            bail!(
+                "--cas-nvme is a tier of the content-addressed store: it needs --cas-bytes above 0"
+            );
+        }
         return Ok(None);
+    }
+    if a.cas_nvme.is_some() && a.cas_nvme_bytes == 0 {
+        bail!("--cas-nvme-bytes must be more than 0");
     }
     let cfg = PrefixStoreConfig {
         host_bytes: usize::try_from(a.cas_bytes).context("--cas-bytes: too large")?,
         block_bytes,
         put_queue_max: kvswap::prefix::PUT_QUEUE_MAX,
+        nvme: a
+            .cas_nvme
+            .as_ref()
+            .map(|p| kvswap::prefix::PrefixNvmeConfig::new(p.clone(), a.cas_nvme_bytes)),
     };
-    let Some(urls) = urls else { return Ok(Some(Arc::new(PrefixStore::new(cfg)))) };
+    let Some(urls) = urls else {
+        let store = PrefixStore::open(cfg).context("--cas-nvme: opening the NVMe tier")?;
+        if let Some(direct) = store.nvme_direct_io() {
+            log::info!(
+                "content-addressed store: NVMe tier {} ({}), {} bytes",
+                a.cas_nvme.as_deref().map(|p| p.display().to_string()).unwrap_or_default(),
+                if direct { "O_DIRECT" } else { "buffered" },
+                a.cas_nvme_bytes
+            );
+        }
+        return Ok(Some(Arc::new(store)));
+    };
     let ccfg = kvswap::cluster::ClusterTierConfig {
         namespace: CLUSTER_KEY_PREFIX.into(),
         ..kvswap::cluster::ClusterTierConfig::default()
     };
     let tier = kvswap::cluster::ClusterTier::connect(&urls, ccfg)
         .with_context(|| format!("--kv-cluster: connecting to {urls:?}"))?;
-    let store = PrefixStore::with_cluster(cfg, tier).context("--kv-cluster: writer thread")?;
+    let store = PrefixStore::with_cluster(cfg, tier)
+        .context("--kv-cluster / --cas-nvme: starting the store")?;
     Ok(Some(Arc::new(store)))
 }
 

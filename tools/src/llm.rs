@@ -194,6 +194,16 @@ pub struct EngineArgs {
     /// Bytes of KV blocks the in-process prefix cache holds (K/M/G suffixes).
     #[arg(long, default_value = "256M")]
     pub prefix_cache_bytes: String,
+    /// NVMe tier of the prefix cache, under its host memory: a file (created, preallocated
+    /// to --prefix-cache-nvme-bytes; O_DIRECT where the filesystem allows) or a block device.
+    /// Blocks the host cache evicts are written there in the background and read back,
+    /// checked by CRC32C, on a later hit. Its contents do not survive a restart.
+    #[arg(long, value_name = "PATH")]
+    pub prefix_cache_nvme: Option<PathBuf>,
+    /// Bytes of --prefix-cache-nvme to use (K/M/G suffixes): one slot per KV block, the least
+    /// recently used slot reused when full.
+    #[arg(long, value_name = "SIZE", default_value = "1G", requires = "prefix_cache_nvme")]
+    pub prefix_cache_nvme_bytes: String,
     /// Redis Cluster behind the prefix cache, shared by every engine that names it:
     /// redis://HOST:PORT[,HOST:PORT...] (any nodes of the cluster).
     #[arg(long)]
@@ -277,6 +287,16 @@ impl EngineArgs {
         cfg.prefix.host_bytes =
             usize::try_from(size(&self.prefix_cache_bytes, "--prefix-cache-bytes")?)
                 .context("--prefix-cache-bytes: too large")?;
+        if let Some(path) = &self.prefix_cache_nvme {
+            if !cfg.prefix.enabled {
+                bail!("--prefix-cache-nvme needs --prefix-cache on");
+            }
+            let bytes = size(&self.prefix_cache_nvme_bytes, "--prefix-cache-nvme-bytes")?;
+            if bytes == 0 {
+                bail!("--prefix-cache-nvme-bytes must be more than 0");
+            }
+            cfg.prefix.nvme = Some(kvswap::PrefixNvmeConfig::new(path.clone(), bytes));
+        }
         if let Some(urls) = &self.kv_cluster {
             cfg.prefix.cluster = crate::cluster_urls::parse_cluster_urls(urls)?;
             if !cfg.prefix.enabled {
@@ -284,6 +304,43 @@ impl EngineArgs {
             }
         }
         Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{EngineArgs, EngineConfig};
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    fn engine(args: &[&str]) -> Result<EngineConfig, String> {
+        let cli = Cli::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        cli.engine.engine_config().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn prefix_cache_nvme_flags() {
+        assert_eq!(engine(&[]).unwrap().prefix.nvme, None);
+        let c = engine(&["--prefix-cache-nvme", "/x/kv.cache"]).unwrap();
+        let n = c.prefix.nvme.expect("an NVMe tier");
+        assert_eq!((n.path.as_path(), n.bytes), (std::path::Path::new("/x/kv.cache"), 1 << 30));
+        let c = engine(&["--prefix-cache-nvme", "/x", "--prefix-cache-nvme-bytes", "64M"]).unwrap();
+        assert_eq!(c.prefix.nvme.expect("an NVMe tier").bytes, 64 << 20);
+        let e = engine(&["--prefix-cache-nvme-bytes", "64M"]).unwrap_err();
+        assert!(e.contains("--prefix-cache-nvme <PATH>"), "{e}");
+        let e = engine(&["--prefix-cache-nvme", "/x", "--prefix-cache-nvme-bytes", "lots"]);
+        assert!(e.unwrap_err().starts_with("--prefix-cache-nvme-bytes: "));
+        let e = engine(&["--prefix-cache-nvme", "/x", "--prefix-cache-nvme-bytes", "0"]);
+        assert!(e.unwrap_err().contains("more than 0"));
+        let e = engine(&["--prefix-cache", "off", "--prefix-cache-nvme", "/x"]).unwrap_err();
+        assert_eq!(e, "--prefix-cache-nvme needs --prefix-cache on");
     }
 }
 

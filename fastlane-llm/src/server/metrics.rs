@@ -130,7 +130,7 @@ impl Metrics {
         );
         let prefix_blocks = counter(
             "fastlane_llm_prefix_blocks_total",
-            "Prompt blocks looked up in the prefix cache, by result (host_hit, cluster_hit, miss, integrity_miss)",
+            "Prompt blocks looked up in the prefix cache, by result (host_hit, nvme_hit, cluster_hit, miss, integrity_miss)",
             &["result"],
         );
         let prefix_reused_tokens = counter(
@@ -218,6 +218,7 @@ impl Metrics {
         up(&self.prefix_reused_tokens, &[], c.prefix_reused_tokens);
         if let Some(p) = &c.prefix_cache {
             up(&self.prefix_blocks, &["host_hit"], p.host_hits);
+            up(&self.prefix_blocks, &["nvme_hit"], p.nvme_hits);
             up(&self.prefix_blocks, &["cluster_hit"], p.cluster_hits);
             up(&self.prefix_blocks, &["miss"], p.misses);
             up(&self.prefix_blocks, &["integrity_miss"], p.integrity_misses);
