@@ -48,7 +48,9 @@ pub use buffer::RegisteredBuffer;
 pub use conn::{ConnectOptions, Connection, Listener, RemoteRegion};
 pub use error::{RdmaError, Result};
 pub use mirror::{Durability, Mirror, MirrorReplica, ReplicaSession};
-pub use pool::{PoolServer, Range, RemotePool, GRANTS_PER_CLIENT_MAX, GRANT_ALIGN};
+pub use pool::{
+    PoolMonitor, PoolServer, PoolStats, Range, RemotePool, GRANTS_PER_CLIENT_MAX, GRANT_ALIGN,
+};
 pub use verbs::{
     device_names, status_str, Access, Completion, CompletionQueue, Device, MemoryRegion, PollMode,
     ProtectionDomain, QpConfig, QpEndpoint, QueuePair, SendOp, SendRequest, Sge, PORT_NUM,

@@ -112,9 +112,71 @@ struct PoolShared {
     extents: Mutex<Extents>,
     next_id: AtomicU64,
     clients: AtomicU64,
+    /// Counters for [`PoolMonitor`] (control path only: grants and connections).
+    clients_total: AtomicU64,
+    setup_failures: AtomicU64,
+    grants: AtomicU64,
+    grants_refused: AtomicU64,
+}
+
+/// A pool server's counters at one moment ([`PoolMonitor::stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolStats {
+    /// Bytes mapped for the pool.
+    pub size_bytes: u64,
+    /// Bytes not granted.
+    pub free_bytes: u64,
+    /// Clients connected now.
+    pub clients: u64,
+    /// Clients whose connection was set up, since start.
+    pub clients_total: u64,
+    /// Connections whose setup (queue pair exchange) failed.
+    pub setup_failures: u64,
+    /// Grants (registered regions) held by clients now.
+    pub grants: u64,
+    /// Grants handed out since start.
+    pub grants_total: u64,
+    /// Grant requests refused (pool full, bad length, too many grants for one client).
+    pub grants_refused: u64,
+}
+
+/// A handle on a [`PoolServer`]'s counters that another thread (a metrics exporter) reads
+/// while the server serves; it keeps the pool's mapping alive as long as it lives.
+#[derive(Clone)]
+pub struct PoolMonitor {
+    shared: Arc<PoolShared>,
+}
+
+impl std::fmt::Debug for PoolMonitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolMonitor").field("stats", &self.stats()).finish()
+    }
+}
+
+impl PoolMonitor {
+    /// The counters now (relaxed reads: each is exact, the set is not one snapshot).
+    pub fn stats(&self) -> PoolStats {
+        let s = &self.shared;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        PoolStats {
+            size_bytes: s.memory.len() as u64,
+            free_bytes: s.free_bytes(),
+            clients: l(&s.clients),
+            clients_total: l(&s.clients_total),
+            setup_failures: l(&s.setup_failures),
+            grants: l(&s.grants),
+            // Ids start at 1 and are taken once per grant handed out.
+            grants_total: l(&s.next_id).saturating_sub(1),
+            grants_refused: l(&s.grants_refused),
+        }
+    }
 }
 
 impl PoolShared {
+    fn free_bytes(&self) -> u64 {
+        self.extents.lock().map(|x| x.free_bytes()).unwrap_or(0)
+    }
+
     fn grant(&self, len: u64, grants: &mut HashMap<u64, Grant>) -> std::result::Result<Range, u8> {
         if len == 0 || grants.len() >= GRANTS_PER_CLIENT_MAX {
             return Err(ST_BAD);
@@ -145,6 +207,7 @@ impl PoolShared {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let region = RemoteRegion { addr: mr.addr(), len, rkey: mr.rkey() };
         grants.insert(id, Grant { _mr: mr, offset, len, _memory: self.memory.clone() });
+        self.grants.fetch_add(1, Ordering::Relaxed);
         Ok(Range { id, region })
     }
 
@@ -154,6 +217,7 @@ impl PoolShared {
         if let Ok(mut x) = self.extents.lock() {
             x.release(offset, len);
         }
+        self.grants.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -186,6 +250,10 @@ impl PoolServer {
             pd,
             next_id: AtomicU64::new(1),
             clients: AtomicU64::new(0),
+            clients_total: AtomicU64::new(0),
+            setup_failures: AtomicU64::new(0),
+            grants: AtomicU64::new(0),
+            grants_refused: AtomicU64::new(0),
         });
         // The server's own connection buffer is small: clients never touch it.
         let options = ConnectOptions { buffer_len: 4096, ..ConnectOptions::default() };
@@ -204,12 +272,17 @@ impl PoolServer {
 
     /// Bytes not granted.
     pub fn free_bytes(&self) -> u64 {
-        self.shared.extents.lock().map(|x| x.free_bytes()).unwrap_or(0)
+        self.shared.free_bytes()
     }
 
     /// Clients connected now.
     pub fn clients(&self) -> u64 {
         self.shared.clients.load(Ordering::Relaxed)
+    }
+
+    /// A handle on the counters, for another thread while [`serve`](Self::serve) runs.
+    pub fn monitor(&self) -> PoolMonitor {
+        PoolMonitor { shared: self.shared.clone() }
     }
 
     /// Serves until `stop` is set: one thread per client; a client's grants are released
@@ -230,11 +303,13 @@ impl PoolServer {
                 Ok(c) => c,
                 Err(e) => {
                     log::warn!("pool: client setup failed: {e}");
+                    self.shared.setup_failures.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
             };
             let shared = self.shared.clone();
             shared.clients.fetch_add(1, Ordering::Relaxed);
+            shared.clients_total.fetch_add(1, Ordering::Relaxed);
             workers.push(thread::spawn(move || {
                 if let Err(e) = serve_client(&shared, conn) {
                     log::info!("pool: client ended: {e}");
@@ -271,7 +346,10 @@ fn serve_client(shared: &PoolShared, conn: Connection) -> Result<()> {
                     rep[16..24].copy_from_slice(&r.region.addr.to_le_bytes());
                     rep[24..32].copy_from_slice(&r.region.len.to_le_bytes());
                 }
-                Err(st) => rep[0] = st,
+                Err(st) => {
+                    shared.grants_refused.fetch_add(1, Ordering::Relaxed);
+                    rep[0] = st;
+                }
             },
             OP_RELEASE => match grants.remove(&arg) {
                 Some(g) => shared.release(g),

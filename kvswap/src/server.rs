@@ -29,7 +29,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -161,6 +161,10 @@ pub struct ServerCounters {
     pub requests: AtomicU64,
     /// Peers refused for their credentials.
     pub refused: AtomicU64,
+    /// Connections closed at once because [`CONNECTIONS_MAX`] were open.
+    pub refused_full: AtomicU64,
+    /// Connections open now: being served, or being answered with a refusal.
+    pub open: AtomicU64,
     /// Content-addressed requests (`PUT` … `EVICT`) served.
     pub cas_requests: AtomicU64,
     /// Pins released because their connection closed without `UNPIN`.
@@ -175,7 +179,6 @@ pub struct Server {
     device: Arc<SlabDeviceMemory>,
     config: Arc<ServerConfig>,
     draining: Arc<Mutex<Vec<Slab>>>,
-    live: Arc<AtomicUsize>,
     counters: Arc<ServerCounters>,
     store: Option<Arc<PrefixStore>>,
 }
@@ -213,7 +216,6 @@ impl Server {
             device,
             config: Arc::new(config),
             draining: Arc::new(Mutex::new(Vec::new())),
-            live: Arc::new(AtomicUsize::new(0)),
             counters: Arc::new(ServerCounters::default()),
             store: None,
         })
@@ -256,8 +258,9 @@ impl Server {
         while !stop.load(Ordering::Relaxed) {
             match self.listener.accept() {
                 Ok((stream, _)) => {
-                    if self.live.load(Ordering::Relaxed) >= CONNECTIONS_MAX {
+                    if self.counters.open.load(Ordering::Relaxed) >= CONNECTIONS_MAX as u64 {
                         log::warn!("kv serve: connection refused, {CONNECTIONS_MAX} already open");
+                        self.counters.refused_full.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
                     let cred = peer_cred(&stream);
@@ -270,15 +273,15 @@ impl Server {
                         )),
                         Err(e) => Some(format!("the peer's credentials are unreadable ({e})")),
                     };
-                    let live = self.live.clone();
-                    self.live.fetch_add(1, Ordering::Relaxed);
+                    let counters = self.counters.clone();
+                    self.counters.open.fetch_add(1, Ordering::Relaxed);
                     let (Ok(cred), None) = (cred, &refusal) else {
                         let msg = refusal.unwrap_or_default();
                         log::warn!("kv serve: refused a connection: {msg}");
                         self.counters.refused.fetch_add(1, Ordering::Relaxed);
                         threads.push(std::thread::spawn(move || {
                             refuse(stream, ErrorCode::PeerRefused, &msg);
-                            live.fetch_sub(1, Ordering::Relaxed);
+                            counters.open.fetch_sub(1, Ordering::Relaxed);
                         }));
                         continue;
                     };
@@ -303,7 +306,7 @@ impl Server {
                     next_conn += 1;
                     threads.push(std::thread::spawn(move || {
                         conn.run();
-                        live.fetch_sub(1, Ordering::Relaxed);
+                        counters.open.fetch_sub(1, Ordering::Relaxed);
                     }));
                     threads.retain(|t| !t.is_finished());
                 }

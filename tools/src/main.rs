@@ -22,6 +22,7 @@ mod llm_load;
 mod llm_sched;
 mod logging;
 mod mem;
+mod metrics_http;
 mod rdma;
 mod router;
 mod serve;

@@ -1,7 +1,8 @@
 //! `fastlane rdma`: the remote memory pool server and the RDMA benchmark.
 //!
 //! * `fastlane rdma serve --device rxe0 --size 1G --listen 127.0.0.1:7470` maps `--size`
-//!   bytes and grants ranges of it to `fastlane_rdma::RemotePool` clients until SIGINT/SIGTERM.
+//!   bytes and grants ranges of it to `fastlane_rdma::RemotePool` clients until SIGINT/SIGTERM;
+//!   `--metrics ADDR` serves the pool's counters to Prometheus (docs/rdma.md).
 //! * `fastlane rdma bench --device rxe0 --listen ADDR` (one process) and
 //!   `fastlane rdma bench --device rxe0 --connect ADDR` (the other) measure RDMA WRITE
 //!   latency as perftest's `ib_write_lat` does (a ping-pong of WRITEs, each side polling the
@@ -25,12 +26,14 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use fastlane_hist::{format_ns, HlogWriter, LatencyRecorder, Summary};
 use fastlane_rdma::{
-    ConnectOptions, Connection, Device, Listener, PoolServer, QpConfig, RdmaError, SendOp,
+    ConnectOptions, Connection, Device, Listener, PoolServer, PoolStats, QpConfig, RdmaError,
+    SendOp,
 };
 use fastlane_util::parse_size;
 use fastlane_util::tsc::read_tsc as tsc;
 use serde::Serialize;
 
+use crate::metrics_http::{self, counter, gauge, Field};
 use crate::signals::StopSignals;
 
 /// Arguments of `fastlane rdma`.
@@ -65,6 +68,12 @@ pub struct ServeArgs {
     /// TCP address clients connect to.
     #[arg(long, default_value = "127.0.0.1:7470")]
     listen: SocketAddr,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100; port 0 picks a
+    /// free port, logged as "metrics on http://…/metrics"): clients, pool bytes free, regions
+    /// granted (docs/rdma.md lists them). Read from the pool's counters at each scrape.
+    /// Off by default.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
 }
 
 /// Arguments of `fastlane rdma bench`.
@@ -127,6 +136,11 @@ fn serve(a: &ServeArgs) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let dev = Device::open_with_gid(&a.device, a.gid_index)?;
     let pool = PoolServer::bind(&dev, a.listen, a.size)?;
+    let exporter = metrics_http::start_if(a.metrics, |f| {
+        let fields = f.fields(POOL_FIELDS);
+        let monitor = pool.monitor();
+        move || fields.update(&monitor.stats())
+    })?;
     signals.on_stop({
         let stop = stop.clone();
         move || stop.store(true, Ordering::Relaxed)
@@ -140,9 +154,32 @@ fn serve(a: &ServeArgs) -> Result<()> {
         pool.local_addr()?
     );
     pool.serve(&stop)?;
+    drop(exporter);
     eprintln!("fastlane rdma serve: stopped");
     Ok(())
 }
+
+/// The pool's counters (`PoolStats`) as metrics: one line per field.
+static POOL_FIELDS: &[Field<PoolStats>] = &[
+    gauge("fastlane_rdma_pool_bytes", "Bytes mapped for the pool (--size)", |s| s.size_bytes),
+    gauge("fastlane_rdma_pool_free_bytes", "Pool bytes not granted", |s| s.free_bytes),
+    gauge("fastlane_rdma_pool_clients", "Clients connected now", |s| s.clients),
+    counter("fastlane_rdma_pool_clients_total", "Clients whose connection was set up", |s| {
+        s.clients_total
+    }),
+    counter(
+        "fastlane_rdma_pool_setup_failures_total",
+        "Connections whose setup (queue pair exchange) failed",
+        |s| s.setup_failures,
+    ),
+    gauge("fastlane_rdma_pool_grants", "Regions granted to clients and held now", |s| s.grants),
+    counter("fastlane_rdma_pool_grants_total", "Regions granted since start", |s| s.grants_total),
+    counter(
+        "fastlane_rdma_pool_grants_refused_total",
+        "Grant requests refused (pool full, bad length, too many grants for one client)",
+        |s| s.grants_refused,
+    ),
+];
 
 /// One message size of the latency ping-pong, in `fastlane rdma bench --json`.
 #[derive(Debug, Serialize)]
@@ -545,6 +582,42 @@ fn bandwidth(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pool_metrics_show_every_field() {
+        let f = metrics_http::Families::new();
+        let fields = f.fields(POOL_FIELDS);
+        let s = PoolStats {
+            size_bytes: 1 << 30,
+            free_bytes: (1 << 30) - 8192,
+            clients: 2,
+            clients_total: 3,
+            setup_failures: 1,
+            grants: 2,
+            grants_total: 5,
+            grants_refused: 4,
+        };
+        fields.update(&s);
+        let text = f.render();
+        for line in [
+            "fastlane_rdma_pool_bytes 1073741824",
+            "fastlane_rdma_pool_free_bytes 1073733632",
+            "fastlane_rdma_pool_clients 2",
+            "fastlane_rdma_pool_clients_total 3",
+            "fastlane_rdma_pool_setup_failures_total 1",
+            "fastlane_rdma_pool_grants 2",
+            "fastlane_rdma_pool_grants_total 5",
+            "fastlane_rdma_pool_grants_refused_total 4",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        // A client leaves: the gauges fall, the counters stay.
+        fields.update(&PoolStats { clients: 1, grants: 0, free_bytes: 1 << 30, ..s });
+        let text = f.render();
+        assert!(text.lines().any(|l| l == "fastlane_rdma_pool_clients 1"), "{text}");
+        assert!(text.lines().any(|l| l == "fastlane_rdma_pool_grants 0"), "{text}");
+        assert!(text.lines().any(|l| l == "fastlane_rdma_pool_grants_total 5"), "{text}");
+    }
 
     #[test]
     fn params_round_trip_and_validate() {

@@ -2,18 +2,23 @@
 //!
 //! Serves one frontend (QEMU, qemu-storage-daemon's clients, virtio-driver) at a time and the
 //! next one after it disconnects. SIGINT/SIGTERM: drop the frontend, flush the backend, remove
-//! the socket, and write per-queue latency histograms when `--hlog` is given.
+//! the socket, and write per-queue latency histograms when `--hlog` is given. `--metrics ADDR`
+//! serves the per-queue counters to Prometheus (read at each scrape; docs/vhost-blk.md).
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use fastlane_block::{BlockDevice, BlockOp, BlockRequest, Completion};
 use fastlane_vhost_blk::spec::{BackendSpec, IoEngine, SpecOptions};
-use fastlane_vhost_blk::{BlkServer, VhostBlkOptions};
+use fastlane_vhost_blk::{BlkServer, BlkStats, RejectReason, VhostBlkOptions};
 
+use crate::metrics_http::{self, set_gauge, set_total, Families};
 use crate::signals::StopSignals;
 
 /// `fastlane serve` options.
@@ -50,6 +55,12 @@ pub struct ServeArgs {
     /// GET_ID serial (at most 20 bytes).
     #[arg(long, default_value = "fastlane")]
     pub serial: String,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9100; port 0 picks a
+    /// free port, logged as "metrics on http://…/metrics"): per-queue requests, bytes,
+    /// rejections (docs/vhost-blk.md lists them). Read from the queues' counters at each
+    /// scrape, so the data path does no extra work. Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
 }
 
 /// `--io`: the I/O engine of `file:` backends.
@@ -101,6 +112,12 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     };
     let mut server = BlkServer::bind(&args.socket, device.clone(), &options)
         .with_context(|| format!("cannot serve on {}", args.socket.display()))?;
+    let capacity_bytes = server.settings().geometry.capacity_bytes;
+    let exporter = metrics_http::start_if(args.metrics, |f| {
+        let m = BlkMetrics::new(f);
+        let stats = server.stats();
+        move || m.update(&stats, capacity_bytes)
+    })?;
     print_qemu_command(&args.socket, args.queues);
 
     let stop = server.stop_handle();
@@ -111,6 +128,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
 
     let started = Instant::now();
     let result = server.run();
+    drop(exporter);
     let stats = server.stats();
     let socket = server.socket().to_path_buf();
     // Dropping the server drops its listener, which removes the socket file.
@@ -136,6 +154,79 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         log::info!("latency histograms written to {}", path.display());
     }
     result.context("vhost-user-blk server failed")
+}
+
+/// The Prometheus families of `fastlane serve --metrics`, label `queue` = the virtqueue index.
+struct BlkMetrics {
+    requests: prometheus::IntCounterVec,
+    rejected: prometheus::IntCounterVec,
+    bytes: prometheus::IntCounterVec,
+    flushes: prometheus::IntCounterVec,
+    discards: prometheus::IntCounterVec,
+    sleeps: prometheus::IntCounterVec,
+    queues: prometheus::IntGaugeVec,
+    capacity: prometheus::IntGaugeVec,
+}
+
+impl BlkMetrics {
+    fn new(f: &Families) -> BlkMetrics {
+        BlkMetrics {
+            requests: f.counter(
+                "fastlane_vhost_blk_requests_total",
+                "Requests finished, by queue and result (ok, failed: the backend failed it, \
+                 rejected: refused before the backend)",
+                &["queue", "result"],
+            ),
+            rejected: f.counter(
+                "fastlane_vhost_blk_rejected_total",
+                "Requests refused before the backend, by queue and reason",
+                &["queue", "reason"],
+            ),
+            bytes: f.counter(
+                "fastlane_vhost_blk_bytes_total",
+                "Bytes read and written by the guest, by queue and direction",
+                &["queue", "direction"],
+            ),
+            flushes: f.counter(
+                "fastlane_vhost_blk_flushes_total",
+                "Flush requests completed, by queue (also in requests_total)",
+                &["queue"],
+            ),
+            discards: f.counter(
+                "fastlane_vhost_blk_discards_total",
+                "Discard and write-zeroes requests completed, by queue (also in requests_total)",
+                &["queue"],
+            ),
+            sleeps: f.counter(
+                "fastlane_vhost_blk_sleeps_total",
+                "Times a queue's worker slept on its eventfds after its poll window",
+                &["queue"],
+            ),
+            queues: f.gauge("fastlane_vhost_blk_queues", "Virtqueues exported", &[]),
+            capacity: f.gauge("fastlane_vhost_blk_capacity_bytes", "Disk capacity", &[]),
+        }
+    }
+
+    fn update(&self, stats: &Arc<BlkStats>, capacity_bytes: u64) {
+        let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        for (i, q) in stats.queues().iter().enumerate() {
+            let queue = i.to_string();
+            let queue = queue.as_str();
+            set_total(&self.requests, &[queue, "ok"], l(&q.completed));
+            set_total(&self.requests, &[queue, "failed"], l(&q.failed));
+            set_total(&self.requests, &[queue, "rejected"], q.rejected_total());
+            for r in RejectReason::ALL {
+                set_total(&self.rejected, &[queue, r.name()], q.rejected(r));
+            }
+            set_total(&self.bytes, &[queue, "read"], l(&q.bytes_read));
+            set_total(&self.bytes, &[queue, "write"], l(&q.bytes_written));
+            set_total(&self.flushes, &[queue], l(&q.flushes));
+            set_total(&self.discards, &[queue], l(&q.discards));
+            set_total(&self.sleeps, &[queue], l(&q.sleeps));
+        }
+        set_gauge(&self.queues, &[], stats.queues().len() as u64);
+        set_gauge(&self.capacity, &[], capacity_bytes);
+    }
 }
 
 fn print_qemu_command(socket: &std::path::Path, queues: u16) {

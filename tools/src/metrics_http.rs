@@ -1,0 +1,385 @@
+//! `--metrics ADDR`: the Prometheus endpoint of the daemons that are not HTTP servers
+//! themselves (`fastlane serve`, `fastlane kv serve`, `fastlane rdma serve`).
+//!
+//! One thread runs a current-thread tokio runtime with the listener of `fastlane llm serve`
+//! (`fastlane_llm::server::http`: a header-read timeout, a bound on open connections) and
+//! answers `GET /metrics` with the text format 0.0.4; other paths get 404, other methods on
+//! `/metrics` 405, a request that is not HTTP a 400 from hyper.
+//!
+//! Refresh on scrape: the daemon hands [`Exporter::start`] a closure that reads its own
+//! counters (atomics, or a stats call under a lock its control path already takes) and sets
+//! the families just before they are encoded. The data path does no metric work at all.
+//! Scrapes run one at a time, so bringing a counter up to a total ([`set_total`]) never
+//! counts twice.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use fastlane_llm::server::http::{serve, HttpOptions};
+use prometheus::{
+    Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// The listener's settings: a scraper sends its headers at once and keeps one connection.
+const OPTIONS: HttpOptions = HttpOptions {
+    header_timeout: Duration::from_secs(5),
+    max_connections: 16,
+    drain: Duration::from_secs(1),
+};
+
+/// The content type of the text exposition format.
+const TEXT_FORMAT: &str = "text/plain; version=0.0.4";
+
+fn must<T>(r: prometheus::Result<T>) -> T {
+    // Names, labels and the one registration of each are constants of this crate: a failure
+    // here is our bug (an invalid or duplicate name), found by the daemons' tests.
+    #[allow(clippy::expect_used)]
+    r.expect("valid, unique metric definition")
+}
+
+/// A daemon's metric families, registered once at start.
+#[derive(Debug, Clone, Default)]
+pub struct Families {
+    registry: Registry,
+}
+
+impl Families {
+    /// No families yet.
+    pub fn new() -> Families {
+        Families::default()
+    }
+
+    /// A counter family (`name` ends in `_total`) with these label names.
+    pub fn counter(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        let c = must(IntCounterVec::new(Opts::new(name, help), labels));
+        must(self.registry.register(Box::new(c.clone())));
+        c
+    }
+
+    /// A gauge family with these label names.
+    pub fn gauge(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        let g = must(IntGaugeVec::new(Opts::new(name, help), labels));
+        must(self.registry.register(Box::new(g.clone())));
+        g
+    }
+
+    /// One unlabelled metric per row of `table`, set from a `S` by [`FieldSet::update`].
+    pub fn fields<S>(&self, table: &'static [Field<S>]) -> FieldSet<S> {
+        let metrics = table
+            .iter()
+            .map(|f| match f.kind {
+                Kind::Counter => {
+                    let c = must(IntCounter::new(f.name, f.help));
+                    must(self.registry.register(Box::new(c.clone())));
+                    Metric::Counter(c)
+                }
+                Kind::Gauge => {
+                    let g = must(IntGauge::new(f.name, f.help));
+                    must(self.registry.register(Box::new(g.clone())));
+                    Metric::Gauge(g)
+                }
+            })
+            .collect();
+        FieldSet { table, metrics }
+    }
+
+    /// The text exposition of every family as set now.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding into a Vec cannot fail.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+/// Brings the counter `labels` of `family` up to `total`, a daemon counter that only grows.
+pub fn set_total(family: &IntCounterVec, labels: &[&str], total: u64) {
+    let c = family.with_label_values(labels);
+    c.inc_by(total.saturating_sub(c.get()));
+}
+
+/// Sets the gauge `labels` of `family` (saturating at `i64::MAX`).
+pub fn set_gauge(family: &IntGaugeVec, labels: &[&str], value: u64) {
+    family.with_label_values(labels).set(i64::try_from(value).unwrap_or(i64::MAX));
+}
+
+/// Counter or gauge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only grows: set with [`set_total`]'s rule.
+    Counter,
+    /// A level now.
+    Gauge,
+}
+
+/// One field of a daemon's stats struct `S`, exported as its own metric: a table of these
+/// makes exporting one more field one line.
+#[derive(Debug)]
+pub struct Field<S> {
+    /// The metric name (`fastlane_…`, counters ending in `_total`).
+    pub name: &'static str,
+    /// Its `# HELP` text.
+    pub help: &'static str,
+    /// Counter or gauge.
+    pub kind: Kind,
+    /// Reads the field.
+    pub read: fn(&S) -> u64,
+}
+
+/// A counter row of a [`Field`] table.
+pub const fn counter<S>(name: &'static str, help: &'static str, read: fn(&S) -> u64) -> Field<S> {
+    Field { name, help, kind: Kind::Counter, read }
+}
+
+/// A gauge row of a [`Field`] table.
+pub const fn gauge<S>(name: &'static str, help: &'static str, read: fn(&S) -> u64) -> Field<S> {
+    Field { name, help, kind: Kind::Gauge, read }
+}
+
+#[derive(Debug)]
+enum Metric {
+    Counter(IntCounter),
+    Gauge(IntGauge),
+}
+
+/// The registered metrics of a [`Field`] table.
+#[derive(Debug)]
+pub struct FieldSet<S: 'static> {
+    table: &'static [Field<S>],
+    /// One per row of `table`, in its order.
+    metrics: Vec<Metric>,
+}
+
+impl<S> FieldSet<S> {
+    /// Sets every metric from `s`.
+    pub fn update(&self, s: &S) {
+        for (m, f) in self.metrics.iter().zip(self.table) {
+            let v = (f.read)(s);
+            match m {
+                Metric::Counter(c) => c.inc_by(v.saturating_sub(c.get())),
+                Metric::Gauge(g) => g.set(i64::try_from(v).unwrap_or(i64::MAX)),
+            }
+        }
+    }
+}
+
+type Refresh = Box<dyn FnMut() + Send>;
+
+/// What a scrape needs: the families and the daemon's refresh.
+struct Scrape {
+    families: Families,
+    /// Held for the whole scrape: scrapes run one at a time.
+    refresh: Mutex<Refresh>,
+}
+
+impl Scrape {
+    fn render(&self) -> String {
+        let mut refresh = self.refresh.lock().unwrap_or_else(PoisonError::into_inner);
+        (*refresh)();
+        self.families.render()
+    }
+}
+
+async fn scrape(State(s): State<Arc<Scrape>>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, TEXT_FORMAT)], s.render())
+}
+
+/// The running endpoint; dropping it stops the listener and joins its thread.
+#[derive(Debug)]
+pub struct Exporter {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Exporter {
+    /// Binds `addr` (port 0: a free one), logs `metrics on http://ADDR/metrics` at info level
+    /// and serves `families` on its own thread, calling `refresh` before each encoding.
+    ///
+    /// Call it after the daemon has blocked its stop signals: the thread inherits the mask.
+    pub fn start(
+        addr: SocketAddr,
+        families: Families,
+        refresh: impl FnMut() + Send + 'static,
+    ) -> Result<Exporter> {
+        let listener = std::net::TcpListener::bind(addr)
+            .with_context(|| format!("--metrics {addr}: cannot bind"))?;
+        listener.set_nonblocking(true).context("--metrics: non-blocking listener")?;
+        let local = listener.local_addr().context("--metrics: bound address")?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("--metrics: tokio runtime")?;
+        let state = Arc::new(Scrape { families, refresh: Mutex::new(Box::new(refresh)) });
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            log::error!("metrics: listener on {local}: {e}; no metrics served");
+                            return;
+                        }
+                    };
+                    let app = Router::new().route("/metrics", get(scrape)).with_state(state);
+                    // Ends when the sender is dropped (or used).
+                    let shutdown = async {
+                        let _ = stopped.await;
+                    };
+                    serve(listener, app, OPTIONS, shutdown).await;
+                });
+            })
+            .context("--metrics: thread")?;
+        let exporter = Exporter { addr: local, stop: Some(stop), thread: Some(thread) };
+        log::info!("metrics on http://{}/metrics", exporter.local_addr());
+        Ok(exporter)
+    }
+
+    /// The address bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts the exporter when `--metrics` is given; the closure that builds the refresh runs
+/// only then (so a daemon without `--metrics` registers nothing).
+pub fn start_if<R: FnMut() + Send + 'static>(
+    addr: Option<SocketAddr>,
+    build: impl FnOnce(&Families) -> R,
+) -> Result<Option<Exporter>> {
+    let Some(addr) = addr else { return Ok(None) };
+    let families = Families::new();
+    let refresh = build(&families);
+    Exporter::start(addr, families, refresh).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// One request on a fresh connection (closed by us after writing): the whole answer.
+    fn http(addr: SocketAddr, request: &[u8]) -> String {
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(request).unwrap();
+        let _ = c.shutdown(std::net::Shutdown::Write);
+        let mut out = Vec::new();
+        let _ = c.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    fn get(addr: SocketAddr, path: &str) -> String {
+        http(
+            addr,
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+    }
+
+    fn value(text: &str, name_and_labels: &str) -> Option<u64> {
+        text.lines()
+            .find(|l| l.split(' ').next() == Some(name_and_labels))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+
+    #[derive(Default)]
+    struct Stats {
+        done: AtomicU64,
+        open: AtomicU64,
+    }
+
+    static TABLE: &[Field<Stats>] = &[
+        counter("fastlane_test_done_total", "Done", |s| s.done.load(Ordering::Relaxed)),
+        gauge("fastlane_test_open", "Open now", |s| s.open.load(Ordering::Relaxed)),
+    ];
+
+    #[test]
+    fn refreshes_on_scrape_and_refuses_other_requests() {
+        let stats = Arc::new(Stats::default());
+        let scrapes = Arc::new(AtomicU64::new(0));
+        let exporter = start_if(Some("127.0.0.1:0".parse().unwrap()), |f| {
+            let fields = f.fields(TABLE);
+            let by_op = f.counter("fastlane_test_ops_total", "Ops by op", &["op"]);
+            let (stats, scrapes) = (stats.clone(), scrapes.clone());
+            move || {
+                scrapes.fetch_add(1, Ordering::Relaxed);
+                fields.update(&stats);
+                set_total(&by_op, &["read"], 2 * stats.done.load(Ordering::Relaxed));
+            }
+        })
+        .unwrap()
+        .unwrap();
+        let addr = exporter.local_addr();
+        assert_ne!(addr.port(), 0);
+
+        stats.done.store(5, Ordering::Relaxed);
+        stats.open.store(3, Ordering::Relaxed);
+        let text = get(addr, "/metrics");
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(text.contains("content-type: text/plain; version=0.0.4"), "{text}");
+        assert_eq!(value(&text, "fastlane_test_done_total"), Some(5), "{text}");
+        assert_eq!(value(&text, "fastlane_test_open"), Some(3), "{text}");
+        assert_eq!(value(&text, "fastlane_test_ops_total{op=\"read\"}"), Some(10), "{text}");
+        assert!(text.contains("# TYPE fastlane_test_done_total counter"), "{text}");
+        assert!(text.contains("# TYPE fastlane_test_open gauge"), "{text}");
+
+        // A gauge goes down, a counter follows its total up and is not counted twice.
+        stats.done.store(7, Ordering::Relaxed);
+        stats.open.store(1, Ordering::Relaxed);
+        let text = get(addr, "/metrics");
+        assert_eq!(value(&text, "fastlane_test_done_total"), Some(7), "{text}");
+        assert_eq!(value(&text, "fastlane_test_open"), Some(1), "{text}");
+        assert_eq!(value(&text, "fastlane_test_ops_total{op=\"read\"}"), Some(14), "{text}");
+        assert_eq!(scrapes.load(Ordering::Relaxed), 2);
+
+        // Elsewhere: 404; another method: 405; not HTTP: 400. None refreshes.
+        assert!(get(addr, "/").starts_with("HTTP/1.1 404"));
+        assert!(get(addr, "/metrics/x").starts_with("HTTP/1.1 404"));
+        let post = http(addr, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+        assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+        let junk = http(addr, b"\x00\x01garbage\r\n\r\n");
+        assert!(junk.is_empty() || junk.starts_with("HTTP/1.1 400"), "{junk:?}");
+        assert_eq!(scrapes.load(Ordering::Relaxed), 2);
+        // Still serving.
+        assert!(get(addr, "/metrics").starts_with("HTTP/1.1 200"));
+
+        drop(exporter);
+        assert!(std::net::TcpStream::connect(addr).is_err(), "listener closed on drop");
+    }
+
+    #[test]
+    fn off_without_an_address_and_a_bad_address_is_an_error() {
+        let built = std::cell::Cell::new(false);
+        let none = start_if(None, |_| {
+            built.set(true);
+            || {}
+        })
+        .unwrap();
+        assert!(none.is_none() && !built.get());
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let err = start_if(Some(addr), |_| || {}).unwrap_err();
+        assert!(format!("{err:#}").contains(&format!("--metrics {addr}: cannot bind")), "{err:#}");
+    }
+}
