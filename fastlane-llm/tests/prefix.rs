@@ -316,3 +316,54 @@ fn cluster_down_means_misses_and_generation_goes_on() {
     assert_eq!((g.0.as_slice(), g.1), (want[1].0.as_slice(), want[1].1));
     e.shutdown().expect("clean shutdown");
 }
+
+#[test]
+fn a_primary_killed_under_load_costs_misses_never_a_wrong_token() {
+    let mut cluster = start_cluster();
+    // Four prefix families: their blocks spread over the three primaries' slots.
+    let prompts: Vec<Vec<u32>> = (0..4).map(|f| prompt(20 + f, 7, f)).collect();
+    let want = reference(&prompts);
+    // Host cache off: every lookup and every put goes to the cluster.
+    let cfg = EngineConfig {
+        prefix: PrefixConfig { host_bytes: 0, ..with_cluster(&cluster, "failover").prefix },
+        ..config(PrefixConfig::default())
+    };
+    let e = Engine::start(model(), cfg).expect("engine starts");
+    assert!(e.counters().prefix_cluster);
+    for (p, w) in prompts.iter().zip(&want) {
+        let g = run(&e, p);
+        assert_eq!((g.0.as_slice(), g.1), (w.0.as_slice(), w.1));
+    }
+    assert!(e.flush_prefix(Duration::from_secs(10)), "puts queued past 10 s");
+    let primed = e.prefix_stats().expect("on");
+    assert!(primed.cluster_puts >= 4 * SHARED_BLOCKS as u64, "{primed:?}");
+    // Kill a primary while requests keep coming: every answer must equal the reference,
+    // whether its blocks came from the cluster, were lost with the primary, or timed out.
+    let victim = cluster.primaries().expect("primaries")[0];
+    cluster.kill(victim);
+    let t0 = Instant::now();
+    let mut rounds = 0;
+    // Bounded in count and time: at least through the failover (a few seconds here).
+    while rounds < 40
+        && (rounds < 8 || cluster.wait_failover(victim, Duration::from_millis(1)).is_err())
+    {
+        assert!(t0.elapsed() < Duration::from_secs(90), "failover + requests took too long");
+        let i = rounds % prompts.len();
+        let g = run(&e, &prompts[i]);
+        assert_eq!((g.0.as_slice(), g.1), (want[i].0.as_slice(), want[i].1), "round {rounds}");
+        rounds += 1;
+    }
+    cluster.wait_failover(victim, Duration::from_secs(30)).expect("the cluster fails over");
+    // After the failover, blocks on the surviving primaries (and those the replica had)
+    // are hits again; the lost ones are recomputed and stored anew: outputs stay exact.
+    for (p, w) in prompts.iter().zip(&want) {
+        let g = run(&e, p);
+        assert_eq!((g.0.as_slice(), g.1), (w.0.as_slice(), w.1));
+    }
+    let s = e.prefix_stats().expect("on");
+    assert!(s.cluster_hits > primed.cluster_hits, "no hits after the kill: {s:?}");
+    assert_eq!(s.integrity_misses, 0, "{s:?}");
+    // The kill was felt (calls to the dead primary failed until the slot map moved).
+    assert!(s.cluster_errors + s.put_errors > 0, "{s:?}");
+    e.shutdown().expect("clean shutdown");
+}
