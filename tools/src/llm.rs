@@ -288,7 +288,7 @@ impl EngineArgs {
 }
 
 /// `redis://HOST:PORT[,HOST:PORT...]` → one URL per node.
-fn parse_cluster_urls(text: &str) -> Result<Vec<String>> {
+pub(crate) fn parse_cluster_urls(text: &str) -> Result<Vec<String>> {
     let rest = text
         .strip_prefix("redis://")
         .with_context(|| format!("--kv-cluster {text:?}: redis://HOST:PORT[,HOST:PORT...]"))?;
