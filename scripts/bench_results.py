@@ -8,9 +8,11 @@ The benchmark scripts call this at the end of a run (format: benches/results/REA
   python3 scripts/bench_results.py rdma ROWS_TSV GUEST_LOG COMMAND...
   python3 scripts/bench_results.py journal ROWS_TXT COMMAND...
   python3 scripts/bench_results.py kv-remote GUEST_LOG COMMAND...
+  python3 scripts/bench_results.py cluster TIER_JSON PREFIX_JSON MISS_JSON COMMAND...  # scripts/bench-cluster.sh
 
 and scripts/bench-report.py imports `write`. Date: `date +%F`; commit: `git rev-parse --short
-HEAD`; BENCH_RESULTS_DIR overrides the folder. Prints the path written to stderr.
+HEAD`; a label, when given, is appended (`<date>-<commit>-<label>.json`); BENCH_RESULTS_DIR
+overrides the folder. Prints the path written to stderr.
 """
 import json
 import os
@@ -28,7 +30,7 @@ def _out(cmd):
         return None
 
 
-def write(component, command, rows, raw=None, load=None, notes=None):
+def write(component, command, rows, raw=None, load=None, notes=None, label=None):
     """Write the run; return the path. `rows`: [{case, value, unit, peer, ratio, target, ...}]."""
     date = _out(["date", "+%F"]) or "unknown-date"
     commit = _out(["git", "rev-parse", "--short", "HEAD"]) or "unknown"
@@ -36,10 +38,11 @@ def write(component, command, rows, raw=None, load=None, notes=None):
     base = os.environ.get("BENCH_RESULTS_DIR") or os.path.join(ROOT, "benches", "results")
     folder = os.path.join(base, component)
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{date}-{commit}.json")
+    stem = f"{date}-{commit}" + (f"-{label}" if label else "")
+    path = os.path.join(folder, f"{stem}.json")
     n = 2
     while os.path.exists(path):
-        path = os.path.join(folder, f"{date}-{commit}-{n}.json")
+        path = os.path.join(folder, f"{stem}-{n}.json")
         n += 1
     with open("/proc/loadavg") as f:
         load_now = " ".join(f.read().split()[:3])
@@ -182,6 +185,42 @@ def kv_remote(guest_log, command):
     write("kvswap", command, rows, raw={"bench_lines": bench, "result_lines": results})
 
 
+def cluster(tier_json, prefix_json, miss_json, command):
+    """scripts/bench-cluster.sh: `fastlane kv bench-cluster --out` and `fastlane llm bench
+    --scenario prefix-cluster|prefix-miss --out`, one file each (labels cluster-tier,
+    cluster-prefix, cluster-miss)."""
+    with open(tier_json) as f:
+        tier = json.load(f)
+    rows = []
+    for o in tier["ops"]:
+        case = f"{o['op']} {tier['block_bytes']} B blocks, batches of {tier['blocks_per_batch']}"
+        rows.append(row(case, o["ours_gb_per_s"], "GB/s", f"redis-benchmark {o['peer_op']} ({tier['peer']['command']})",
+                        {"value": o["peer_gb_per_s"], "unit": "GB/s"}, o["ratio"], o["target"],
+                        ours_blocks_per_s=o["ours_blocks_per_s"], peer_blocks_per_s=o["peer_blocks_per_s"],
+                        ratio_min=o["ratio_min"], ratio_max=o["ratio_max"]))
+    write("kvswap", command, rows, raw=tier, load={"before": tier["load_before"], "after": tier["load_after"]},
+          notes="ratio: ours/peer values per second, median over rounds of each round's ratio", label="cluster-tier")
+    with open(prefix_json) as f:
+        pc = json.load(f)
+    r = pc["result"]
+    shape = f"{r['shared_tokens']}+{r['suffix_tokens']} tokens, {pc['model']}"
+    rows = [
+        row(f"TTFT, prefix from the cluster tier ({shape})", r["cluster_ttft_ms"], "ms", "prefix computed (on no tier)",
+            {"value": r["computed_ttft_ms"], "unit": "ms"}, r["ratio"], None,
+            cluster_blocks_min=r["cluster_blocks_min"], prefix_blocks=r["prefix_blocks"]),
+        row(f"cluster tier delivery (bytes in / lookup time, {r['block_bytes']} B blocks)", r["tier_bytes_per_s"] / 1e9, "GB/s",
+            None, None, None, None, lookup_ms=r["lookup_ms"]),
+    ]
+    write("kvswap", command, rows, raw=pc, load={"before": pc["load"], "after": pc.get("load_after")}, label="cluster-prefix")
+    with open(miss_json) as f:
+        pm = json.load(f)
+    r = pm["result"]
+    rows = [row(f"TTFT on a miss, prefix cache + cluster on ({r['shared_tokens']}+{r['suffix_tokens']} tokens, {pm['model']})",
+                r["on_ttft_ms"], "ms", "prefix cache off", {"value": r["off_ttft_ms"], "unit": "ms"}, r["ratio"], "<= 1.01",
+                ratio_median_of_rounds=r["ratio_median_of_rounds"], lookup_ms=r["lookup_ms"], hits=r["hits"])]
+    write("kvswap", command, rows, raw=pm, load={"before": pm["load"], "after": pm.get("load_after")}, label="cluster-miss")
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
@@ -196,6 +235,8 @@ def main():
         journal(args[0], " ".join(args[1:]))
     elif kind == "kv-remote":
         kv_remote(args[0], " ".join(args[1:]))
+    elif kind == "cluster":
+        cluster(args[0], args[1], args[2], " ".join(args[3:]))
     else:
         sys.exit(f"bench_results.py: unknown kind {kind}\n{__doc__}")
 

@@ -361,6 +361,10 @@ pub struct EngineHistograms {
     /// Swap durations by direction (`out`, `in`), start to completion seen at a step
     /// boundary, seconds.
     pub swap_seconds: prometheus::HistogramVec,
+    /// Wall time of one request's prefix lookup on the lookup thread (host cache, then the
+    /// cluster tier from the first host miss on), seconds. Its sum over a run, against
+    /// `PrefixStats::bytes_in`, is the rate the cluster tier delivered blocks at.
+    pub prefix_lookup_seconds: prometheus::Histogram,
 }
 
 impl EngineHistograms {
@@ -403,6 +407,15 @@ impl EngineHistograms {
                 )
                 .buckets(secs),
                 &["direction"],
+            )
+            .expect("valid histogram"),
+            prefix_lookup_seconds: h(
+                "fastlane_llm_prefix_lookup_seconds",
+                "Wall time of one request's prefix-cache lookup (host cache, then the cluster tier)",
+                vec![
+                    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                    0.5, 1.0,
+                ],
             )
             .expect("valid histogram"),
         };
@@ -592,9 +605,10 @@ impl Engine {
                 let (ltx, lrx) = mpsc::channel::<Command>();
                 let digest = ModelDigest::new(&model.model_id(), &geom);
                 let store = store.clone();
+                let seconds = histograms.prefix_lookup_seconds.clone();
                 let t = std::thread::Builder::new()
                     .name("fastlane-llm-prefix".into())
-                    .spawn(move || lookup_loop(&lrx, &tx, &store, &digest))
+                    .spawn(move || lookup_loop(&lrx, &tx, &store, &digest, &seconds))
                     .map_err(|e| LlmError::Stopped { reason: format!("spawn: {e}") })?;
                 (ltx, Some(t))
             }
@@ -786,6 +800,7 @@ fn lookup_loop(
     tx: &Sender<Command>,
     store: &PrefixStore,
     digest: &ModelDigest,
+    seconds: &prometheus::Histogram,
 ) {
     // Ends when the engine handle is gone or after forwarding a shutdown.
     while let Ok(mut c) = rx.recv() {
@@ -795,7 +810,9 @@ fn lookup_loop(
             let usable =
                 (req.prompt.len().saturating_sub(1) / TOKENS_PER_BLOCK).min(prefix.keys.len());
             if usable > 0 {
+                let t0 = Instant::now();
                 prefix.blocks = store.lookup(&prefix.keys[..usable]);
+                seconds.observe(t0.elapsed().as_secs_f64());
             }
         }
         if tx.send(c).is_err() || shutdown {

@@ -11,6 +11,8 @@
 //!   `pwrite`/`pread` of the same bytes in one run, the remote tier (a `fastlane rdma serve`
 //!   pool, `--pool`) without a peer, and swap-in latency per tier as `.hlog`; `--json` prints
 //!   the same results as one JSON object.
+//! - `fastlane kv bench-cluster`: the Redis Cluster tier's batch put/get throughput against
+//!   `redis-benchmark` on the same cluster (`kv_cluster_bench.rs`).
 
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt;
@@ -50,6 +52,9 @@ enum KvCommand {
     Bench(BenchArgs),
     /// Simulate the multi-tenant scheduler (docs/scheduler.md): per-tenant TTFT table, .hlog, SVG.
     Sim(crate::kv_sim::SimArgs),
+    /// Redis Cluster tier batch put/get throughput against redis-benchmark on the same
+    /// cluster (a private loopback cluster unless --kv-cluster names one).
+    BenchCluster(crate::kv_cluster_bench::BenchClusterArgs),
 }
 
 /// Model geometry options shared by the subcommands.
@@ -286,6 +291,7 @@ pub fn run(args: &KvArgs) -> Result<()> {
         KvCommand::Serve(a) => serve(a),
         KvCommand::Bench(a) => bench(a),
         KvCommand::Sim(a) => crate::kv_sim::run(a),
+        KvCommand::BenchCluster(a) => crate::kv_cluster_bench::run(a),
     }
 }
 

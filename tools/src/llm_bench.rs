@@ -50,10 +50,17 @@ pub struct BenchArgs {
     out: Option<std::path::PathBuf>,
     /// Instead of the kernel measurements, a scheduler scenario on the real engine: d (one
     /// long prompt among ten decoders: chunked vs whole prefill), b (chat beside batch
-    /// jobs: solo, fifo, drr+preempt) or prefix (TTFT with a 2,048-token prefix reused from
-    /// the prefix cache vs computed).
+    /// jobs: solo, fifo, drr+preempt), prefix (TTFT with a 2,048-token prefix reused from
+    /// the prefix cache vs computed), prefix-cluster (the prefix from the Redis Cluster tier
+    /// to an engine that never saw it vs computed, and the tier's bytes/s) or prefix-miss
+    /// (prefix on no tier: prefix cache + cluster on vs off; --rounds interleaved).
     #[arg(long)]
     scenario: Option<String>,
+    /// Scenarios prefix-cluster and prefix-miss: the Redis Cluster,
+    /// redis://HOST:PORT[,HOST:PORT...]; without it a private six-node cluster is started on
+    /// loopback (redis-server on PATH).
+    #[arg(long)]
+    kv_cluster: Option<String>,
     /// Seconds of arrivals (scenario b, and --url).
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
@@ -266,7 +273,13 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         Model::load(&a.model, a.model_seed).with_context(|| format!("loading {}", a.model))?,
     );
     if let Some(sc) = &a.scenario {
-        let v = crate::llm_sched::run(&model, sc, a.seconds, a.json)?;
+        let opts = crate::llm_sched::ScenarioOpts {
+            seconds: a.seconds,
+            rounds: a.rounds,
+            kv_cluster: a.kv_cluster.clone(),
+            json: a.json,
+        };
+        let v = crate::llm_sched::run(&model, sc, &opts)?;
         return emit(a, &v);
     }
     let threads = rayon::current_num_threads();

@@ -11,11 +11,23 @@
 //! - **prefix** (prefix reuse): requests of a 2,048-token prefix and a 64-token suffix, one at
 //!   a time on one engine; TTFT when the prefix is in the host prefix cache against TTFT when
 //!   it is a new prefix (computed), and their ratio.
+//! - **prefix-cluster** (the shared tier): a writer engine computes a 2,048-token prefix and
+//!   stores it in a Redis Cluster; a reader engine on the same cluster, whose host cache has
+//!   never seen it (as a second machine), serves the prefix + a 64-token suffix. Its TTFT
+//!   against the same engine computing a prefix that is on no tier, and the rate the tier
+//!   delivered the blocks at (payload bytes received / wall time of the prefix lookups).
+//! - **prefix-miss** (the lookup's cost): prompts whose prefix is on no tier, on an engine
+//!   with the prefix cache and the cluster on against an engine with the prefix cache off,
+//!   same settings otherwise, interleaved; TTFT medians and their ratio.
+//!
+//! The cluster scenarios use the cluster `--kv-cluster` names, or start a private six-node one
+//! on loopback (`kvswap::testing::RedisCluster`, maxmemory raised to hold the run's blocks).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use fastlane_llm::engine::PrefixConfig;
 use fastlane_llm::{Engine, EngineConfig, GenRequest, Model, PreemptChoice, Stream, StreamEvent};
 use kvswap::sched::{Overflow, Policy, TenantConfig, Tier};
 use rand::{Rng, SeedableRng};
@@ -294,13 +306,353 @@ pub(crate) fn scenario_prefix(
     })
 }
 
+/// What one request cost on an engine with the prefix cache on (deltas around it).
+#[derive(Debug, Clone, Copy, Default)]
+struct ReqCost {
+    ttft_ms: f64,
+    prefill_tokens: u64,
+    cluster_hits: u64,
+    host_hits: u64,
+    /// Payload bytes received from the cluster as hits.
+    bytes_in: u64,
+    /// Wall time of its prefix lookup (host cache, then the cluster), seconds.
+    lookup_s: f64,
+}
+
+/// Runs `p` alone on `e` (one token) and waits for the counters of the step that ended it.
+fn one_request(e: &Engine, p: Vec<u32>) -> Result<ReqCost> {
+    let before = e.counters();
+    let pbefore = e.prefix_stats().unwrap_or_default();
+    let lbefore = e.histograms().prefix_lookup_seconds.get_sample_sum();
+    let f = e.submit(GenRequest::greedy(p, 1))?.wait(WAIT)?;
+    let t0 = Instant::now();
+    let mut after = e.counters();
+    while after.finished < before.finished + 1 || after.live > 0 {
+        if t0.elapsed() > Duration::from_secs(10) {
+            bail!("engine counters not published 10 s after the request finished");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+        after = e.counters();
+    }
+    let pafter = e.prefix_stats().unwrap_or_default();
+    Ok(ReqCost {
+        ttft_ms: f.ttft_ns.unwrap_or(0) as f64 / 1e6,
+        prefill_tokens: after.prefill_tokens - before.prefill_tokens,
+        cluster_hits: pafter.cluster_hits - pbefore.cluster_hits,
+        host_hits: pafter.host_hits - pbefore.host_hits,
+        bytes_in: pafter.bytes_in - pbefore.bytes_in,
+        lookup_s: e.histograms().prefix_lookup_seconds.get_sample_sum() - lbefore,
+    })
+}
+
+/// Waits for `e`'s queued cluster puts (so that they do not overlap the next measurement).
+fn flush(e: &Engine, what: &str) -> Result<()> {
+    if !e.flush_prefix(Duration::from_secs(120)) {
+        bail!("{what}: blocks queued for the cluster not stored within 120 s");
+    }
+    if let Some(s) = e.prefix_stats() {
+        if s.puts_dropped + s.put_errors > 0 {
+            bail!(
+                "{what}: {} cluster puts dropped, {} failed: {s:?}",
+                s.puts_dropped,
+                s.put_errors
+            );
+        }
+    }
+    Ok(())
+}
+
+fn median_of(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// A cluster key namespace no earlier run used (a shared cluster may hold old blocks).
+fn fresh_namespace(what: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("bench-{what}-{}-{nanos}", std::process::id())
+}
+
+/// Lookup bound of the cluster scenarios: a slow tier shows as a slow TTFT, not as misses.
+const BENCH_CLUSTER_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn cluster_engine_config(urls: &[String], namespace: &str) -> EngineConfig {
+    EngineConfig {
+        device_blocks: 1024,
+        prefix: PrefixConfig {
+            cluster: urls.to_vec(),
+            cluster_namespace: namespace.to_string(),
+            cluster_timeout: BENCH_CLUSTER_TIMEOUT,
+            ..PrefixConfig::default()
+        },
+        ..EngineConfig::default()
+    }
+}
+
+/// Starts an engine that must have reached the cluster.
+fn start_on_cluster(model: &Arc<Model>, cfg: EngineConfig, what: &str) -> Result<Engine> {
+    let e = Engine::start(model.clone(), cfg)?;
+    if !e.counters().prefix_cluster {
+        bail!("{what}: the engine could not reach the cluster (see the warning above)");
+    }
+    Ok(e)
+}
+
+/// Bytes of one engine KV block of `model`.
+fn model_block_bytes(model: &Model) -> u64 {
+    fastlane_llm::kv::block_bytes(&model.kv_geometry()) as u64
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct PrefixClusterRun {
+    shared_tokens: usize,
+    suffix_tokens: usize,
+    rounds: usize,
+    block_bytes: u64,
+    /// Blocks of the shared prefix the reader can load (all but a block holding the last
+    /// prompt token).
+    prefix_blocks: u64,
+    /// Bound on one cluster call in this run, ms.
+    cluster_timeout_ms: u64,
+    /// Median TTFT on the reader when the prefix comes from the cluster tier, ms.
+    cluster_ttft_ms: f64,
+    /// Median TTFT on the reader of a prefix on no tier (computed), ms.
+    computed_ttft_ms: f64,
+    /// cluster / computed (medians).
+    ratio: f64,
+    /// Median prefill tokens of a cluster-served request.
+    cluster_prefill_tokens: u64,
+    /// Median prefill tokens of a computed request.
+    computed_prefill_tokens: u64,
+    /// Fewest blocks one cluster-served request got from the cluster (`prefix_blocks` when
+    /// every lookup found the whole prefix).
+    cluster_blocks_min: u64,
+    /// Median wall time of a cluster-served request's prefix lookup, ms.
+    lookup_ms: f64,
+    /// Payload bytes the reader received from the cluster over the cluster-served requests.
+    tier_bytes_in: u64,
+    /// Their prefix lookups' wall time, seconds.
+    tier_lookup_seconds: f64,
+    /// `tier_bytes_in / tier_lookup_seconds`.
+    tier_bytes_per_s: f64,
+    /// Median TTFT of the writer computing each prefix (no tier had it), ms.
+    writer_ttft_ms: f64,
+}
+
+/// Scenario prefix-cluster (see the module doc) on `urls`.
+pub(crate) fn scenario_prefix_cluster(
+    model: &Arc<Model>,
+    urls: &[String],
+    shared: usize,
+    suffix: usize,
+    rounds: usize,
+) -> Result<PrefixClusterRun> {
+    let ns = fresh_namespace("prefix-cluster");
+    let writer = start_on_cluster(model, cluster_engine_config(urls, &ns), "writer")?;
+    let reader = start_on_cluster(model, cluster_engine_config(urls, &ns), "reader")?;
+    let with_tail = |salt: u64, tail: u64| {
+        let mut p = salted(model, shared, salt);
+        p.extend(salted(model, suffix, 1_000_000 + tail));
+        p
+    };
+    // Warm-up of both engines on prefixes of their own (every later prefix is new to both).
+    one_request(&writer, with_tail(50_000, 0))?;
+    one_request(&reader, with_tail(50_001, 0))?;
+    flush(&writer, "writer")?;
+    flush(&reader, "reader")?;
+    let prefix_blocks = (shared + suffix - 1).min(shared) as u64 / 16;
+    let (mut from_cluster, mut computed, mut wrote) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..rounds as u64 {
+        // The writer computes prefix P_r; its blocks reach the cluster before the reader asks.
+        let w = one_request(&writer, with_tail(60_000 + r, 1))?;
+        flush(&writer, "writer")?;
+        wrote.push(w.ttft_ms);
+        let cluster_req = |tail| one_request(&reader, with_tail(60_000 + r, tail));
+        let computed_req = || one_request(&reader, with_tail(70_000 + r, 3));
+        // Alternate which goes first; the reader's own puts are flushed in between.
+        let (c, n) = if r % 2 == 0 {
+            let c = cluster_req(2)?;
+            flush(&reader, "reader")?;
+            let n = computed_req()?;
+            (c, n)
+        } else {
+            let n = computed_req()?;
+            flush(&reader, "reader")?;
+            let c = cluster_req(2)?;
+            (c, n)
+        };
+        flush(&reader, "reader")?;
+        eprintln!(
+            "round {}/{rounds}: from the cluster {:.1} ms ({} blocks, lookup {:.1} ms), computed {:.1} ms",
+            r + 1,
+            c.ttft_ms,
+            c.cluster_hits,
+            c.lookup_s * 1e3,
+            n.ttft_ms
+        );
+        if c.host_hits > 0 {
+            bail!("the reader found {} blocks of a new prefix in its host cache", c.host_hits);
+        }
+        if n.host_hits + n.cluster_hits > 0 {
+            bail!("a prefix meant to be on no tier was found ({n:?})");
+        }
+        from_cluster.push(c);
+        computed.push(n);
+    }
+    writer.shutdown()?;
+    reader.shutdown()?;
+    let bytes_in: u64 = from_cluster.iter().map(|c| c.bytes_in).sum();
+    let lookup_s: f64 = from_cluster.iter().map(|c| c.lookup_s).sum();
+    let c_ms = median_of(from_cluster.iter().map(|c| c.ttft_ms).collect());
+    let n_ms = median_of(computed.iter().map(|c| c.ttft_ms).collect());
+    Ok(PrefixClusterRun {
+        shared_tokens: shared,
+        suffix_tokens: suffix,
+        rounds,
+        block_bytes: model_block_bytes(model),
+        prefix_blocks,
+        cluster_timeout_ms: BENCH_CLUSTER_TIMEOUT.as_millis() as u64,
+        cluster_ttft_ms: c_ms,
+        computed_ttft_ms: n_ms,
+        ratio: c_ms / n_ms,
+        cluster_prefill_tokens: median_of(
+            from_cluster.iter().map(|c| c.prefill_tokens as f64).collect(),
+        ) as u64,
+        computed_prefill_tokens: median_of(
+            computed.iter().map(|c| c.prefill_tokens as f64).collect(),
+        ) as u64,
+        cluster_blocks_min: from_cluster.iter().map(|c| c.cluster_hits).min().unwrap_or(0),
+        lookup_ms: median_of(from_cluster.iter().map(|c| c.lookup_s * 1e3).collect()),
+        tier_bytes_in: bytes_in,
+        tier_lookup_seconds: lookup_s,
+        tier_bytes_per_s: bytes_in as f64 / lookup_s,
+        writer_ttft_ms: median_of(wrote),
+    })
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct PrefixMissRun {
+    shared_tokens: usize,
+    suffix_tokens: usize,
+    rounds: usize,
+    /// Median TTFT with the prefix cache and the cluster on (every lookup misses), ms.
+    on_ttft_ms: f64,
+    /// Median TTFT with the prefix cache off, ms.
+    off_ttft_ms: f64,
+    /// on / off (medians).
+    ratio: f64,
+    /// Median over rounds of each round's on / off.
+    ratio_median_of_rounds: f64,
+    /// Median wall time of one lookup that missed everywhere, ms.
+    lookup_ms: f64,
+    /// Blocks the "on" engine found on any tier over the run (0: every lookup missed).
+    hits: u64,
+    /// Blocks the "on" engine stored in the cluster over the run.
+    cluster_puts: u64,
+}
+
+/// Scenario prefix-miss (see the module doc) on `urls`.
+pub(crate) fn scenario_prefix_miss(
+    model: &Arc<Model>,
+    urls: &[String],
+    shared: usize,
+    suffix: usize,
+    rounds: usize,
+) -> Result<PrefixMissRun> {
+    let ns = fresh_namespace("prefix-miss");
+    let on = start_on_cluster(model, cluster_engine_config(urls, &ns), "prefix cache on")?;
+    let off_cfg = EngineConfig {
+        prefix: PrefixConfig { enabled: false, ..PrefixConfig::default() },
+        ..cluster_engine_config(&[], &ns)
+    };
+    let off = Engine::start(model.clone(), off_cfg)?;
+    let prompt_of = |salt: u64| {
+        let mut p = salted(model, shared, salt);
+        p.extend(salted(model, suffix, 1_000_000 + salt));
+        p
+    };
+    one_request(&on, prompt_of(80_000))?;
+    one_request(&off, prompt_of(80_001))?;
+    flush(&on, "prefix cache on")?;
+    let warm = on.prefix_stats().unwrap_or_default();
+    let (mut on_ms, mut off_ms, mut ratios, mut lookups) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for r in 0..rounds as u64 {
+        // Every prompt is new: its prefix is on no tier.
+        let run_on = || -> Result<ReqCost> {
+            let c = one_request(&on, prompt_of(90_000 + 2 * r))?;
+            flush(&on, "prefix cache on")?;
+            Ok(c)
+        };
+        let run_off = || one_request(&off, prompt_of(90_001 + 2 * r));
+        let (a, b) = if r % 2 == 0 {
+            let a = run_on()?;
+            (a, run_off()?)
+        } else {
+            let b = run_off()?;
+            (run_on()?, b)
+        };
+        eprintln!(
+            "round {}/{rounds}: prefix cache + cluster on {:.1} ms (lookup {:.2} ms), off {:.1} ms ({:.3}x)",
+            r + 1,
+            a.ttft_ms,
+            a.lookup_s * 1e3,
+            b.ttft_ms,
+            a.ttft_ms / b.ttft_ms
+        );
+        if a.host_hits + a.cluster_hits > 0 {
+            bail!("a prompt meant to be on no tier hit ({a:?})");
+        }
+        on_ms.push(a.ttft_ms);
+        off_ms.push(b.ttft_ms);
+        ratios.push(a.ttft_ms / b.ttft_ms);
+        lookups.push(a.lookup_s * 1e3);
+    }
+    let s = on.prefix_stats().unwrap_or_default();
+    on.shutdown()?;
+    off.shutdown()?;
+    let (a, b) = (median_of(on_ms), median_of(off_ms));
+    Ok(PrefixMissRun {
+        shared_tokens: shared,
+        suffix_tokens: suffix,
+        rounds,
+        on_ttft_ms: a,
+        off_ttft_ms: b,
+        ratio: a / b,
+        ratio_median_of_rounds: median_of(ratios),
+        lookup_ms: median_of(lookups),
+        hits: (s.host_hits + s.cluster_hits) - (warm.host_hits + warm.cluster_hits),
+        cluster_puts: s.cluster_puts - warm.cluster_puts,
+    })
+}
+
+/// Options of the scenarios beyond the model.
+#[derive(Debug, Clone)]
+pub(crate) struct ScenarioOpts {
+    /// Seconds of arrivals (scenario b).
+    pub seconds: f64,
+    /// Rounds (prefix-cluster, prefix-miss).
+    pub rounds: usize,
+    /// The cluster of prefix-cluster and prefix-miss (`redis://…`); `None`: a private one.
+    pub kv_cluster: Option<String>,
+    /// Print JSON instead of tables.
+    pub json: bool,
+}
+
 /// Runs a scenario and prints its table (or JSON).
 pub(crate) fn run(
     model: &Arc<Model>,
     scenario: &str,
-    seconds: f64,
-    json: bool,
+    opts: &ScenarioOpts,
 ) -> Result<serde_json::Value> {
+    let (seconds, json) = (opts.seconds, opts.json);
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string();
     match scenario {
         "d" => {
@@ -406,6 +758,89 @@ pub(crate) fn run(
             }
             Ok(v)
         }
-        other => bail!("--scenario {other:?}: d, b or prefix"),
+        "prefix-cluster" | "prefix-miss" => {
+            let suffix = 64usize;
+            let shared = 2048.min(model.max_positions().saturating_sub(suffix + 2));
+            let rounds = opts.rounds.max(1);
+            let bb = model_block_bytes(model);
+            // Blocks the run stores: two prompts per round and the warm-ups, each at most
+            // (shared + suffix) / 16 blocks; an upper bound for each node of a private cluster.
+            let blocks = (2 * rounds as u64 + 4) * (shared + suffix).div_ceil(16) as u64;
+            let cluster = crate::kv_cluster_bench::BenchCluster::open(
+                opts.kv_cluster.as_deref(),
+                blocks * (bb + 128) + (64 << 20),
+            )?;
+            let where_ = if cluster.is_private() {
+                "a private 6-node loopback cluster".to_string()
+            } else {
+                cluster.flag()
+            };
+            if scenario == "prefix-cluster" {
+                eprintln!("scenario prefix-cluster: TTFT of a {shared}-token prefix + {suffix}-token suffix served from the cluster tier ({where_}) to an engine that never saw it, vs computed, {rounds} rounds");
+                let r = scenario_prefix_cluster(model, &cluster.urls, shared, suffix, rounds)?;
+                let v = serde_json::json!({
+                    "scenario": "prefix-cluster", "model": model.name(), "load": load,
+                    "load_after": crate::kv_cluster_bench::loadavg(), "cluster": where_, "result": &r,
+                });
+                if !json {
+                    println!("scenario prefix-cluster on the CPU engine ({}), load {load}: TTFT with a {shared}-token prefix from the cluster tier ({where_}) vs computed, {suffix}-token suffixes, {rounds} rounds", model.name());
+                    println!(
+                        "{:<10} {:>14} {:>16} {:>14} {:>16}",
+                        "prefix",
+                        "TTFT P50 (ms)",
+                        "prefill tokens",
+                        "lookup (ms)",
+                        "cluster blocks"
+                    );
+                    println!(
+                        "{:<10} {:>14.1} {:>16} {:>14} {:>16}",
+                        "computed", r.computed_ttft_ms, r.computed_prefill_tokens, "-", 0
+                    );
+                    println!(
+                        "{:<10} {:>14.1} {:>16} {:>14.1} {:>16}",
+                        "cluster",
+                        r.cluster_ttft_ms,
+                        r.cluster_prefill_tokens,
+                        r.lookup_ms,
+                        r.cluster_blocks_min
+                    );
+                    println!(
+                        "cluster / computed TTFT: {:.3}x; the tier delivered {:.1} MB in {:.3} s of lookups: {:.3} GB/s ({} blocks of {} bytes per prefix)",
+                        r.ratio,
+                        r.tier_bytes_in as f64 / 1e6,
+                        r.tier_lookup_seconds,
+                        r.tier_bytes_per_s / 1e9,
+                        r.prefix_blocks,
+                        r.block_bytes
+                    );
+                    if r.cluster_blocks_min < r.prefix_blocks {
+                        println!("warning: a lookup got {} of {} blocks from the cluster (evicted, or timed out after {} ms): those TTFTs include recomputation", r.cluster_blocks_min, r.prefix_blocks, r.cluster_timeout_ms);
+                    }
+                }
+                Ok(v)
+            } else {
+                eprintln!("scenario prefix-miss: TTFT of {shared}+{suffix}-token prompts on no tier, prefix cache + cluster ({where_}) on vs prefix cache off, interleaved, {rounds} rounds");
+                let r = scenario_prefix_miss(model, &cluster.urls, shared, suffix, rounds)?;
+                let v = serde_json::json!({
+                    "scenario": "prefix-miss", "model": model.name(), "load": load,
+                    "load_after": crate::kv_cluster_bench::loadavg(), "cluster": where_, "result": &r,
+                });
+                if !json {
+                    println!("scenario prefix-miss on the CPU engine ({}), load {load}: TTFT of {shared}+{suffix}-token prompts whose prefix is on no tier, {rounds} rounds interleaved", model.name());
+                    println!("{:<26} {:>14} {:>12}", "engine", "TTFT P50 (ms)", "lookup (ms)");
+                    println!("{:<26} {:>14.1} {:>12}", "prefix cache off", r.off_ttft_ms, "-");
+                    println!(
+                        "{:<26} {:>14.1} {:>12.2}",
+                        "prefix cache + cluster on", r.on_ttft_ms, r.lookup_ms
+                    );
+                    println!(
+                        "on / off TTFT: {:.4}x (median of rounds {:.4}x; target <= 1.01x); {} blocks hit (0: every lookup missed), {} stored in the cluster",
+                        r.ratio, r.ratio_median_of_rounds, r.hits, r.cluster_puts
+                    );
+                }
+                Ok(v)
+            }
+        }
+        other => bail!("--scenario {other:?}: d, b, prefix, prefix-cluster or prefix-miss"),
     }
 }

@@ -15,6 +15,7 @@ mod hist;
 mod itch;
 mod journal;
 mod kv;
+mod kv_cluster_bench;
 mod kv_sim;
 mod llm;
 mod llm_bench;

@@ -37,6 +37,9 @@ pub struct Metrics {
     prefix_blocks: IntCounterVec,
     prefix_reused_tokens: IntCounterVec,
     prefix_cache_blocks: IntGaugeVec,
+    prefix_cluster_puts: IntCounterVec,
+    prefix_cluster_bytes: IntCounterVec,
+    prefix_cluster_errors: IntCounterVec,
 }
 
 fn must<T>(r: prometheus::Result<T>) -> T {
@@ -143,6 +146,21 @@ impl Metrics {
             "KV blocks held in the host prefix cache",
             &[],
         );
+        let prefix_cluster_puts = counter(
+            "fastlane_llm_prefix_cluster_puts_total",
+            "Prompt blocks sent to the cluster tier, by result (stored, dropped: the queue to it was full, error)",
+            &["result"],
+        );
+        let prefix_cluster_bytes = counter(
+            "fastlane_llm_prefix_cluster_bytes_total",
+            "Block payload bytes through the cluster tier, by direction (out: stored, in: hits)",
+            &["direction"],
+        );
+        let prefix_cluster_errors = counter(
+            "fastlane_llm_prefix_cluster_errors_total",
+            "Cluster-tier lookups that failed (timeout, connection, cluster down); their blocks were misses",
+            &[],
+        );
         Metrics {
             registry,
             ttft,
@@ -159,6 +177,9 @@ impl Metrics {
             prefix_blocks,
             prefix_reused_tokens,
             prefix_cache_blocks,
+            prefix_cluster_puts,
+            prefix_cluster_bytes,
+            prefix_cluster_errors,
         }
     }
 
@@ -169,6 +190,7 @@ impl Metrics {
         reg(Box::new(h.batch_tokens.clone()));
         reg(Box::new(h.batch_sequences.clone()));
         reg(Box::new(h.swap_seconds.clone()));
+        reg(Box::new(h.prefix_lookup_seconds.clone()));
         self
     }
 
@@ -223,6 +245,14 @@ impl Metrics {
             up(&self.prefix_blocks, &["miss"], p.misses);
             up(&self.prefix_blocks, &["integrity_miss"], p.integrity_misses);
             self.prefix_cache_blocks.with_label_values::<&str>(&[]).set(p.host_blocks as i64);
+            if c.prefix_cluster {
+                up(&self.prefix_cluster_puts, &["stored"], p.cluster_puts);
+                up(&self.prefix_cluster_puts, &["dropped"], p.puts_dropped);
+                up(&self.prefix_cluster_puts, &["error"], p.put_errors);
+                up(&self.prefix_cluster_bytes, &["out"], p.bytes_out);
+                up(&self.prefix_cluster_bytes, &["in"], p.bytes_in);
+                up(&self.prefix_cluster_errors, &[], p.cluster_errors);
+            }
         }
         self.render_front()
     }
