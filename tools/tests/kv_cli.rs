@@ -1,5 +1,6 @@
 //! `fastlane kv serve|bench` end to end.
 
+use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -170,7 +171,6 @@ fn serve_round_trip_then_sigterm() {
 fn serve_refuses_a_uid_off_the_allow_list() {
     use kvswap::client::KvClientError;
     use kvswap::proto::ErrorCode;
-    use std::io::Read;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     let other = me.wrapping_add(4242);
@@ -209,4 +209,112 @@ fn serve_refuses_a_uid_off_the_allow_list() {
         "{stderr}"
     );
     assert!(stderr.contains("(2 refused)"), "{stderr}");
+}
+
+/// A `fastlane kv serve` child on `sock` with `extra` flags (small pool, 128 KiB blocks).
+fn kv_serve(sock: &std::path::Path, extra: &[&str]) -> std::process::Child {
+    fastlane()
+        .args(["kv", "serve", "--device-blocks", "8", "--host-bytes", "16M"])
+        .args(["--tokens-per-block", "1", "--cas-bytes", "16M"])
+        .args(extra)
+        .arg("--socket")
+        .arg(sock)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Connects once the server listens (bounded).
+fn connect_when_up(sock: &std::path::Path) -> KvClient {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match KvClient::connect(sock) {
+            Ok(c) => return c,
+            Err(e) if Instant::now() > deadline => panic!("kv serve not up in 30 s: {e:?}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+fn stop(mut child: std::process::Child) -> String {
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(status.success(), "{status:?}\n{stderr}");
+    stderr
+}
+
+#[test]
+fn two_kv_servers_share_blocks_through_a_redis_cluster() {
+    use kvswap::client::Where;
+    let cluster = kvswap::testing::RedisCluster::start().unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("redis://127.0.0.1:{},127.0.0.1:{}", cluster.port(0), cluster.port(1));
+    let dir = tempfile::tempdir().unwrap();
+    let (sa, sb) = (dir.path().join("a.sock"), dir.path().join("b.sock"));
+    let a = kv_serve(&sa, &["--kv-cluster", &url]);
+    let b = kv_serve(&sb, &["--kv-cluster", &url]);
+    let (mut ca, mut cb) = (connect_when_up(&sa), connect_when_up(&sb));
+    let bb = 128 << 10;
+    let data: Vec<u8> = (0..bb).map(|i| (i * 7 + i / 4096) as u8).collect();
+    let key = [0x42u8; 32];
+    let blocks_a = ca.alloc(1, 1).unwrap();
+    ca.write_block(blocks_a[0], &data);
+    assert_eq!(ca.put(&[(key, blocks_a[0])]).unwrap(), [true]);
+    // B has never seen the block: it finds it in the cluster once A's put has landed there.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cb.exists(&[key]).unwrap() != [Where::Cluster] {
+        assert!(Instant::now() < deadline, "A's block did not reach the cluster in 20 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let blocks_b = cb.alloc(1, 1).unwrap();
+    cb.write_block(blocks_b[0], &vec![0u8; bb]);
+    assert_eq!(cb.get(&[(key, blocks_b[0])]).unwrap(), [true]);
+    let mut got = vec![0u8; bb];
+    cb.read_block(blocks_b[0], &mut got);
+    assert!(got == data, "B read other bytes than A stored");
+    // Now in B's host memory too.
+    assert_eq!(cb.exists(&[key]).unwrap(), [Where::Host]);
+    drop((ca, cb));
+    // Their shutdown summaries: A put one block to the cluster, B got one hit from it.
+    let (ea, eb) = (stop(a), stop(b));
+    assert!(ea.contains("cluster: 1 puts, 0 dropped, 0 put errors"), "{ea}");
+    assert!(eb.contains("1 keys got (1 hits: 1 cluster)"), "{eb}");
+}
+
+#[test]
+fn kv_serve_refuses_to_start_without_its_cluster() {
+    // A port nobody listens on: the server says so and exits non-zero, promptly.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let t0 = Instant::now();
+    let out = fastlane()
+        .args(["kv", "serve", "--device-blocks", "8", "--tokens-per-block", "1"])
+        .args(["--kv-cluster", &format!("redis://127.0.0.1:{port}")])
+        .arg("--socket")
+        .arg(dir.path().join("kv.sock"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("--kv-cluster"), "{stderr}");
+    assert!(t0.elapsed() < Duration::from_secs(20), "took {:?}", t0.elapsed());
+    for (flags, want) in [
+        (
+            &["--cas-bytes", "0", "--kv-cluster", "redis://127.0.0.1:1"][..],
+            "needs --cas-bytes above 0",
+        ),
+        (&["--kv-cluster", "127.0.0.1:1"][..], "redis://HOST:PORT"),
+    ] {
+        let out = fastlane()
+            .args(["kv", "serve", "--device-blocks", "8", "--tokens-per-block", "1"])
+            .args(flags)
+            .arg("--socket")
+            .arg(dir.path().join("kv2.sock"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(want), "{flags:?}: {stderr}");
+    }
 }
