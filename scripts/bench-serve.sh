@@ -1,29 +1,42 @@
 #!/usr/bin/env bash
 # Scenario (a) over HTTP, scaled to the CPU engine: a quiet tenant at --rate requests/s beside a
 # flood tenant at 30x that rate, as the client sees it (`fastlane llm bench --url`), against
-# `fastlane llm serve --model random:small` started here five ways:
-#   solo    the quiet tenant alone (the baseline), --policy fifo
-#   fifo    both tenants, --policy fifo (no gate)
-#   drr     both tenants, --policy drr (the gate in the engine: bucket + slots + DRR)
-#   router  both tenants through `fastlane router` in front of an `llm serve --policy fifo`
-#   slow    as drr, with 1,000 streams of a third tenant held open by clients that never read
-#   protect as drr, with --protect (latency protection: not work-conserving, off by default)
+# `fastlane llm serve --model random:small` started here six ways:
+#   solo         the quiet tenant alone (the baseline), --policy fifo
+#   fifo         both tenants, --policy fifo (no gate)
+#   drr          both tenants, --policy drr (the gate in the engine: bucket + slots + DRR)
+#   router       both tenants through `fastlane router` in front of an `llm serve --policy fifo`
+#   slow         as drr, with 1,000 streams of a third tenant held open by clients that never read
+#   protect      as drr, with --protect (latency protection: not work-conserving, off by default)
+#   preempt-step as drr, with --protect --preemptible-steps on (a step in flight is given up
+#                when a quiet request arrives)
 # Results: benches/results/llm/<date>-<commit>-scenario-a-http.json (+ .hlog and SVG per run).
 # Usage: scripts/bench-serve.sh [--model random:small] [--rate 1] [--seconds 60] [--arrivals poisson|bursty]
+#          [--runs solo,fifo,drr,slow,protect,preempt-step,router]   (default: all; the P99/solo
+#          ratios need solo among them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-model=random:small rate=1 seconds=60 arrivals=poisson
+all_runs=solo,fifo,drr,slow,protect,preempt-step,router
+model=random:small rate=1 seconds=60 arrivals=poisson runs=$all_runs
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model=$2; shift ;;
     --rate) rate=$2; shift ;;
     --seconds) seconds=$2; shift ;;
     --arrivals) arrivals=$2; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --runs) runs=$2; shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "bench-serve.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
 done
+for r in ${runs//,/ }; do
+  case ",$all_runs," in
+    *",$r,"*) ;;
+    *) echo "bench-serve.sh: unknown run $r (runs: $all_runs)" >&2; exit 2 ;;
+  esac
+done
+want() { case ",$runs," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 cargo build --release --locked -p fastlane-tools
 bin=target/release/fastlane
 tmp=$(mktemp -d)
@@ -78,31 +91,47 @@ bench() { # label url extra...: the load, and the engine's step-time histogram a
 }
 echo "load before: $(cat /proc/loadavg)"
 engine=(llm serve --model "$model" --tenants "$tmp/tenants.toml" --device-blocks 4096)
-start up "${engine[@]}" --policy fifo
-engine_url=$url
-bench solo "$url" --solo
-bench fifo "$url"
-stop up
-start up "${engine[@]}" --policy drr
-engine_url=$url
-bench drr "$url"
-bench slow "$url" --slow-streams 1000 --slow-tokens 64
-stop up
-start up "${engine[@]}" --policy drr --protect
-engine_url=$url
-bench protect "$url"
-stop up
-start up llm serve --model "$model" --device-blocks 4096 --policy fifo
-engine_url=$url
-start router router --upstream "$url" --tenants "$tmp/tenants.toml"
-bench router "$url"
-stop router
-stop up
+if want solo || want fifo; then
+  start up "${engine[@]}" --policy fifo
+  engine_url=$url
+  if want solo; then bench solo "$url" --solo; fi
+  if want fifo; then bench fifo "$url"; fi
+  stop up
+fi
+if want drr || want slow; then
+  start up "${engine[@]}" --policy drr
+  engine_url=$url
+  if want drr; then bench drr "$url"; fi
+  if want slow; then bench slow "$url" --slow-streams 1000 --slow-tokens 64; fi
+  stop up
+fi
+if want protect; then
+  start up "${engine[@]}" --policy drr --protect
+  engine_url=$url
+  bench protect "$url"
+  stop up
+fi
+if want preempt-step; then
+  start up "${engine[@]}" --policy drr --protect --preemptible-steps on
+  engine_url=$url
+  bench preempt-step "$url"
+  stop up
+fi
+if want router; then
+  start up llm serve --model "$model" --device-blocks 4096 --policy fifo
+  engine_url=$url
+  start router router --upstream "$url" --tenants "$tmp/tenants.toml"
+  bench router "$url"
+  stop router
+  stop up
+fi
 out="$dir/$stem.json"
-python3 - "$tmp" "$out" "$rate" <<'PY'
+python3 - "$tmp" "$out" "$rate" "$runs" <<'PY'
 import json, sys
 tmp, out, rate = sys.argv[1], sys.argv[2], float(sys.argv[3])
-runs = {k: json.load(open(f"{tmp}/{k}.json")) for k in ("solo", "fifo", "drr", "router", "slow", "protect")}
+order = ("solo", "fifo", "drr", "router", "slow", "protect", "preempt-step")
+chosen = sys.argv[4].split(",")
+runs = {k: json.load(open(f"{tmp}/{k}.json")) for k in order if k in chosen}
 t = lambda k, n: next(x for x in runs[k]["tenants"] if x["tenant"] == n)
 
 def steps(k):
@@ -120,18 +149,29 @@ def steps(k):
     n = d[-1][1] if d else 0
     q = lambda p: next((le * 1e3 for le, c in d if c >= p * n), float("nan"))
     return {"steps": n, "p50_le_ms": q(0.5), "p99_le_ms": q(0.99)}
-solo = t("solo", "quiet")["ttft_p99_ms"]
+def aborted(k):
+    # Steps given up (--preemptible-steps) over the run: fastlane_llm_engine_steps_aborted_total
+    # between the scrapes.
+    def read(path):
+        for line in open(path):
+            if line.startswith("fastlane_llm_engine_steps_aborted_total"):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+    return read(f"{tmp}/{k}.after") - read(f"{tmp}/{k}.before")
+solo = t("solo", "quiet")["ttft_p99_ms"] if "solo" in runs else None
 summary = {
     "quiet_p99_ttft_ms": {k: t(k, "quiet")["ttft_p99_ms"] for k in runs},
     "quiet_p50_ttft_ms": {k: t(k, "quiet")["ttft_p50_ms"] for k in runs},
     "quiet_samples": {k: t(k, "quiet")["ok"] for k in runs},
-    "over_solo_p99": {k: t(k, "quiet")["ttft_p99_ms"] / solo for k in runs if k != "solo"},
+    "over_solo_p99": {k: t(k, "quiet")["ttft_p99_ms"] / solo for k in runs if k != "solo" and solo},
     "flood_completed_per_s": {k: t(k, "flood")["completed_per_s"] for k in runs if k != "solo"},
     "flood_bucket_per_s": 600 / 60,
     "flood_offered_per_s": 30 * rate,
-    "slow_streams_held": runs["slow"]["slow_streams_held"],
-    # Bucket upper bounds: a step is not preemptible, so a request waits for the one in flight.
+    "slow_streams_held": runs["slow"]["slow_streams_held"] if "slow" in runs else None,
+    # Bucket upper bounds of the steps that ran to their end (a step given up is not in the
+    # histogram): without --preemptible-steps a request waits for the step in flight.
     "engine_step_ms": {k: steps(k) for k in runs},
+    "engine_steps_aborted": {k: aborted(k) for k in runs if k != "router"},
 }
 json.dump({"component": "llm", "case": "scenario-a-http", "summary": summary, "runs": runs},
           open(out, "w"), indent=2)

@@ -2,7 +2,9 @@
 //! the plan's decodes and prefill chunks → sampling → `complete_step`, on the wall clock.
 //! Requests come in and tokens go out over channels; preemption goes through a real
 //! [`kvswap::SwapEngine`] on the model's KV pool ([`crate::port::EnginePort`]) or by
-//! recompute, chosen with costs measured on this engine.
+//! recompute, chosen with costs measured on this engine. With preemptible steps
+//! ([`EngineConfig::preemptible_steps`]) a forward pass is given up between layers when an
+//! interactive-tier request arrives, and the step is planned again with it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,14 +15,14 @@ use std::time::{Duration, Instant};
 
 use kvswap::sched::{
     Admission, Overflow, Policy, PreemptCosts, PreemptMode, RejectReason, Request, SchedConfig,
-    SchedEvent, Scheduler, SeqCounts, StepKind, TenantConfig, Tier,
+    SchedEvent, Scheduler, SeqCounts, StepKind, StepPlan, TenantConfig, Tier,
 };
 use kvswap::{BlockKey, ChecksumMode, ModelDigest, PrefixStats, PrefixStore, SeqId, SwapEngine};
 use rand::{Rng, SeedableRng};
 
 use crate::error::LlmError;
 use crate::kv::KvPool;
-use crate::model::{BatchItem, Model, Scratch, TOKENS_PER_BLOCK};
+use crate::model::{BatchItem, Forward, Model, Scratch, TOKENS_PER_BLOCK};
 use crate::port::{EnginePort, PortStats};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::TextStream;
@@ -81,6 +83,15 @@ pub struct EngineConfig {
     /// Latency protection of under-rate interactive tenants (`kvswap::sched::ProtectConfig`;
     /// gives up work conservation while their prefill is in the step). Off by default.
     pub protect: Option<kvswap::sched::ProtectConfig>,
+    /// Preemptible steps: when an interactive-tier request is submitted while a step's
+    /// forward pass runs, and that step holds no interactive-tier prefill, the pass is given
+    /// up between two layers (its work discarded) and the next step is planned with the new
+    /// request in it. After a step given up, the next one runs to its end. Off by default.
+    pub preemptible_steps: bool,
+    /// Test hook (with `preemptible_steps`): every `.0`-th step that may be given up is given
+    /// up before layer `.1` (the last layer when beyond), as if an interactive request had
+    /// arrived then.
+    pub force_step_aborts: Option<(u32, usize)>,
 }
 
 /// Prefix reuse settings (see `docs/llm.md`, "Prefix reuse").
@@ -134,6 +145,8 @@ impl Default for EngineConfig {
             chaos: None,
             protect: None,
             prefix: PrefixConfig::default(),
+            preemptible_steps: false,
+            force_step_aborts: None,
         }
     }
 }
@@ -317,8 +330,13 @@ pub struct EngineCounters {
     pub aborted: u64,
     /// Requests rejected at admission.
     pub rejected: u64,
-    /// Time in forward passes, ns.
+    /// Time in forward passes of completed steps, ns.
     pub forward_ns: u64,
+    /// Steps whose forward pass was given up for an interactive arrival (preemptible
+    /// steps); not counted in `steps`, `rows`, `forward_ns` or the step histograms.
+    pub steps_aborted: u64,
+    /// Time spent in the forward passes of those steps (work discarded), ns.
+    pub aborted_forward_ns: u64,
     /// KV blocks free in the pool now.
     pub blocks_free: u32,
     /// KV blocks in the pool.
@@ -434,6 +452,39 @@ struct PrefixHit {
     blocks: Vec<Arc<[u8]>>,
 }
 
+/// Steps given up in a row at most: the step after one given up runs to its end, so a
+/// stream of interactive arrivals cannot keep the batch tier from progressing.
+const STEP_ABORTS_IN_ROW_MAX: u32 = 1;
+
+/// Preemptible steps: interactive-tier submissions, counted by the thread that sends them to
+/// the engine thread (`Engine::submit`, or the prefix lookup thread when there is one) right
+/// after the send. The engine thread counts the ones it has drained; more sent than drained
+/// means an interactive request waits in the channel. (A flag raised by the sender and
+/// cleared at the drain would race: raised just after the drain that took its command, it
+/// would give up a step for a request already planned.)
+#[derive(Debug)]
+struct Arrivals {
+    /// Tenant index → whether it is in the interactive tier.
+    interactive: Vec<bool>,
+    /// Interactive-tier submissions sent to the engine thread so far.
+    sent: AtomicU64,
+}
+
+impl Arrivals {
+    fn is_interactive(&self, tenant: usize) -> bool {
+        self.interactive.get(tenant).copied().unwrap_or(false)
+    }
+
+    /// After a Submit of `tenant`'s request went into the engine thread's channel.
+    fn sent(&self, tenant: usize) {
+        if self.is_interactive(tenant) {
+            // Release: pairs with the Acquire load in the engine thread's abort check, so
+            // the command sent before this is in the channel when that load sees the count.
+            self.sent.fetch_add(1, Ordering::Release);
+        }
+    }
+}
+
 enum Command {
     Submit {
         id: u64,
@@ -463,6 +514,8 @@ pub struct Engine {
     model: Arc<Model>,
     prefix: Option<Arc<PrefixStore>>,
     lookup: Option<JoinHandle<()>>,
+    /// Preemptible steps without a lookup thread: `submit` counts interactive arrivals.
+    arrivals: Option<Arc<Arrivals>>,
 }
 
 struct Live {
@@ -554,6 +607,12 @@ impl Engine {
         };
         let prefix =
             if cfg.prefix.enabled { Some(Arc::new(prefix_store(&cfg, &geom)?)) } else { None };
+        let arrivals = cfg.preemptible_steps.then(|| {
+            Arc::new(Arrivals {
+                interactive: tenants.iter().map(|t| t.tier == Tier::Interactive).collect(),
+                sent: AtomicU64::new(0),
+            })
+        });
         let histograms = EngineHistograms::new();
         let port = EnginePort::new(swap).with_histogram(histograms.swap_seconds.clone());
         let mut sched = Scheduler::new(sched_cfg, tenants, port)?;
@@ -589,6 +648,10 @@ impl Engine {
             swap_ns,
             eos: model.config().eos_ids(),
             chaos: None,
+            arrivals: arrivals.clone(),
+            interactive_seen: 0,
+            aborts_in_row: 0,
+            abortable_steps: 0,
         };
         lp.local.prefill_ns_per_token = prefill_ns;
         lp.local.swap_ns_per_byte = swap_ns;
@@ -606,14 +669,18 @@ impl Engine {
                 let digest = ModelDigest::new(&model.model_id(), &geom);
                 let store = store.clone();
                 let seconds = histograms.prefix_lookup_seconds.clone();
+                let arrivals = arrivals.clone();
                 let t = std::thread::Builder::new()
                     .name("fastlane-llm-prefix".into())
-                    .spawn(move || lookup_loop(&lrx, &tx, &store, &digest, &seconds))
+                    .spawn(move || {
+                        lookup_loop(&lrx, &tx, &store, &digest, &seconds, arrivals.as_deref())
+                    })
                     .map_err(|e| LlmError::Stopped { reason: format!("spawn: {e}") })?;
                 (ltx, Some(t))
             }
             None => (tx, None),
         };
+        let arrivals = if lookup.is_some() { None } else { arrivals };
         Ok(Engine {
             tx,
             thread: Some(thread),
@@ -623,6 +690,7 @@ impl Engine {
             model,
             prefix,
             lookup,
+            arrivals,
         })
     }
 
@@ -674,9 +742,13 @@ impl Engine {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = flume::unbounded();
+        let tenant = req.tenant;
         self.tx
             .send(Command::Submit { id, req, tx, at: Instant::now(), prefix: PrefixHit::default() })
             .map_err(|_| LlmError::Stopped { reason: "engine thread exited".into() })?;
+        if let Some(a) = &self.arrivals {
+            a.sent(tenant);
+        }
         Ok(Stream { id, rx, engine: self.tx.clone() })
     }
 
@@ -794,17 +866,20 @@ fn prefix_store(cfg: &EngineConfig, geom: &kvswap::KvGeometry) -> Result<PrefixS
 
 /// The lookup thread: a new request's full prompt blocks are keyed and the longest run of
 /// leading cached blocks found (never the block of the last prompt token: it is always
-/// computed, so its logits exist); every command goes on to the engine in order.
+/// computed, so its logits exist); every command goes on to the engine in order. With
+/// preemptible steps it counts the interactive submissions it forwards (`arrivals`).
 fn lookup_loop(
     rx: &Receiver<Command>,
     tx: &Sender<Command>,
     store: &PrefixStore,
     digest: &ModelDigest,
     seconds: &prometheus::Histogram,
+    arrivals: Option<&Arrivals>,
 ) {
     // Ends when the engine handle is gone or after forwarding a shutdown.
     while let Ok(mut c) = rx.recv() {
         let shutdown = matches!(c, Command::Shutdown);
+        let submitted = if let Command::Submit { req, .. } = &c { Some(req.tenant) } else { None };
         if let Command::Submit { req, prefix, .. } = &mut c {
             prefix.keys = kvswap::prefix_keys(digest, &req.prompt, TOKENS_PER_BLOCK as u32);
             let usable =
@@ -817,6 +892,9 @@ fn lookup_loop(
         }
         if tx.send(c).is_err() || shutdown {
             return;
+        }
+        if let (Some(a), Some(tenant)) = (arrivals, submitted) {
+            a.sent(tenant);
         }
     }
 }
@@ -869,6 +947,14 @@ struct Loop {
     eos: Vec<u32>,
     chaos: Option<rand_chacha::ChaCha8Rng>,
     prefix: Option<Arc<PrefixStore>>,
+    /// Preemptible steps: the submit path's count of interactive arrivals (`None`: off).
+    arrivals: Option<Arc<Arrivals>>,
+    /// Interactive-tier submissions drained from the channel so far.
+    interactive_seen: u64,
+    /// Steps given up since the last one that ran to its end.
+    aborts_in_row: u32,
+    /// Steps that could have been given up (the `force_step_aborts` hook counts them).
+    abortable_steps: u64,
 }
 
 impl Loop {
@@ -966,6 +1052,9 @@ impl Loop {
             }
             Command::Submit { id, req, tx, at, prefix } => {
                 let tenant = req.tenant;
+                if self.arrivals.as_ref().is_some_and(|a| a.is_interactive(tenant)) {
+                    self.interactive_seen += 1;
+                }
                 let arrival_ns = at.saturating_duration_since(self.start).as_nanos() as u64;
                 let cached_tokens = (prefix.blocks.len() * TOKENS_PER_BLOCK) as u32;
                 let r = Request {
@@ -1119,9 +1208,47 @@ impl Loop {
                 want_logits: *want,
             })
             .collect();
+        let rows: u64 = inputs.iter().map(|i| i.1.len() as u64).sum();
         let t0 = Instant::now();
-        self.model.forward(&items, &self.pool, &mut self.scratch)?;
+        let mut forced = None;
+        let outcome = if self.step_abortable(&plan) {
+            self.abortable_steps += 1;
+            let last = self.model.config().num_hidden_layers.saturating_sub(1);
+            forced = self.cfg.force_step_aborts.and_then(|(every, layer)| {
+                (every > 0 && self.abortable_steps.is_multiple_of(u64::from(every)))
+                    .then_some(layer.min(last))
+            });
+            let seen = self.interactive_seen;
+            let sent = self.arrivals.as_deref().map(|a| &a.sent);
+            // One atomic load per layer. Acquire pairs with the Release increment in
+            // `Arrivals::sent`: an arrival counted here is in the channel at the next drain.
+            let stop = |layer: usize| {
+                forced == Some(layer) || sent.is_some_and(|n| n.load(Ordering::Acquire) > seen)
+            };
+            self.model.forward_abortable(&items, &self.pool, &mut self.scratch, &stop)?
+        } else {
+            Forward::Done(self.model.forward(&items, &self.pool, &mut self.scratch)?)
+        };
         let fwd_ns = t0.elapsed().as_nanos() as u64;
+        if let Forward::Aborted { layer } = outcome {
+            // The step did not happen: nothing was sampled or stored, no cost measured; the
+            // K/V written for its positions is rewritten when they are computed again.
+            self.aborts_in_row += 1;
+            self.local.steps_aborted += 1;
+            self.local.aborted_forward_ns += fwd_ns;
+            log::debug!(
+                "engine: step given up before layer {layer} of {} after {:.2} ms ({} sequences, {rows} rows) {}",
+                self.model.config().num_hidden_layers,
+                fwd_ns as f64 * 1e-6,
+                inputs.len(),
+                if forced == Some(layer) { "by the test hook" } else { "for an interactive arrival" }
+            );
+            self.sched.abandon_step()?;
+            self.fail_broken(broken)?;
+            self.publish();
+            return Ok(true);
+        }
+        self.aborts_in_row = 0;
         let vocab = self.model.vocab();
         let mut sampled: HashMap<u64, u32> = HashMap::new();
         let mut row = 0;
@@ -1141,7 +1268,6 @@ impl Loop {
         }
         self.store_prefixes(&inputs, &tables);
         // Measured costs: prefill ns/token from this step when it was mostly prefill.
-        let rows: u64 = inputs.iter().map(|i| i.1.len() as u64).sum();
         if plan.prefill_tokens >= 16 && plan.prefill_tokens as u64 * 2 >= rows {
             let per = fwd_ns as f64 / rows as f64;
             self.prefill_ns = 0.9 * self.prefill_ns + 0.1 * per;
@@ -1194,13 +1320,7 @@ impl Loop {
                 reason: format!("sampled a token for {id} the scheduler did not emit"),
             });
         }
-        for id in broken {
-            if self.live.contains_key(&id) {
-                self.sched.abort(SeqId(id))?;
-                self.sched.clear_events();
-                self.end(id, FinishReason::Error);
-            }
-        }
+        self.fail_broken(broken)?;
         for id in to_stop {
             if self.live.contains_key(&id) {
                 self.sched.abort(SeqId(id))?;
@@ -1210,6 +1330,31 @@ impl Loop {
         }
         self.publish();
         Ok(true)
+    }
+
+    /// Whether this step's forward pass may be given up for an interactive arrival:
+    /// preemptible steps on, no interactive-tier prefill in the step (an interactive request
+    /// is never given up for another), and fewer than [`STEP_ABORTS_IN_ROW_MAX`] steps given
+    /// up in a row (no livelock: then the step runs to its end).
+    fn step_abortable(&self, plan: &StepPlan) -> bool {
+        let Some(a) = &self.arrivals else { return false };
+        self.aborts_in_row < STEP_ABORTS_IN_ROW_MAX
+            && !plan.items.iter().any(|it| {
+                matches!(it.kind, StepKind::Prefill { .. }) && a.is_interactive(it.tenant)
+            })
+    }
+
+    /// Fails the requests whose planned item had no blocks for its positions (a scheduler
+    /// bug), after the step: the others go on.
+    fn fail_broken(&mut self, broken: Vec<u64>) -> Result<(), LlmError> {
+        for id in broken {
+            if self.live.contains_key(&id) {
+                self.sched.abort(SeqId(id))?;
+                self.sched.clear_events();
+                self.end(id, FinishReason::Error);
+            }
+        }
+        Ok(())
     }
 
     /// Copies each starting sequence's cached prefix blocks into its first blocks: the

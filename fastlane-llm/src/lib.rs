@@ -17,7 +17,8 @@
 //! - [`engine`]: the loop that executes `kvswap::sched` plans — continuous batching, chunked
 //!   prefill, policies `fifo`, `drr`, `drr+preempt` — with preemption by swap through a real
 //!   [`kvswap::SwapEngine`] ([`port`]) or by recompute, chosen with costs measured on this
-//!   engine. Greedy and sampled decoding, stop strings and ids, abort.
+//!   engine. Greedy and sampled decoding, stop strings and ids, abort; optionally
+//!   preemptible steps (a forward pass given up between layers for an interactive arrival).
 //!
 //! # What it does not do (yet)
 //!
@@ -42,6 +43,6 @@ pub use engine::{
     PreemptChoice, Stream, StreamEvent,
 };
 pub use error::LlmError;
-pub use model::{BatchItem, Model, Scratch, TOKENS_PER_BLOCK};
+pub use model::{BatchItem, Forward, Model, Scratch, TOKENS_PER_BLOCK};
 pub use sampling::SamplingParams;
 pub use weights::{RandomPreset, RandomWeights};

@@ -66,6 +66,22 @@ pub struct BatchItem<'a> {
     pub want_logits: bool,
 }
 
+/// How a [`Model::forward_abortable`] pass ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forward {
+    /// Every layer and the output head ran: this many logit rows are in `scratch.logits`.
+    Done(usize),
+    /// The abort check said stop before layer `layer` ran. K and V of the step's rows were
+    /// written into the pool for layers `0..layer` only, and `scratch.logits` holds nothing
+    /// of this pass. Positions the pass wrote are rewritten, bit for bit, when they are
+    /// computed again (the kernels are batch-invariant); until then nothing reads them
+    /// (attention reads positions a completed step wrote, or its own rows).
+    Aborted {
+        /// The first layer that did not run.
+        layer: usize,
+    },
+}
+
 /// Reusable buffers of the forward pass (grown to the largest step seen, then reused).
 #[derive(Debug, Default)]
 pub struct Scratch {
@@ -358,6 +374,27 @@ impl Model {
         pool: &KvPool,
         s: &mut Scratch,
     ) -> Result<usize, LlmError> {
+        match self.forward_abortable(items, pool, s, &|_| false)? {
+            Forward::Done(n) => Ok(n),
+            // Cannot happen: the check above never says stop.
+            Forward::Aborted { layer } => Err(LlmError::Stopped {
+                reason: format!("forward pass aborted before layer {layer} with no abort check"),
+            }),
+        }
+    }
+
+    /// [`forward`](Self::forward) that can be given up between layers: before each layer
+    /// (the first included) `abort(layer)` is called, and when it returns `true` the pass
+    /// stops there and returns [`Forward::Aborted`]. The check is the caller's (an atomic
+    /// load, say): no allocation or lock is added here. Validation errors come before any
+    /// layer, as for `forward`.
+    pub fn forward_abortable(
+        &self,
+        items: &[BatchItem<'_>],
+        pool: &KvPool,
+        s: &mut Scratch,
+        abort: &dyn Fn(usize) -> bool,
+    ) -> Result<Forward, LlmError> {
         let cfg = &self.cfg;
         let (hd, nh, nkv) = (cfg.head_dim(), cfg.num_attention_heads, cfg.kv_heads());
         let (h, inter, vocab) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
@@ -408,6 +445,9 @@ impl Model {
             }
         }
         for (li, layer) in self.layers.iter().enumerate() {
+            if abort(li) {
+                return Ok(Forward::Aborted { layer: li });
+            }
             rms_norm(&s.x, &layer.attn_norm, cfg.rms_norm_eps as f32, t, &mut s.h);
             matmul(&s.h, t, &layer.qkv, &mut s.qkv);
             // RoPE on the query and key heads, then K and V into the pool.
@@ -445,7 +485,7 @@ impl Model {
         rms_norm(&s.proj, &self.norm, cfg.rms_norm_eps as f32, n, &mut s.h);
         grow(&mut s.logits, n * vocab);
         matmul(&s.h, n, &self.lm_head, &mut s.logits);
-        Ok(n)
+        Ok(Forward::Done(n))
     }
 
     /// Causal attention of every row over its sequence's cached positions `0..=pos`, one

@@ -1,17 +1,19 @@
 //! The engine end to end on `random:tiny`: preemption by swap (host tier, NVMe file) and by
 //! recompute, forced at random step boundaries, and a corrupted tier block, all give exactly
-//! the token ids each request produces alone; aborts, stops and bad requests end cleanly and
-//! the pool's free count returns to its start.
+//! the token ids each request produces alone; so do steps given up between layers
+//! (preemptible steps), forced or for real interactive arrivals, which never starve the batch
+//! tier; aborts, stops and bad requests end cleanly and the pool's free count returns to its
+//! start.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use fastlane_llm::engine::EngineCounters;
+use fastlane_llm::engine::{EngineCounters, PrefixConfig};
 use fastlane_llm::{
     Engine, EngineConfig, FinishReason, GenRequest, Model, PreemptChoice, SamplingParams,
     StreamEvent,
 };
-use kvswap::sched::Policy;
+use kvswap::sched::{Overflow, Policy, TenantConfig, Tier};
 use kvswap::testing::MemTier;
 use kvswap::{CustomTiers, NvmeTierConfig, TierKind};
 
@@ -72,7 +74,12 @@ fn alone() -> &'static Vec<Output> {
 
 /// All requests at once; returns their tokens and the engine's counters.
 fn together(e: Engine) -> (Vec<Output>, EngineCounters) {
-    let streams: Vec<_> = requests().into_iter().map(|r| e.submit(r).expect("submit")).collect();
+    together_with(e, requests())
+}
+
+/// `reqs` at once; returns their tokens and the engine's counters.
+fn together_with(e: Engine, reqs: Vec<GenRequest>) -> (Vec<Output>, EngineCounters) {
+    let streams: Vec<_> = reqs.into_iter().map(|r| e.submit(r).expect("submit")).collect();
     let out = streams
         .iter()
         .map(|s| {
@@ -324,4 +331,163 @@ fn a_finished_request_holds_its_slot_until_its_stream_is_dropped() {
     assert!(b.next(Duration::from_millis(500)).is_none(), "B started while A held the slot");
     drop(a);
     assert_eq!(b.wait(WAIT).unwrap().token_ids.len(), 4, "B ran once A's stream was dropped");
+}
+
+/// Tenants without limits: `batch` (index 0, batch tier) and `chat` (index 1, interactive).
+fn two_tiers() -> Vec<TenantConfig> {
+    let t = |name: &str, tier| TenantConfig {
+        name: name.into(),
+        tier,
+        bucket_capacity: 1e12,
+        rpm: 1e12,
+        concurrency_max: u32::MAX,
+        weight: 1,
+        overflow: Overflow::Queue { depth_max: 1 << 20 },
+    };
+    vec![t("batch", Tier::Batch), t("chat", Tier::Interactive)]
+}
+
+const BATCH: usize = 0;
+const CHAT: usize = 1;
+
+/// Preemptible steps on, DRR over [`two_tiers`], with the `force_step_aborts` hook.
+fn preemptible(force: Option<(u32, usize)>, base: EngineConfig) -> EngineConfig {
+    EngineConfig {
+        policy: Policy::Drr,
+        tenants: two_tiers(),
+        preemptible_steps: true,
+        force_step_aborts: force,
+        ..base
+    }
+}
+
+/// `requests()`, every fifth on the interactive tenant, the others on the batch tenant.
+fn mixed() -> Vec<GenRequest> {
+    requests()
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| GenRequest { tenant: if i % 5 == 0 { CHAT } else { BATCH }, ..r })
+        .collect()
+}
+
+#[test]
+fn steps_given_up_between_layers_are_invisible() {
+    // Every (or every second) step that may be given up is, before the first layer, a middle
+    // one, or the last (the most K/V written and discarded); the last run with a pool so
+    // tight that most sequences are preempted too.
+    let runs = [
+        (1, 0, Policy::Drr, ample()),
+        (2, 1, Policy::Drr, ample()),
+        (1, 99, Policy::DrrPreempt, tight(PreemptChoice::Auto)),
+    ];
+    for (every, layer, policy, base) in runs {
+        let what = format!("given up every {every} before layer {layer}, {policy}");
+        let cfg = EngineConfig { policy, ..preemptible(Some((every, layer)), base) };
+        let e = Engine::start(model(), cfg).unwrap();
+        let (got, c) = together_with(e, mixed());
+        assert_same(&got, &what);
+        assert!(c.steps_aborted >= 5, "{what}: steps were given up: {c:?}");
+        assert!(c.steps_aborted <= c.steps + 1, "{what}: never two in a row: {c:?}");
+        assert!(c.aborted_forward_ns > 0, "{what}: {c:?}");
+    }
+    // Off: the hook gives nothing up.
+    let cfg = EngineConfig { preemptible_steps: false, ..preemptible(Some((1, 0)), ample()) };
+    let e = Engine::start(model(), cfg).unwrap();
+    let (got, c) = together_with(e, mixed()[..8].to_vec());
+    assert_same(&got, "preemptible steps off");
+    assert_eq!(c.steps_aborted, 0, "{c:?}");
+}
+
+#[test]
+fn a_step_given_up_after_its_prefix_blocks_were_loaded_is_invisible() {
+    // Eight prompts share a 48-token preamble (3 blocks). The first runs alone and fills the
+    // prefix cache; the others load the preamble just before their first prefill, whose step
+    // may then be given up: the loaded blocks must still hold the preamble's K/V when the
+    // chunk is computed again, and nothing may be loaded or counted twice.
+    let m = model();
+    let preamble: Vec<u32> = (0..48u32).map(|j| 97 + (j * 5) % 26).collect();
+    let prompts: Vec<Vec<u32>> = (0..8u32)
+        .map(|i| {
+            let mut p = preamble.clone();
+            p.extend((0..5 + 5 * i).map(|j| 97 + (i * 3 + j * 7) % 26));
+            p
+        })
+        .collect();
+    let reqs: Vec<GenRequest> = prompts
+        .iter()
+        .map(|p| GenRequest { digest_logits: true, ..GenRequest::greedy(p.clone(), 12) })
+        .collect();
+    let off = PrefixConfig { enabled: false, ..PrefixConfig::default() };
+    let reference = Engine::start(m.clone(), EngineConfig { prefix: off, ..ample() }).unwrap();
+    let want: Vec<Output> = reqs
+        .iter()
+        .map(|r| {
+            let f = reference.submit(r.clone()).unwrap().wait(WAIT).unwrap();
+            (f.token_ids, f.logits_digest)
+        })
+        .collect();
+    reference.shutdown().unwrap();
+    let cfg = EngineConfig {
+        chunk_tokens: Some(16),
+        batch_tokens_max: 48,
+        ..preemptible(Some((1, 2)), ample())
+    };
+    let e = Engine::start(m, cfg).unwrap();
+    let first = e.submit(reqs[0].clone()).unwrap().wait(WAIT).unwrap();
+    assert_eq!((first.token_ids, first.logits_digest), want[0].clone());
+    let (got, c) = together_with(e, reqs[1..].to_vec());
+    for (i, (g, w)) in got.iter().zip(&want[1..]).enumerate() {
+        assert_eq!(g, w, "prompt {}: tokens or logits differ from the run without reuse", i + 1);
+    }
+    assert_eq!(c.prefix_hit_requests, 7, "each hit loaded once: {c:?}");
+    assert_eq!(c.prefix_reused_tokens, 7 * 48, "{c:?}");
+    assert!(c.steps_aborted >= 3, "{c:?}");
+}
+
+#[test]
+fn interactive_arrivals_never_starve_the_batch_tier() {
+    // Batch requests, and interactive ones arriving from another thread all along. First
+    // with the hook giving up every step it may (before the last layer: the most work
+    // discarded), then with only the real arrivals giving steps up. Every request finishes
+    // with its solo tokens; a step given up is always followed by one that runs to its end;
+    // without the hook, an arrival gives up at most one step.
+    const ARRIVALS: usize = 24;
+    for force in [Some((1, 99)), None] {
+        let e = Engine::start(model(), preemptible(force, ample())).unwrap();
+        let (batch, chat) = std::thread::scope(|sc| {
+            let chat = sc.spawn(|| {
+                let streams: Vec<_> = (0..ARRIVALS)
+                    .map(|k| {
+                        std::thread::sleep(Duration::from_millis(10));
+                        let r = GenRequest { tenant: CHAT, ..requests()[k * 2].clone() };
+                        (k * 2, e.submit(r).unwrap())
+                    })
+                    .collect();
+                streams.into_iter().map(|(i, s)| (i, s.wait(WAIT).unwrap())).collect::<Vec<_>>()
+            });
+            let batch: Vec<_> = requests()
+                .into_iter()
+                .map(|r| e.submit(GenRequest { tenant: BATCH, ..r }).unwrap())
+                .collect();
+            let batch: Vec<_> = batch.iter().map(|s| s.wait(WAIT).unwrap()).collect();
+            (batch, chat.join().unwrap())
+        });
+        let want = alone();
+        for (i, f) in batch.iter().enumerate() {
+            assert_eq!(f.reason, FinishReason::Length, "{force:?}: batch request {i}");
+            assert_eq!(f.token_ids, want[i].0, "{force:?}: batch request {i}");
+        }
+        for (i, f) in &chat {
+            assert_eq!(f.reason, FinishReason::Length, "{force:?}: chat request {i}");
+            assert_eq!(f.token_ids, want[*i].0, "{force:?}: chat request {i}");
+        }
+        let c = e.shutdown().unwrap();
+        assert_eq!(c.blocks_free, c.blocks_total, "{c:?}");
+        assert!(c.steps_aborted <= c.steps + 1, "{force:?}: never two in a row: {c:?}");
+        match force {
+            Some(_) => assert!(c.steps_aborted >= 5, "{c:?}"),
+            None => assert!(c.steps_aborted <= ARRIVALS as u64, "at most one per arrival: {c:?}"),
+        }
+        eprintln!("{force:?}: {} steps, {} given up", c.steps, c.steps_aborted);
+    }
 }

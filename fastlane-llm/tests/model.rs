@@ -1,14 +1,14 @@
 //! The model computes what the checkpoint says: logits of a random model written as a normal
 //! Hugging Face directory (f32 and bf16, single and sharded) agree with an independent NumPy
-//! forward pass over the same files; chunking a prefill changes no bit; a broken directory is
-//! a clear error naming the file and tensor.
+//! forward pass over the same files; chunking a prefill changes no bit, nor does a pass given
+//! up between layers; a broken directory is a clear error naming the file and tensor.
 
 use std::path::Path;
 use std::process::Command;
 
 use fastlane_llm::kv::KvPool;
 use fastlane_llm::weights::RandomWeights;
-use fastlane_llm::{BatchItem, LlmError, Model, RandomPreset, Scratch, TOKENS_PER_BLOCK};
+use fastlane_llm::{BatchItem, Forward, LlmError, Model, RandomPreset, Scratch, TOKENS_PER_BLOCK};
 use kvswap::BlockId;
 
 const PROMPT: usize = 300;
@@ -125,6 +125,51 @@ fn prefill_chunking_changes_no_bit_and_a_directory_equals_the_in_memory_model() 
         whole.iter().zip(last).all(|(a, b)| a.to_bits() == b.to_bits()),
         "chunked prefill changed the logits"
     );
+}
+
+#[test]
+fn a_pass_given_up_between_layers_leaves_no_trace() {
+    // Each 64-token chunk of the prefill is first aborted before layer 0, 1, 2 or 3 (its K/V
+    // written for the layers before), then computed as two 32-token chunks: the second
+    // half's positions hold the aborted pass's partial K/V until the second chunk rewrites
+    // them. Logits at every 64-token boundary and every K/V byte must equal the plain
+    // chunked prefill's.
+    let m = Model::load("random:tiny", 7).unwrap();
+    let layers = m.config().num_hidden_layers;
+    let ids = prompt();
+    let want = chunked_logits(&m, &ids);
+    let blocks: Vec<BlockId> =
+        (0..ids.len().div_ceil(TOKENS_PER_BLOCK) as u32).map(BlockId).collect();
+    let pool = KvPool::new(&m.kv_geometry(), blocks.len() as u32).unwrap();
+    let plain = KvPool::new(&m.kv_geometry(), blocks.len() as u32).unwrap();
+    let mut s = Scratch::default();
+    let item = |start: usize, end: usize| BatchItem {
+        tokens: &ids[start..end],
+        start_pos: start,
+        blocks: &blocks,
+        want_logits: true,
+    };
+    for (k, start) in (0..ids.len()).step_by(CHUNK).enumerate() {
+        let end = (start + CHUNK).min(ids.len());
+        let stop = k % layers;
+        let out = m.forward_abortable(&[item(start, end)], &pool, &mut s, &|l| l == stop).unwrap();
+        assert_eq!(out, Forward::Aborted { layer: stop });
+        let mid = (start + CHUNK / 2).min(end);
+        for (a, b) in [(start, mid), (mid, end)].into_iter().filter(|(a, b)| a < b) {
+            let out = m.forward_abortable(&[item(a, b)], &pool, &mut s, &|_| false).unwrap();
+            assert_eq!(out, Forward::Done(1));
+        }
+        let (pos, row) = &want[k];
+        assert_eq!(*pos, end - 1);
+        assert!(
+            s.logits[..m.vocab()].iter().zip(row).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "chunk {k}: logits changed after a pass aborted before layer {stop}"
+        );
+        m.forward(&[item(start, end)], &plain, &mut Scratch::default()).unwrap();
+    }
+    for &b in &blocks {
+        assert!(pool.block_bytes_of(b) == plain.block_bytes_of(b), "block {b:?} differs");
+    }
 }
 
 fn expect_err(dir: &Path, needle: &str) {

@@ -165,10 +165,19 @@ pub struct EngineArgs {
     /// Prefill chunk in tokens (0: whole prompts in one step). Default 256; 64 for serve.
     #[arg(long)]
     pub chunk: Option<u32>,
-    /// Token budget of one step. Default 512; 128 for serve (a step is not preemptible, so
-    /// its length bounds how long a new request waits for the one in flight).
+    /// Token budget of one step. Default 512; 128 for serve (unless --preemptible-steps is
+    /// on, a step runs to its end, so its length bounds how long a new request waits for the
+    /// one in flight).
     #[arg(long)]
     pub batch_tokens: Option<u32>,
+    /// Preemptible steps: on or off. On: when a request of an interactive-tier tenant
+    /// arrives while a step's forward pass runs and that step holds no interactive prefill,
+    /// the pass is given up between two layers (the work done on it is discarded and redone)
+    /// and the next step is planned with the new request in it; the step after one given up
+    /// always runs to its end. Trades batch-tier throughput for interactive TTFT; best with
+    /// --protect (docs/serving.md).
+    #[arg(long, default_value = "off")]
+    pub preemptible_steps: String,
     /// Host swap tier size (bytes, K/M/G suffixes; 0: none, swap goes to --nvme/--remote).
     #[arg(long, default_value = "256M")]
     pub host_bytes: String,
@@ -279,6 +288,11 @@ impl EngineArgs {
                 })
             })
             .transpose()?;
+        cfg.preemptible_steps = match self.preemptible_steps.as_str() {
+            "on" => true,
+            "off" => false,
+            o => bail!("--preemptible-steps {o:?}: on or off"),
+        };
         cfg.prefix.enabled = match self.prefix_cache.as_str() {
             "on" => true,
             "off" => false,
@@ -313,7 +327,7 @@ mod tests {
 
     use super::{EngineArgs, EngineConfig};
 
-    #[derive(clap::Parser)]
+    #[derive(Debug, Parser)]
     struct Cli {
         #[command(flatten)]
         engine: EngineArgs,
@@ -323,6 +337,19 @@ mod tests {
         let cli = Cli::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
             .map_err(|e| e.to_string())?;
         cli.engine.engine_config().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn preemptible_steps_flag() {
+        let cfg = |args: &[&str]| {
+            let cli = Cli::try_parse_from(std::iter::once("fastlane").chain(args.iter().copied()));
+            cli.unwrap().engine.engine_config()
+        };
+        assert!(!cfg(&[]).unwrap().preemptible_steps, "off by default");
+        assert!(cfg(&["--preemptible-steps", "on"]).unwrap().preemptible_steps);
+        assert!(!cfg(&["--preemptible-steps", "off"]).unwrap().preemptible_steps);
+        let err = cfg(&["--preemptible-steps", "yes"]).unwrap_err().to_string();
+        assert!(err.contains("on or off"), "{err}");
     }
 
     #[test]
@@ -451,10 +478,11 @@ fn serve(a: &ServeArgs) -> Result<()> {
         Ok(e) => {
             let c = e.shutdown()?;
             log::info!(
-                "stopped: {} requests finished, {} aborted, {} steps",
+                "stopped: {} requests finished, {} aborted, {} steps ({} given up)",
                 c.finished,
                 c.aborted,
-                c.steps
+                c.steps,
+                c.steps_aborted
             );
         }
         Err(_) => log::info!("stopped"),

@@ -34,6 +34,7 @@ pub struct Metrics {
     preemptions: IntCounterVec,
     swap_bytes: IntCounterVec,
     steps: IntCounterVec,
+    steps_aborted: IntCounterVec,
     prefix_blocks: IntCounterVec,
     prefix_reused_tokens: IntCounterVec,
     prefix_cache_blocks: IntGaugeVec,
@@ -131,6 +132,11 @@ impl Metrics {
             "Engine steps (batched forward passes)",
             &[],
         );
+        let steps_aborted = counter(
+            "fastlane_llm_engine_steps_aborted_total",
+            "Engine steps whose forward pass was given up for an interactive arrival (--preemptible-steps)",
+            &[],
+        );
         let prefix_blocks = counter(
             "fastlane_llm_prefix_blocks_total",
             "Prompt blocks looked up in the prefix cache, by result (host_hit, nvme_hit, cluster_hit, miss, integrity_miss)",
@@ -174,6 +180,7 @@ impl Metrics {
             preemptions,
             swap_bytes,
             steps,
+            steps_aborted,
             prefix_blocks,
             prefix_reused_tokens,
             prefix_cache_blocks,
@@ -237,6 +244,7 @@ impl Metrics {
         }
         up(&self.swap_bytes, &["in", "all"], c.swap_in_bytes);
         up(&self.steps, &[], c.steps);
+        up(&self.steps_aborted, &[], c.steps_aborted);
         up(&self.prefix_reused_tokens, &[], c.prefix_reused_tokens);
         if let Some(p) = &c.prefix_cache {
             up(&self.prefix_blocks, &["host_hit"], p.host_hits);

@@ -74,13 +74,32 @@ impl TokenBucket {
 /// head's cost fits in its deficit; an empty flow's deficit resets to zero (Shreedhar and
 /// Varghese, 1995). Serving is split in [`pick`](Self::pick) and [`charge`](Self::charge) so
 /// the caller can decline a pick it cannot place (no KV blocks) without charging for it.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Drr {
     /// Quantum of each flow (`quantum × weight`).
     quanta: Vec<u64>,
     deficit: Vec<u64>,
     cursor: usize,
     topped_up: bool,
+}
+
+impl Clone for Drr {
+    fn clone(&self) -> Self {
+        Self {
+            quanta: self.quanta.clone(),
+            deficit: self.deficit.clone(),
+            cursor: self.cursor,
+            topped_up: self.topped_up,
+        }
+    }
+
+    /// Reuses `self`'s buffers (the scheduler saves its DRR state every step this way).
+    fn clone_from(&mut self, src: &Self) {
+        self.quanta.clone_from(&src.quanta);
+        self.deficit.clone_from(&src.deficit);
+        self.cursor = src.cursor;
+        self.topped_up = src.topped_up;
+    }
 }
 
 impl Drr {

@@ -7,7 +7,8 @@
 //!   when it starts (plus a free-pool watermark, as vLLM does), and one more block every
 //!   16 generated tokens.
 //! - Runs one step at a time ([`Scheduler::schedule`] → the caller runs the batch →
-//!   [`Scheduler::complete_step`]). A step holds one decode token per running sequence and
+//!   [`Scheduler::complete_step`], or [`Scheduler::abandon_step`] when the caller gave the
+//!   batch up part way and the step did not happen). A step holds one decode token per running sequence and
 //!   prefill chunks of at most `chunk_tokens` each (Sarathi-Serve's chunked prefill), within
 //!   a token budget; decodes go first, then prefill chunks.
 //! - Admits requests at the router (policies `drr` and `drr+preempt`): a per-tenant token
@@ -217,10 +218,24 @@ pub struct Scheduler<P: SwapPort> {
     /// Since when the cap has held unprotected prefill work back without a break.
     held_since_ns: Option<u64>,
     protect_stats: ProtectStats,
+    /// What forming the current plan changed that [`abandon_step`](Self::abandon_step)
+    /// gives back.
+    undo: PlanUndo,
+    /// Steps planned and then abandoned.
+    abandoned: u64,
     /// Slots of finished sequences stay taken until [`release_slot`](Self::release_slot).
     hold_slots: bool,
     /// Finished sequences whose slot is still held, and their tenants.
     held: HashMap<SeqId, TenantIndex>,
+}
+
+/// The scheduler's fair-share state as it was before the current plan was formed: DRR of both
+/// tiers and latency protection's counts and hold timer ([`Scheduler::abandon_step`]).
+#[derive(Debug)]
+struct PlanUndo {
+    drr: [Drr; 2],
+    protect_stats: ProtectStats,
+    held_since_ns: Option<u64>,
 }
 
 /// What latency protection did over a run.
@@ -300,6 +315,7 @@ impl<P: SwapPort> Scheduler<P> {
             })
             .collect();
         let quantum = cfg.drr_quantum_tokens;
+        let drr = [Drr::weighted(&weights, quantum), Drr::weighted(&weights, quantum)];
         Ok(Self {
             blocks: BlockManager::new(cfg.kv_blocks),
             cfg,
@@ -308,7 +324,13 @@ impl<P: SwapPort> Scheduler<P> {
             seqs: HashMap::new(),
             fifo: VecDeque::new(),
             running: Vec::new(),
-            drr: [Drr::weighted(&weights, quantum), Drr::weighted(&weights, quantum)],
+            undo: PlanUndo {
+                drr: drr.clone(),
+                protect_stats: ProtectStats::default(),
+                held_since_ns: None,
+            },
+            abandoned: 0,
+            drr,
             plan: StepPlan::default(),
             planned: false,
             events: Vec::new(),
@@ -389,9 +411,14 @@ impl<P: SwapPort> Scheduler<P> {
         self.router_queued() + self.seqs.values().filter(|s| s.generated == 0).count()
     }
 
-    /// Steps scheduled so far.
+    /// Steps scheduled so far (not counting abandoned ones).
     pub fn steps(&self) -> u64 {
         self.steps
+    }
+
+    /// Steps planned and then abandoned ([`abandon_step`](Self::abandon_step)).
+    pub fn abandoned_steps(&self) -> u64 {
+        self.abandoned
     }
 
     /// What latency protection did so far (zeros when it is off).
@@ -544,6 +571,46 @@ impl<P: SwapPort> Scheduler<P> {
         self.plan.items = items;
         self.plan.items.clear();
         Ok(&self.events)
+    }
+
+    /// The step planned by [`schedule`](Self::schedule) did not happen: the caller gave its
+    /// batch up part way (an engine that abandons a forward pass to let an interactive
+    /// request in). The plan is forgotten and the next `schedule` plans that work again.
+    ///
+    /// - Nothing a finished step does happens: no sequence's computed tokens advance, no
+    ///   token is emitted, no prefill or output token, TTFT or gap is recorded.
+    /// - What `schedule` did at the step boundary stands: fences, admissions from the
+    ///   router, swaps and preemptions it started. Sequences the plan started stay running
+    ///   with their blocks (blocks granted for decodes stay too), so the next plan continues
+    ///   them at the same positions; the caller's partial writes there are rewritten.
+    /// - What forming the plan charged is given back: the DRR state of both tiers (deficits,
+    ///   cursor) is restored to what it was before the plan, so each tenant is charged once
+    ///   for the work when it is planned again; latency protection's step counts too, and
+    ///   its hold timer when the plan was the hold bound's work-conserving release (so the
+    ///   release is planned again). A hold that began with this plan keeps its start: the
+    ///   others' prefill was held back during the abandoned step as well.
+    /// - [`steps`](Self::steps) no longer counts it; [`abandoned_steps`](Self::abandoned_steps)
+    ///   does.
+    ///
+    /// Errors when no step is planned.
+    pub fn abandon_step(&mut self) -> Result<(), SchedError> {
+        if !self.planned {
+            return Err(SchedError::Protocol { reason: "abandon_step() without a planned step" });
+        }
+        self.planned = false;
+        self.steps -= 1;
+        self.abandoned += 1;
+        self.plan.items.clear();
+        self.plan.prefill_tokens = 0;
+        self.plan.decode_tokens = 0;
+        for (drr, saved) in self.drr.iter_mut().zip(&self.undo.drr) {
+            drr.clone_from(saved);
+        }
+        if self.protect_stats.released_steps > self.undo.protect_stats.released_steps {
+            self.held_since_ns = self.undo.held_since_ns;
+        }
+        self.protect_stats = self.undo.protect_stats;
+        Ok(())
     }
 
     fn finish(&mut self, id: SeqId, fenced: bool) {

@@ -59,6 +59,13 @@ impl<P: SwapPort> Scheduler<P> {
             });
         }
         self.plan = StepPlan::default();
+        // What forming the plan charges, saved for `abandon_step` (no allocation after the
+        // first step: the saved vectors are reused).
+        for (saved, drr) in self.undo.drr.iter_mut().zip(&self.drr) {
+            saved.clone_from(drr);
+        }
+        self.undo.protect_stats = self.protect_stats;
+        self.undo.held_since_ns = self.held_since_ns;
         self.poll_swaps(now_ns);
         self.fence(now_ns);
         self.retry_router(now_ns);

@@ -614,3 +614,217 @@ fn cached_tokens_are_recomputed_after_a_recompute_preemption() {
     assert_eq!(plan.items[0].context_tokens, 0);
     assert_eq!(plan.items[0].kind, StepKind::Prefill { tokens: 40 });
 }
+
+/// Per-tenant counts a finished step records (an abandoned one must record none of them).
+fn counts(s: &Scheduler<InstantPort>) -> Vec<(u64, u64, u64, u64, u64, u64)> {
+    (0..s.tenant_count())
+        .map(|t| {
+            let st = s.stats(t).unwrap();
+            (
+                st.prefill_tokens,
+                st.output_tokens,
+                st.completed,
+                st.ttft.len(),
+                st.token_gap.len(),
+                st.ttft.max(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn an_abandoned_step_is_planned_again_and_the_new_arrival_joins_it() {
+    // The flooder (batch tier) has two streams decoding and six long prefills under way.
+    let tenants = vec![
+        tenant("flood", Tier::Batch, 1e9, 1e9, 1000, Overflow::Reject),
+        tenant("quiet", Tier::Interactive, 1e9, 1e9, 1000, Overflow::Reject),
+    ];
+    let mut s = Scheduler::new(cfg(Policy::Drr, 10_000), tenants, port()).unwrap();
+    for i in 0..2 {
+        s.submit(0, req(i, 0, 16, 1000, 0)).unwrap();
+    }
+    for i in 2..8 {
+        s.submit(0, req(i, 0, 8000, 4, 0)).unwrap();
+    }
+    let mut now = 0;
+    for _ in 0..2 {
+        let _ = s.schedule(now).unwrap();
+        now += 10_000_000;
+        s.complete_step(now).unwrap();
+    }
+    s.clear_events();
+    let (steps, before, seqs) = (s.steps(), counts(&s), s.seq_counts());
+    let free = s.blocks().free();
+    let a = s.schedule(now).unwrap().clone();
+    assert_eq!(tenant_tokens(&a, 0), (2046, 2), "{a:?}");
+    s.abandon_step().unwrap();
+    assert!(s.events().is_empty(), "no token, no finish: {:?}", s.events());
+    assert_eq!((s.steps(), s.abandoned_steps()), (steps, 1));
+    assert_eq!(counts(&s), before, "nothing recorded for the abandoned step");
+    assert_eq!(s.seq_counts(), seqs);
+    // Planned again at the same time: the same step, item for item.
+    let b = s.schedule(now).unwrap().clone();
+    assert_eq!(b.items, a.items);
+    assert_eq!((b.prefill_tokens, b.decode_tokens), (a.prefill_tokens, a.decode_tokens));
+    assert_eq!(s.blocks().free(), free, "no block granted twice");
+    s.abandon_step().unwrap();
+    // An interactive request arrives: it goes first; the decodes all stay; the flooder's
+    // prefill chunks are those of the abandoned plan at the same positions (the last one
+    // may be cut by the budget), so no prefill work was lost or advanced.
+    s.submit(now, req(100, 1, 2000, 4, now)).unwrap();
+    let c = s.schedule(now).unwrap().clone();
+    assert_eq!(tenant_tokens(&c, 1), (512, 0), "{c:?}");
+    assert_eq!(tenant_tokens(&c, 0), (2048 - 512 - 2, 2), "{c:?}");
+    let decodes = |p: &StepPlan| -> Vec<StepItem> {
+        p.items.iter().filter(|i| i.kind == StepKind::Decode).copied().collect()
+    };
+    assert_eq!(decodes(&c), decodes(&a));
+    for it in c.items.iter().filter(|i| i.tenant == 0) {
+        assert!(
+            a.items.iter().any(|x| x.seq == it.seq && x.context_tokens == it.context_tokens),
+            "{it:?} not in the abandoned plan {a:?}"
+        );
+    }
+    now += 10_000_000;
+    s.complete_step(now).unwrap();
+    assert_eq!(s.steps(), steps + 1);
+    assert_eq!(s.stats(0).unwrap().prefill_tokens, before[0].0 + 2048 - 512 - 2);
+    assert_eq!(s.stats(1).unwrap().prefill_tokens, 512);
+}
+
+#[test]
+fn sequences_started_by_an_abandoned_plan_stay_started_and_finish_once() {
+    for policy in [Policy::Fifo, Policy::Drr] {
+        let t = tenant("a", Tier::Batch, 100.0, 6000.0, 100, Overflow::Reject);
+        let mut s = Scheduler::new(cfg(policy, 1000), vec![t], port()).unwrap();
+        s.submit(0, req(1, 0, 100, 3, 0)).unwrap();
+        s.submit(0, req(2, 0, 700, 3, 0)).unwrap();
+        let a = s.schedule(0).unwrap().clone();
+        assert_eq!(a.items.len(), 2, "{policy:?}: {a:?}");
+        let free = s.blocks().free();
+        s.abandon_step().unwrap();
+        // Still admitted and running, blocks held, nothing computed.
+        let c = s.seq_counts();
+        assert_eq!((c.running, c.waiting), (2, 0), "{policy:?}");
+        assert_eq!(s.blocks().free(), free, "{policy:?}: blocks stay with the sequences");
+        assert_eq!(s.blocks().table(SeqId(2)).unwrap().len(), 44, "{policy:?}: 700 tokens");
+        let b = s.schedule(1).unwrap().clone();
+        assert_eq!(b.items, a.items, "{policy:?}: the same chunks at the same positions");
+        // Then to the end, abandoning every step once.
+        let mut now = 2;
+        s.complete_step(now).unwrap();
+        s.clear_events();
+        let mut tokens = 1; // request 1's first token (one 100-token chunk)
+        while s.live() > 0 {
+            if s.schedule(now).unwrap().is_empty() {
+                break;
+            }
+            s.abandon_step().unwrap();
+            let _ = s.schedule(now).unwrap();
+            now += 1;
+            let ev = s.complete_step(now).unwrap();
+            tokens += ev.iter().filter(|e| matches!(e, SchedEvent::Token { .. })).count();
+            s.clear_events();
+            assert!(now < 100, "{policy:?}: runs to the end");
+        }
+        assert_eq!(tokens, 6, "{policy:?}: three tokens each, none twice");
+        let st = s.stats(0).unwrap();
+        assert_eq!((st.prefill_tokens, st.output_tokens, st.completed), (800, 6, 2), "{policy:?}");
+        assert_eq!(st.ttft.len(), 2, "{policy:?}");
+        assert_eq!(s.steps(), s.abandoned_steps(), "{policy:?}: every step abandoned once");
+        assert_eq!(s.blocks().free(), s.blocks().total(), "{policy:?}");
+    }
+}
+
+/// Runs `make`'s scheduler `steps` steps of 10 ms; with `abandon`, every step is planned,
+/// abandoned and planned again at the same time before it completes (and must plan the
+/// same items). Returns the completed plans.
+fn run_abandoning(
+    make: &dyn Fn() -> (Scheduler<InstantPort>, u64),
+    steps: u32,
+    abandon: bool,
+) -> (Vec<Vec<StepItem>>, Scheduler<InstantPort>) {
+    let (mut s, mut now) = make();
+    let mut plans = Vec::new();
+    for step in 0..steps {
+        let plan = s.schedule(now).unwrap().items.clone();
+        if plan.is_empty() {
+            now += 10_000_000;
+            continue;
+        }
+        if abandon {
+            s.abandon_step().unwrap();
+            let again = s.schedule(now).unwrap().items.clone();
+            assert_eq!(again, plan, "step {step}: planned again differently");
+        }
+        plans.push(plan);
+        now += 10_000_000;
+        s.complete_step(now).unwrap();
+        s.clear_events();
+    }
+    (plans, s)
+}
+
+#[test]
+fn abandoning_every_step_once_changes_no_plan_and_no_count() {
+    // Latency protection with its hold bound (released steps), then DRR weights 3:1 across
+    // two backlogged batch tenants: DRR deficits and protection's timer are given back.
+    let protect = || {
+        let p = ProtectConfig { hold_ns_max: 100_000_000, ..ProtectConfig::default() };
+        let (mut s, now) = flooder_and_quiet(Some(p));
+        s.submit(now, req(100, 1, 40_000, 4, now)).unwrap();
+        (s, now)
+    };
+    let weighted = || {
+        let mut a = tenant("heavy", Tier::Batch, 1e9, 1e9, 1000, Overflow::Reject);
+        a.weight = 3;
+        let b = tenant("light", Tier::Batch, 1e9, 1e9, 1000, Overflow::Reject);
+        let mut c = cfg(Policy::Drr, 100_000);
+        c.batch_tokens_max = 512;
+        c.chunk_tokens = Some(96);
+        c.drr_quantum_tokens = 128;
+        let mut s = Scheduler::new(c, vec![a, b], port()).unwrap();
+        for i in 0..20 {
+            s.submit(0, req(i, 0, 1000 + 7 * i as u32, 2, 0)).unwrap();
+            s.submit(0, req(1000 + i, 1, 900 + 13 * i as u32, 2, 0)).unwrap();
+        }
+        (s, 0)
+    };
+    for (name, make) in [
+        ("protect", &protect as &dyn Fn() -> (Scheduler<InstantPort>, u64)),
+        ("weighted", &weighted),
+    ] {
+        let (want, plain) = run_abandoning(make, 80, false);
+        let (got, s) = run_abandoning(make, 80, true);
+        assert_eq!(got, want, "{name}: the completed steps are the same");
+        assert_eq!(counts(&s), counts(&plain), "{name}: tokens and latencies counted once");
+        assert_eq!(s.protect_stats(), plain.protect_stats(), "{name}");
+        assert_eq!(s.steps(), plain.steps(), "{name}: abandoned steps are not counted");
+        assert_eq!(s.abandoned_steps(), got.len() as u64, "{name}");
+        assert_eq!(plain.abandoned_steps(), 0, "{name}");
+        assert_eq!(s.seq_counts(), plain.seq_counts(), "{name}");
+    }
+    let (_, s) = run_abandoning(&protect, 80, true);
+    assert!(s.protect_stats().released_steps >= 5, "{:?}", s.protect_stats());
+}
+
+#[test]
+fn complete_and_abandon_need_a_planned_step() {
+    let t = tenant("a", Tier::Batch, 100.0, 6000.0, 100, Overflow::Reject);
+    let mut s = Scheduler::new(cfg(Policy::Drr, 100), vec![t], port()).unwrap();
+    assert!(matches!(s.complete_step(0), Err(SchedError::Protocol { .. })));
+    assert!(matches!(s.abandon_step(), Err(SchedError::Protocol { .. })));
+    // An empty plan is not a planned step.
+    assert!(s.schedule(0).unwrap().is_empty());
+    assert!(matches!(s.abandon_step(), Err(SchedError::Protocol { .. })));
+    s.submit(0, req(1, 0, 40, 2, 0)).unwrap();
+    assert!(!s.schedule(0).unwrap().is_empty());
+    assert!(matches!(s.abort(SeqId(1)), Err(SchedError::Protocol { .. })), "inside the step");
+    s.abandon_step().unwrap();
+    assert!(matches!(s.abandon_step(), Err(SchedError::Protocol { .. })), "abandoned once");
+    assert!(matches!(s.complete_step(1), Err(SchedError::Protocol { .. })), "nothing to complete");
+    // Between steps again: abort works and frees everything.
+    assert!(s.abort(SeqId(1)).unwrap());
+    assert_eq!(s.blocks().free(), 100);
+    assert_eq!(s.stats(0).unwrap().aborted, 1);
+}
