@@ -36,12 +36,12 @@
 //! # Timeouts and failures
 //!
 //! Every call ([`ClusterTier::put`], [`ClusterTier::get`], [`ClusterTier::exists`]) returns
-//! within [`ClusterTierConfig::timeout`] (plus scheduling noise): the cluster connection lives
-//! on one worker thread, and the caller waits for its answer at most that long. Inside the
-//! worker each node connection attempt is bounded by `connect_timeout` and each reply by
+//! within [`ClusterTierConfig::timeout`] (plus scheduling noise): the cluster connections live
+//! on worker threads (see Lanes), and the caller waits for their answers at most that long.
+//! Inside a worker each node connection attempt is bounded by `connect_timeout` and each reply by
 //! `response_timeout`; a job whose caller already gave up is skipped. Any failure — a timeout,
 //! a refused connection, `CLUSTERDOWN`, a redirect storm, the worker queue full — is, for a
-//! `get`, a miss of every block of the batch ([`MissReason::Error`]); for a `put`, an error
+//! `get`, a miss of every block of the failed lane ([`MissReason::Error`]); for a `put`, an error
 //! returned and counted ([`ClusterStats::errors`]); for `exists`, `false`. Never a panic.
 //! After an error the worker drops its cluster connection and builds a fresh one (new slot
 //! map) on the next call, at most once per `reconnect_backoff`, which is how it follows a
@@ -50,14 +50,23 @@
 //! A batch `put` is all or error: when it fails some of its blocks may have been stored. That
 //! is harmless, since a block's key names its content and every `get` verifies it.
 //!
-//! One worker serves all callers, so calls are serialised; the queue in front of it holds
-//! [`JOB_QUEUE_MAX`] calls, and a call that finds it full fails at once.
+//! # Lanes
+//!
+//! A batch is spread over [`ClusterTierConfig::lanes`] connections, each on its own worker
+//! thread: a key goes to lane `slot × lanes / 16384` of its hash slot, so with the slots split
+//! evenly over that many primaries each lane's pipeline goes to one primary and the primaries
+//! work in parallel (the `redis` crate's synchronous cluster pipeline writes to one node after
+//! another). The call waits for every lane within its one timeout; a lane that fails makes its
+//! keys misses (`get`), `false` (`exists`) or the whole call an error (`put`), counted once per
+//! call. Calls from several threads share the workers; the queue in front of them holds
+//! [`JOB_QUEUE_MAX`] × lanes lane jobs, and a call that finds it full fails at once.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -72,8 +81,12 @@ pub const VALUE_MAGIC: u32 = 0x4243_564B;
 pub const VALUE_VERSION: u16 = 1;
 /// Bytes of the value header before the payload.
 pub const VALUE_HEADER_BYTES: usize = 48;
-/// Calls that may wait for the worker; one more fails with [`ClusterTierError::Busy`].
+/// Calls that may wait for the workers; one more fails with [`ClusterTierError::Busy`].
 pub const JOB_QUEUE_MAX: usize = 8;
+/// Most lanes ([`ClusterTierConfig::lanes`]).
+pub const LANES_MAX: usize = 16;
+/// Hash slots of a Redis Cluster.
+const SLOTS: usize = 16384;
 
 /// Settings of a [`ClusterTier`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,6 +105,11 @@ pub struct ClusterTierConfig {
     pub reconnect_backoff: Duration,
     /// Expiry of stored blocks (`SET .. PX`); `None`: until `maxmemory` evicts them.
     pub ttl: Option<Duration>,
+    /// Connections (one worker thread each) a batch is spread over, 1 to [`LANES_MAX`]. A
+    /// key goes to lane `slot × lanes / 16384` (its Redis Cluster hash slot): with slots
+    /// split evenly over `lanes` primaries, as `redis-cli --cluster create` does, each lane
+    /// talks to one primary and the primaries work on a batch in parallel.
+    pub lanes: usize,
 }
 
 impl Default for ClusterTierConfig {
@@ -104,6 +122,7 @@ impl Default for ClusterTierConfig {
             retries: 2,
             reconnect_backoff: Duration::from_millis(100),
             ttl: None,
+            lanes: 3,
         }
     }
 }
@@ -353,6 +372,9 @@ impl ClusterTier {
         if cfg.ttl.is_some_and(|t| t.as_millis() == 0) {
             return Err(bad("ttl under 1 ms"));
         }
+        if cfg.lanes == 0 || cfg.lanes > LANES_MAX {
+            return Err(bad(&format!("lanes {} not in 1..={LANES_MAX}", cfg.lanes)));
+        }
         let client = ClusterClient::builder(urls.iter().map(|u| u.as_str()))
             .connection_timeout(cfg.connect_timeout)
             .response_timeout(cfg.response_timeout)
@@ -361,16 +383,30 @@ impl ClusterTier {
             .max_retry_wait(50)
             .build()
             .map_err(|e| bad(&e.to_string()))?;
-        let conn = client
-            .get_connection()
-            .map_err(|e| ClusterTierError::Connect { detail: e.to_string() })?;
-        let (jobs, rx) = mpsc::sync_channel(JOB_QUEUE_MAX);
-        let mut worker =
-            Worker { client, conn: Some(conn), next_connect: Instant::now(), cfg: cfg.clone() };
-        thread::Builder::new()
-            .name("kvswap-cluster".to_string())
-            .spawn(move || worker.run(rx))
-            .map_err(|e| ClusterTierError::Connect { detail: format!("worker thread: {e}") })?;
+        // Every lane's connection now, so that a cluster that does not answer fails here.
+        let mut conns = Vec::with_capacity(cfg.lanes);
+        for _ in 0..cfg.lanes {
+            conns.push(
+                client
+                    .get_connection()
+                    .map_err(|e| ClusterTierError::Connect { detail: e.to_string() })?,
+            );
+        }
+        let (jobs, rx) = mpsc::sync_channel(JOB_QUEUE_MAX * cfg.lanes);
+        let rx = Arc::new(Mutex::new(rx));
+        for (i, conn) in conns.into_iter().enumerate() {
+            let mut worker = Worker {
+                client: client.clone(),
+                conn: Some(conn),
+                next_connect: Instant::now(),
+                cfg: cfg.clone(),
+            };
+            let rx = rx.clone();
+            thread::Builder::new()
+                .name(format!("kvswap-cluster-{i}"))
+                .spawn(move || worker.run(&rx))
+                .map_err(|e| ClusterTierError::Connect { detail: format!("worker thread: {e}") })?;
+        }
         Ok(ClusterTier { cfg, jobs, counters: Counters::default() })
     }
 
@@ -384,34 +420,60 @@ impl ClusterTier {
         format!("{}:{key}", self.cfg.namespace)
     }
 
+    /// The indexes of `keys` by lane (lanes with no key left out), each in the keys' order.
+    fn lanes_of(&self, keys: impl Iterator<Item = BlockKey>) -> Vec<Vec<usize>> {
+        let lanes = self.cfg.lanes;
+        let mut by_lane: Vec<Vec<usize>> = vec![Vec::new(); lanes];
+        for (i, key) in keys.enumerate() {
+            // No hash tag in our keys (the namespace may not hold braces): the slot is the
+            // CRC16 of the whole key.
+            let slot = crc16::State::<crc16::XMODEM>::calculate(self.redis_key(&key).as_bytes())
+                as usize
+                % SLOTS;
+            by_lane[slot * lanes / SLOTS].push(i);
+        }
+        by_lane.retain(|l| !l.is_empty());
+        by_lane
+    }
+
     /// Stores every `(key, block)` in one pipelined batch of `SET`s. All or error: on error
     /// (counted in [`ClusterStats::errors`]) some blocks may have been stored.
     pub fn put(&self, items: &[(BlockKey, &[u8])]) -> Result<(), ClusterTierError> {
         if items.is_empty() {
             return Ok(());
         }
-        let mut pipe = ClusterPipeline::with_capacity(items.len());
+        let lanes = self.lanes_of(items.iter().map(|(k, _)| *k));
+        let mut jobs = Vec::with_capacity(lanes.len());
         let mut bytes = 0u64;
-        for (key, payload) in items {
-            let header = match value_header(key, payload) {
-                Ok(h) => h,
-                Err(e) => {
-                    add(&self.counters.errors, 1);
-                    return Err(e);
+        for lane in &lanes {
+            let mut pipe = ClusterPipeline::with_capacity(lane.len());
+            for &i in lane {
+                let (key, payload) = &items[i];
+                let header = match value_header(key, payload) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        add(&self.counters.errors, 1);
+                        return Err(e);
+                    }
+                };
+                bytes += (VALUE_HEADER_BYTES + payload.len()) as u64;
+                pipe.cmd("SET").arg(self.redis_key(key)).arg(ValueArg { header, payload });
+                if let Some(ttl) = self.cfg.ttl {
+                    pipe.arg("PX").arg(ttl.as_millis() as u64);
                 }
-            };
-            bytes += (VALUE_HEADER_BYTES + payload.len()) as u64;
-            pipe.cmd("SET").arg(self.redis_key(key)).arg(ValueArg { header, payload });
-            if let Some(ttl) = self.cfg.ttl {
-                pipe.arg("PX").arg(ttl.as_millis() as u64);
             }
+            jobs.push((pipe, None));
         }
-        let replies = self.call(pipe, None)?;
-        if replies.len() != items.len() {
-            add(&self.counters.errors, 1);
-            return Err(ClusterTierError::BadReply {
-                detail: format!("{} replies to {} SETs", replies.len(), items.len()),
-            });
+        let mut replies = Vec::with_capacity(items.len());
+        for (lane, r) in lanes.iter().zip(self.call_lanes(jobs).0) {
+            let r = r?;
+            if r.len() != lane.len() {
+                add(&self.counters.errors, 1);
+                return Err(ClusterTierError::BadReply {
+                    detail: format!("{} replies to {} SETs", r.len(), lane.len()),
+                });
+            }
+            replies.extend(r);
         }
         for r in &replies {
             let ok = match r {
@@ -443,23 +505,7 @@ impl ClusterTier {
         }
         let n = keys.len() as u64;
         add(&self.counters.gets, n);
-        let (pipe, singles) = self.small_batch("GET", keys);
-        let replies = match self.call(pipe, Some(singles)) {
-            Ok(r) if r.len() == keys.len() => r,
-            Ok(r) => {
-                log::warn!("kvswap cluster: {} replies to {} GETs", r.len(), keys.len());
-                add(&self.counters.errors, 1);
-                add(&self.counters.misses, n);
-                return vec![BlockGet::Miss(MissReason::Error); keys.len()];
-            }
-            Err(_) => {
-                add(&self.counters.misses, n);
-                return vec![BlockGet::Miss(MissReason::Error); keys.len()];
-            }
-        };
-        if replies.iter().any(|r| matches!(r, Reply::Failed)) {
-            add(&self.counters.errors, 1);
-        }
+        let replies = self.small_batches("GET", keys);
         let mut result = Vec::with_capacity(keys.len());
         for ((key, buf), reply) in keys.iter().zip(out.iter_mut()).zip(replies) {
             let outcome = match reply {
@@ -503,18 +549,10 @@ impl ClusterTier {
         if keys.is_empty() {
             return Vec::new();
         }
-        let (pipe, singles) = self.small_batch("EXISTS", keys);
-        match self.call(pipe, Some(singles)) {
-            Ok(r) if r.len() == keys.len() => r
-                .iter()
-                .map(|v| matches!(v, Reply::Value(Value::Int(1) | Value::Boolean(true))))
-                .collect(),
-            Ok(_) => {
-                add(&self.counters.errors, 1);
-                vec![false; keys.len()]
-            }
-            Err(_) => vec![false; keys.len()],
-        }
+        self.small_batches("EXISTS", keys)
+            .iter()
+            .map(|v| matches!(v, Reply::Value(Value::Int(1) | Value::Boolean(true))))
+            .collect()
     }
 
     /// The counters so far.
@@ -534,50 +572,96 @@ impl ClusterTier {
         }
     }
 
-    /// `op key` for every key, as one pipeline and as single commands.
-    fn small_batch(&self, op: &str, keys: &[BlockKey]) -> (ClusterPipeline, Vec<Cmd>) {
-        let mut pipe = ClusterPipeline::with_capacity(keys.len());
-        let mut singles = Vec::with_capacity(keys.len());
-        for key in keys {
-            let mut c = redis::cmd(op);
-            c.arg(self.redis_key(key));
-            singles.push(c.clone());
-            pipe.add_command(c);
+    /// `op key` for every key, spread over the lanes (each lane one pipeline, and its
+    /// commands one by one for a retry); one reply per key in the keys' order, `Failed` for
+    /// the keys of a lane whose call failed (counted once per call).
+    fn small_batches(&self, op: &str, keys: &[BlockKey]) -> Vec<Reply> {
+        let lanes = self.lanes_of(keys.iter().copied());
+        let mut jobs = Vec::with_capacity(lanes.len());
+        for lane in &lanes {
+            let mut pipe = ClusterPipeline::with_capacity(lane.len());
+            let mut singles = Vec::with_capacity(lane.len());
+            for &i in lane {
+                let mut c = redis::cmd(op);
+                c.arg(self.redis_key(&keys[i]));
+                singles.push(c.clone());
+                pipe.add_command(c);
+            }
+            jobs.push((pipe, Some(singles)));
         }
-        (pipe, singles)
+        let mut out: Vec<Reply> = keys.iter().map(|_| Reply::Failed).collect();
+        let mut odd = false;
+        let (results, counted) = self.call_lanes(jobs);
+        for (lane, r) in lanes.iter().zip(results) {
+            match r {
+                Ok(r) if r.len() == lane.len() => {
+                    for (&i, reply) in lane.iter().zip(r) {
+                        out[i] = reply;
+                    }
+                }
+                Ok(r) => {
+                    log::warn!("kvswap cluster: {} replies to {} {op}s", r.len(), lane.len());
+                    odd = true;
+                }
+                // Counted by `call_lanes`.
+                Err(_) => {}
+            }
+        }
+        let failed_inside = out.iter().any(|r| matches!(r, Reply::Failed));
+        // One error per call: `call_lanes` counted a failed lane already.
+        if !counted && (odd || failed_inside) {
+            add(&self.counters.errors, 1);
+        }
+        out
     }
 
-    /// Runs `pipe` on the worker, waiting at most the timeout. Failed calls are counted here.
-    fn call(
+    /// Runs one pipeline per lane on the workers in parallel, all within one timeout; one
+    /// result per job, in order, and whether an error was counted: a call with any failed
+    /// lane counts one error (and one timeout if a lane timed out).
+    #[allow(clippy::type_complexity)]
+    fn call_lanes(
         &self,
-        pipe: ClusterPipeline,
-        singles: Option<Vec<Cmd>>,
-    ) -> Result<Vec<Reply>, ClusterTierError> {
+        jobs: Vec<(ClusterPipeline, Option<Vec<Cmd>>)>,
+    ) -> (Vec<Result<Vec<Reply>, ClusterTierError>>, bool) {
         let deadline = Instant::now() + self.cfg.timeout;
-        let (reply, rx) = mpsc::sync_channel(1);
-        let r = match self.jobs.try_send(Job { pipe, singles, deadline, reply }) {
-            Ok(()) => match rx.recv_timeout(self.cfg.timeout) {
-                Ok(r) => r,
-                Err(RecvTimeoutError::Timeout) => {
-                    add(&self.counters.timeouts, 1);
-                    Err(ClusterTierError::Timeout {
-                        timeout_ms: self.cfg.timeout.as_millis() as u64,
-                    })
+        let waiting: Vec<Result<Receiver<_>, ClusterTierError>> = jobs
+            .into_iter()
+            .map(|(pipe, singles)| {
+                let (reply, rx) = mpsc::sync_channel(1);
+                match self.jobs.try_send(Job { pipe, singles, deadline, reply }) {
+                    Ok(()) => Ok(rx),
+                    Err(TrySendError::Full(_)) => Err(ClusterTierError::Busy),
+                    Err(TrySendError::Disconnected(_)) => Err(ClusterTierError::WorkerGone),
                 }
-                Err(RecvTimeoutError::Disconnected) => Err(ClusterTierError::WorkerGone),
-            },
-            Err(TrySendError::Full(_)) => Err(ClusterTierError::Busy),
-            Err(TrySendError::Disconnected(_)) => Err(ClusterTierError::WorkerGone),
-        };
-        if let Err(e) = &r {
+            })
+            .collect();
+        let out: Vec<Result<Vec<Reply>, ClusterTierError>> = waiting
+            .into_iter()
+            .map(|w| {
+                let rx = w?;
+                match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    Ok(r) => r,
+                    Err(RecvTimeoutError::Timeout) => Err(ClusterTierError::Timeout {
+                        timeout_ms: self.cfg.timeout.as_millis() as u64,
+                    }),
+                    Err(RecvTimeoutError::Disconnected) => Err(ClusterTierError::WorkerGone),
+                }
+            })
+            .collect();
+        let first_err = out.iter().find_map(|r| r.as_ref().err());
+        if out.iter().any(|r| matches!(r, Err(ClusterTierError::Timeout { .. }))) {
+            add(&self.counters.timeouts, 1);
+        }
+        if let Some(e) = first_err {
             add(&self.counters.errors, 1);
             log::debug!("kvswap cluster: {e}");
         }
-        r
+        let counted = first_err.is_some();
+        (out, counted)
     }
 }
 
-/// Owns the cluster connection; runs jobs one at a time until the tier is dropped.
+/// Owns one lane's cluster connection; runs jobs one at a time until the tier is dropped.
 struct Worker {
     client: ClusterClient,
     conn: Option<ClusterConnection>,
@@ -586,9 +670,17 @@ struct Worker {
 }
 
 impl Worker {
-    fn run(&mut self, rx: Receiver<Job>) {
-        // Ends when the ClusterTier (the only sender) is dropped.
-        while let Ok(job) = rx.recv() {
+    fn run(&mut self, rx: &Mutex<Receiver<Job>>) {
+        // Ends when the ClusterTier (the only sender) is dropped. One idle worker at a time
+        // waits in `recv` holding the lock; the others wait for the lock.
+        loop {
+            let job = {
+                let Ok(rx) = rx.lock() else { return };
+                match rx.recv() {
+                    Ok(job) => job,
+                    Err(_) => return,
+                }
+            };
             if Instant::now() >= job.deadline {
                 continue; // its caller has given up already
             }
@@ -734,6 +826,8 @@ mod tests {
             ttl: Some(Duration::from_micros(10)),
             ..Default::default()
         }));
+        assert!(bad(ClusterTierConfig { lanes: 0, ..Default::default() }));
+        assert!(bad(ClusterTierConfig { lanes: LANES_MAX + 1, ..Default::default() }));
         assert!(matches!(
             ClusterTier::connect(&[], ClusterTierConfig::default()),
             Err(ClusterTierError::BadConfig { .. })
