@@ -8,15 +8,15 @@
 #   router       both tenants through `fastlane router` in front of an `llm serve --policy fifo`
 #   slow         as drr, with 1,000 streams of a third tenant held open by clients that never read
 #   protect      as drr, with --protect (latency protection: not work-conserving, off by default)
-#   preempt-step as drr, with --protect --preemptible-steps on (a step in flight is given up
-#                when a quiet request arrives)
+#   whole-steps  as drr, with --preemptible-steps off (every step runs to its end; before
+#                the default became on, a step in flight was never given up for a quiet request)
 # Results: benches/results/llm/<date>-<commit>-scenario-a-http.json (+ .hlog and SVG per run).
 # Usage: scripts/bench-serve.sh [--model random:small] [--rate 1] [--seconds 60] [--arrivals poisson|bursty]
-#          [--runs solo,fifo,drr,slow,protect,preempt-step,router]   (default: all; the P99/solo
+#          [--runs solo,fifo,drr,whole-steps,slow,protect,router]   (default: all; the P99/solo
 #          ratios need solo among them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-all_runs=solo,fifo,drr,slow,protect,preempt-step,router
+all_runs=solo,fifo,drr,whole-steps,slow,protect,router
 model=random:small rate=1 seconds=60 arrivals=poisson runs=$all_runs
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -111,10 +111,10 @@ if want protect; then
   bench protect "$url"
   stop up
 fi
-if want preempt-step; then
-  start up "${engine[@]}" --policy drr --protect --preemptible-steps on
+if want whole-steps; then
+  start up "${engine[@]}" --policy drr --preemptible-steps off
   engine_url=$url
-  bench preempt-step "$url"
+  bench whole-steps "$url"
   stop up
 fi
 if want router; then
@@ -129,7 +129,7 @@ out="$dir/$stem.json"
 python3 - "$tmp" "$out" "$rate" "$runs" <<'PY'
 import json, sys
 tmp, out, rate = sys.argv[1], sys.argv[2], float(sys.argv[3])
-order = ("solo", "fifo", "drr", "router", "slow", "protect", "preempt-step")
+order = ("solo", "fifo", "drr", "whole-steps", "router", "slow", "protect")
 chosen = sys.argv[4].split(",")
 runs = {k: json.load(open(f"{tmp}/{k}.json")) for k in order if k in chosen}
 t = lambda k, n: next(x for x in runs[k]["tenants"] if x["tenant"] == n)

@@ -175,8 +175,8 @@ pub struct EngineArgs {
     /// the pass is given up between two layers (the work done on it is discarded and redone)
     /// and the next step is planned with the new request in it; the step after one given up
     /// always runs to its end. Trades batch-tier throughput for interactive TTFT; best with
-    /// --protect (docs/serving.md).
-    #[arg(long, default_value = "off")]
+    /// --protect (docs/serving.md). On by default: output is the same either way.
+    #[arg(long, default_value = "on")]
     pub preemptible_steps: String,
     /// Host swap tier size (bytes, K/M/G suffixes; 0: none, swap goes to --nvme/--remote).
     #[arg(long, default_value = "256M")]
@@ -345,7 +345,7 @@ mod tests {
             let cli = Cli::try_parse_from(std::iter::once("fastlane").chain(args.iter().copied()));
             cli.unwrap().engine.engine_config()
         };
-        assert!(!cfg(&[]).unwrap().preemptible_steps, "off by default");
+        assert!(cfg(&[]).unwrap().preemptible_steps, "on by default");
         assert!(cfg(&["--preemptible-steps", "on"]).unwrap().preemptible_steps);
         assert!(!cfg(&["--preemptible-steps", "off"]).unwrap().preemptible_steps);
         let err = cfg(&["--preemptible-steps", "yes"]).unwrap_err().to_string();
