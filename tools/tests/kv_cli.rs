@@ -137,14 +137,7 @@ fn serve_round_trip_then_sigterm() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut c = loop {
-        match KvClient::connect(&sock) {
-            Ok(c) => break c,
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => panic!("server did not come up: {e}"),
-        }
-    };
+    let mut c = connect_when_up(&sock);
     assert_eq!(c.block_bytes(), 128 * 1024, "1 token of Llama-3.1-8B");
     let b = c.alloc(1, 2).unwrap();
     c.write_block(b[0], &[7u8; 4096]);

@@ -326,6 +326,24 @@ fn drr_weights_split_the_prefill_budget() {
 }
 
 /// Prefill tokens of `tenant` in `plan`, and its decodes.
+/// Eight requests of tenant 0 at time 0 (two of 16 prompt tokens and 1,000 out, six of 8,000
+/// and 4 out), then two 10 ms steps; returns the time after them.
+fn flood_and_two_steps<P: SwapPort>(s: &mut Scheduler<P>) -> u64 {
+    for i in 0..2 {
+        s.submit(0, req(i, 0, 16, 1000, 0)).unwrap();
+    }
+    for i in 2..8 {
+        s.submit(0, req(i, 0, 8000, 4, 0)).unwrap();
+    }
+    let mut now = 0;
+    for _ in 0..2 {
+        let _ = s.schedule(now).unwrap();
+        now += 10_000_000;
+        s.complete_step(now).unwrap();
+    }
+    now
+}
+
 fn tenant_tokens(plan: &StepPlan, tenant: TenantIndex) -> (u32, u32) {
     plan.items.iter().filter(|i| i.tenant == tenant).fold((0, 0), |(p, d), i| match i.kind {
         StepKind::Prefill { tokens } => (p + tokens, d),
@@ -344,18 +362,7 @@ fn flooder_and_quiet(protect: Option<ProtectConfig>) -> (Scheduler<InstantPort>,
     let mut c = cfg(Policy::Drr, 10_000);
     c.protect = protect;
     let mut s = Scheduler::new(c, tenants, port()).unwrap();
-    for i in 0..2 {
-        s.submit(0, req(i, 0, 16, 1000, 0)).unwrap();
-    }
-    for i in 2..8 {
-        s.submit(0, req(i, 0, 8000, 4, 0)).unwrap();
-    }
-    let mut now = 0;
-    for _ in 0..2 {
-        let _ = s.schedule(now).unwrap();
-        now += 10_000_000;
-        s.complete_step(now).unwrap();
-    }
+    let now = flood_and_two_steps(&mut s);
     (s, now)
 }
 
@@ -640,18 +647,7 @@ fn an_abandoned_step_is_planned_again_and_the_new_arrival_joins_it() {
         tenant("quiet", Tier::Interactive, 1e9, 1e9, 1000, Overflow::Reject),
     ];
     let mut s = Scheduler::new(cfg(Policy::Drr, 10_000), tenants, port()).unwrap();
-    for i in 0..2 {
-        s.submit(0, req(i, 0, 16, 1000, 0)).unwrap();
-    }
-    for i in 2..8 {
-        s.submit(0, req(i, 0, 8000, 4, 0)).unwrap();
-    }
-    let mut now = 0;
-    for _ in 0..2 {
-        let _ = s.schedule(now).unwrap();
-        now += 10_000_000;
-        s.complete_step(now).unwrap();
-    }
+    let mut now = flood_and_two_steps(&mut s);
     s.clear_events();
     let (steps, before, seqs) = (s.steps(), counts(&s), s.seq_counts());
     let free = s.blocks().free();
