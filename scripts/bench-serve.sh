@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # Scenario (a) over HTTP, scaled to the CPU engine: a quiet tenant at --rate requests/s beside a
 # flood tenant at 30x that rate, as the client sees it (`fastlane llm bench --url`), against
-# `fastlane llm serve --model random:small` started here six ways:
+# `fastlane llm serve --model random:small` started here eight ways:
 #   solo         the quiet tenant alone (the baseline), --policy fifo
 #   fifo         both tenants, --policy fifo (no gate)
 #   drr          both tenants, --policy drr (the gate in the engine: bucket + slots + DRR)
 #   router       both tenants through `fastlane router` in front of an `llm serve --policy fifo`
 #   slow         as drr, with 1,000 streams of a third tenant held open by clients that never read
 #   protect      as drr, with --protect (latency protection: not work-conserving, off by default)
+#   drr-preempt  --policy drr+preempt (batch prefill sits out while an interactive prefill waits)
 #   whole-steps  as drr, with --preemptible-steps off (every step runs to its end; before
 #                the default became on, a step in flight was never given up for a quiet request)
 # Results: benches/results/llm/<date>-<commit>-scenario-a-http.json (+ .hlog and SVG per run).
 # Usage: scripts/bench-serve.sh [--model random:small] [--rate 1] [--seconds 60] [--arrivals poisson|bursty]
-#          [--runs solo,fifo,drr,whole-steps,slow,protect,router]   (default: all; the P99/solo
+#          [--runs solo,fifo,drr,whole-steps,slow,protect,drr-preempt,router]   (default: all; the P99/solo
 #          ratios need solo among them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-all_runs=solo,fifo,drr,whole-steps,slow,protect,router
+all_runs=solo,fifo,drr,whole-steps,slow,protect,drr-preempt,router
 model=random:small rate=1 seconds=60 arrivals=poisson runs=$all_runs
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -25,7 +26,7 @@ while [ $# -gt 0 ]; do
     --seconds) seconds=$2; shift ;;
     --arrivals) arrivals=$2; shift ;;
     --runs) runs=$2; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "bench-serve.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -111,6 +112,12 @@ if want protect; then
   bench protect "$url"
   stop up
 fi
+if want drr-preempt; then
+  start up "${engine[@]}" --policy drr+preempt
+  engine_url=$url
+  bench drr-preempt "$url"
+  stop up
+fi
 if want whole-steps; then
   start up "${engine[@]}" --policy drr --preemptible-steps off
   engine_url=$url
@@ -129,7 +136,7 @@ out="$dir/$stem.json"
 python3 - "$tmp" "$out" "$rate" "$runs" <<'PY'
 import json, sys
 tmp, out, rate = sys.argv[1], sys.argv[2], float(sys.argv[3])
-order = ("solo", "fifo", "drr", "whole-steps", "router", "slow", "protect")
+order = ("solo", "fifo", "drr", "whole-steps", "router", "slow", "protect", "drr-preempt")
 chosen = sys.argv[4].split(",")
 runs = {k: json.load(open(f"{tmp}/{k}.json")) for k in order if k in chosen}
 t = lambda k, n: next(x for x in runs[k]["tenants"] if x["tenant"] == n)
