@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
     --seconds) seconds=$2; shift ;;
     --arrivals) arrivals=$2; shift ;;
     --runs) runs=$2; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "bench-serve.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
