@@ -956,18 +956,8 @@ impl Conn {
     /// cannot be held in host memory, or this connection holds [`PINS_PER_KEY_MAX`] pins of it.
     fn pin(&mut self, store: &PrefixStore, keys: &[BlockKey]) -> Vec<u8> {
         let mut out = vec![0u8; keys.len()];
-        let mut asked = Vec::with_capacity(keys.len());
-        let mut at = Vec::with_capacity(keys.len());
-        let mut pending: HashMap<BlockKey, u32> = HashMap::new();
-        for (i, k) in keys.iter().enumerate() {
-            let held = self.pins.get(k).copied().unwrap_or(0);
-            let p = pending.entry(*k).or_insert(0);
-            if held.saturating_add(*p) < PINS_PER_KEY_MAX {
-                *p += 1;
-                asked.push(*k);
-                at.push(i);
-            }
-        }
+        let (asked, at) = self
+            .pin_requests(keys, |held, pending| held.saturating_add(pending) < PINS_PER_KEY_MAX);
         for ((k, i), ok) in asked.iter().zip(at).zip(store.pin(&asked)) {
             if ok {
                 *self.pins.entry(*k).or_insert(0) += 1;
@@ -981,18 +971,7 @@ impl Conn {
     /// connection holds none (another connection's pins are not its to release).
     fn unpin(&mut self, store: &PrefixStore, keys: &[BlockKey]) -> Vec<u8> {
         let mut out = vec![0u8; keys.len()];
-        let mut asked = Vec::with_capacity(keys.len());
-        let mut at = Vec::with_capacity(keys.len());
-        let mut pending: HashMap<BlockKey, u32> = HashMap::new();
-        for (i, k) in keys.iter().enumerate() {
-            let held = self.pins.get(k).copied().unwrap_or(0);
-            let p = pending.entry(*k).or_insert(0);
-            if *p < held {
-                *p += 1;
-                asked.push(*k);
-                at.push(i);
-            }
-        }
+        let (asked, at) = self.pin_requests(keys, |held, pending| pending < held);
         for ((k, i), ok) in asked.iter().zip(at).zip(store.unpin(&asked)) {
             if ok {
                 out[i] = 1;
@@ -1006,6 +985,28 @@ impl Conn {
             }
         }
         out
+    }
+
+    /// The keys of a PIN or UNPIN to pass to the store, and their positions in `keys`: a key
+    /// goes on while `ok(pins this connection holds, times it is already in this request)`.
+    fn pin_requests(
+        &self,
+        keys: &[BlockKey],
+        ok: impl Fn(u32, u32) -> bool,
+    ) -> (Vec<BlockKey>, Vec<usize>) {
+        let mut asked = Vec::with_capacity(keys.len());
+        let mut at = Vec::with_capacity(keys.len());
+        let mut pending: HashMap<BlockKey, u32> = HashMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            let held = self.pins.get(k).copied().unwrap_or(0);
+            let p = pending.entry(*k).or_insert(0);
+            if ok(held, *p) {
+                *p += 1;
+                asked.push(*k);
+                at.push(i);
+            }
+        }
+        (asked, at)
     }
 
     /// Releases every pin this connection still holds (it is closing).

@@ -293,18 +293,24 @@ fn drr_shares_the_engine_between_a_flooder_and_a_quiet_tenant() {
     }
     assert!(quiet_first.unwrap() < 10, "quiet tenant served at step {quiet_first:?}");
 }
-#[test]
-fn drr_weights_split_the_prefill_budget() {
-    // Two backlogged batch tenants with long prompts, weights 3 and 1: over many steps the
-    // prefill tokens they get are 3:1 (within a quantum).
+/// Two batch tenants, "heavy" of weight 3 and "light" of weight 1, under DRR (512-token steps,
+/// `chunk`-token prefill chunks, 128-token quanta).
+fn heavy_and_light(chunk: u32) -> Scheduler<InstantPort> {
     let mut a = tenant("heavy", Tier::Batch, 1e9, 1e9, 1000, Overflow::Reject);
     a.weight = 3;
     let b = tenant("light", Tier::Batch, 1e9, 1e9, 1000, Overflow::Reject);
     let mut c = cfg(Policy::Drr, 100_000);
     c.batch_tokens_max = 512;
-    c.chunk_tokens = Some(128);
+    c.chunk_tokens = Some(chunk);
     c.drr_quantum_tokens = 128;
-    let mut s = Scheduler::new(c, vec![a, b], port()).unwrap();
+    Scheduler::new(c, vec![a, b], port()).unwrap()
+}
+
+#[test]
+fn drr_weights_split_the_prefill_budget() {
+    // Two backlogged batch tenants with long prompts, weights 3 and 1: over many steps the
+    // prefill tokens they get are 3:1 (within a quantum).
+    let mut s = heavy_and_light(128);
     for i in 0..40 {
         s.submit(0, req(i, 0, 4096, 1, 0)).unwrap();
         s.submit(0, req(1000 + i, 1, 4096, 1, 0)).unwrap();
@@ -772,14 +778,7 @@ fn abandoning_every_step_once_changes_no_plan_and_no_count() {
         (s, now)
     };
     let weighted = || {
-        let mut a = tenant("heavy", Tier::Batch, 1e9, 1e9, 1000, Overflow::Reject);
-        a.weight = 3;
-        let b = tenant("light", Tier::Batch, 1e9, 1e9, 1000, Overflow::Reject);
-        let mut c = cfg(Policy::Drr, 100_000);
-        c.batch_tokens_max = 512;
-        c.chunk_tokens = Some(96);
-        c.drr_quantum_tokens = 128;
-        let mut s = Scheduler::new(c, vec![a, b], port()).unwrap();
+        let mut s = heavy_and_light(96);
         for i in 0..20 {
             s.submit(0, req(i, 0, 1000 + 7 * i as u32, 2, 0)).unwrap();
             s.submit(0, req(1000 + i, 1, 900 + 13 * i as u32, 2, 0)).unwrap();
