@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Scenario (a) over HTTP, scaled to the CPU engine: a quiet tenant at --rate requests/s beside a
 # flood tenant at 30x that rate, as the client sees it (`fastlane llm bench --url`), against
-# `fastlane llm serve --model random:small` started here eight ways:
+# `fastlane llm serve --model random:small` started here nine ways:
 #   solo         the quiet tenant alone (the baseline), --policy fifo
 #   fifo         both tenants, --policy fifo (no gate)
-#   drr          both tenants, --policy drr (the gate in the engine: bucket + slots + DRR)
+#   drr          both tenants, --policy drr (the gate in the engine: bucket + slots + DRR; the
+#                defaults: preemptible steps, --tier-steps separate)
+#   shared       as drr, with --tier-steps shared (batch work fills what the quiet prefill
+#                leaves of its step, as it would on a GPU)
 #   router       both tenants through `fastlane router` in front of an `llm serve --policy fifo`
 #   slow         as drr, with 1,000 streams of a third tenant held open by clients that never read
 #   protect      as drr, with --protect (latency protection: not work-conserving, off by default)
@@ -13,11 +16,11 @@
 #                the default became on, a step in flight was never given up for a quiet request)
 # Results: benches/results/llm/<date>-<commit>-scenario-a-http.json (+ .hlog and SVG per run).
 # Usage: scripts/bench-serve.sh [--model random:small] [--rate 1] [--seconds 60] [--arrivals poisson|bursty]
-#          [--runs solo,fifo,drr,whole-steps,slow,protect,drr-preempt,router]   (default: all; the P99/solo
+#          [--runs solo,fifo,drr,shared,whole-steps,slow,protect,drr-preempt,router]   (default: all; the P99/solo
 #          ratios need solo among them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-all_runs=solo,fifo,drr,whole-steps,slow,protect,drr-preempt,router
+all_runs=solo,fifo,drr,shared,whole-steps,slow,protect,drr-preempt,router
 model=random:small rate=1 seconds=60 arrivals=poisson runs=$all_runs
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -26,7 +29,7 @@ while [ $# -gt 0 ]; do
     --seconds) seconds=$2; shift ;;
     --arrivals) arrivals=$2; shift ;;
     --runs) runs=$2; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "bench-serve.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -106,6 +109,12 @@ if want drr || want slow; then
   if want slow; then bench slow "$url" --slow-streams 1000 --slow-tokens 64; fi
   stop up
 fi
+if want shared; then
+  start up "${engine[@]}" --policy drr --tier-steps shared
+  engine_url=$url
+  bench shared "$url"
+  stop up
+fi
 if want protect; then
   start up "${engine[@]}" --policy drr --protect
   engine_url=$url
@@ -136,7 +145,7 @@ out="$dir/$stem.json"
 python3 - "$tmp" "$out" "$rate" "$runs" <<'PY'
 import json, sys
 tmp, out, rate = sys.argv[1], sys.argv[2], float(sys.argv[3])
-order = ("solo", "fifo", "drr", "whole-steps", "router", "slow", "protect", "drr-preempt")
+order = ("solo", "fifo", "drr", "shared", "whole-steps", "router", "slow", "protect", "drr-preempt")
 chosen = sys.argv[4].split(",")
 runs = {k: json.load(open(f"{tmp}/{k}.json")) for k in order if k in chosen}
 t = lambda k, n: next(x for x in runs[k]["tenants"] if x["tenant"] == n)
@@ -172,6 +181,8 @@ summary = {
     "quiet_samples": {k: t(k, "quiet")["ok"] for k in runs},
     "over_solo_p99": {k: t(k, "quiet")["ttft_p99_ms"] / solo for k in runs if k != "solo" and solo},
     "flood_completed_per_s": {k: t(k, "flood")["completed_per_s"] for k in runs if k != "solo"},
+    # The flood's streams pay for the quiet tenant's steps: inter-token latency as it sees it.
+    "flood_itl_p99_ms": {k: t(k, "flood")["itl_p99_ms"] for k in runs if k != "solo"},
     "flood_bucket_per_s": 600 / 60,
     "flood_offered_per_s": 30 * rate,
     "slow_streams_held": runs["slow"]["slow_streams_held"] if "slow" in runs else None,

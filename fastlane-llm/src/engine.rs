@@ -83,6 +83,10 @@ pub struct EngineConfig {
     /// Latency protection of under-rate interactive tenants (`kvswap::sched::ProtectConfig`;
     /// gives up work conservation while their prefill is in the step). Off by default.
     pub protect: Option<kvswap::sched::ProtectConfig>,
+    /// How the interactive and batch tiers share a step (`kvswap::sched::TierSteps`): by
+    /// default a step with an interactive prefill carries no batch work (on a CPU every row
+    /// lengthens the step), bounded by a 500 ms starvation limit.
+    pub tier_steps: kvswap::sched::TierSteps,
     /// Preemptible steps: when an interactive-tier request is submitted while a step's
     /// forward pass runs, and that step holds no interactive-tier prefill, the pass is given
     /// up between two layers (its work discarded) and the next step is planned with the new
@@ -144,6 +148,7 @@ impl Default for EngineConfig {
             stream_ns_max: None,
             chaos: None,
             protect: None,
+            tier_steps: kvswap::sched::TierSteps::SEPARATE,
             prefix: PrefixConfig::default(),
             preemptible_steps: false,
             force_step_aborts: None,
@@ -604,6 +609,7 @@ impl Engine {
             stream_ns_max: cfg.stream_ns_max,
             preempt: costs,
             protect: cfg.protect,
+            tier_steps: cfg.tier_steps,
         };
         let prefix =
             if cfg.prefix.enabled { Some(Arc::new(prefix_store(&cfg, &geom)?)) } else { None };

@@ -162,6 +162,13 @@ pub struct EngineArgs {
     /// (their decodes still run); not work-conserving, off by default (docs/scheduler.md).
     #[arg(long)]
     pub protect: bool,
+    /// How the interactive and batch tiers share a step (policies drr, drr+preempt):
+    /// separate (a step with an interactive prefill carries no batch-tier work, decodes
+    /// included, for at most 500 ms in a row; the batch work runs in the next step) or shared
+    /// (batch work fills whatever budget the interactive tier leaves, as on a GPU where rows
+    /// are nearly free). On a CPU every row lengthens the step (docs/serving.md).
+    #[arg(long, default_value = "separate", value_name = "separate|shared")]
+    pub tier_steps: String,
     /// Prefill chunk in tokens (0: whole prompts in one step). Default 256; 64 for serve.
     #[arg(long)]
     pub chunk: Option<u32>,
@@ -264,6 +271,7 @@ impl EngineArgs {
             chunk_tokens: Some(self.chunk.unwrap_or(256)).filter(|&c| c > 0),
             batch_tokens_max: self.batch_tokens.unwrap_or(512).max(1),
             protect: self.protect.then(kvswap::sched::ProtectConfig::default),
+            tier_steps: self.tier_steps.parse().map_err(|e| anyhow::anyhow!("--tier-steps {e}"))?,
             ..EngineConfig::default()
         };
         cfg.swap.host_bytes = size(&self.host_bytes, "--host-bytes")?;

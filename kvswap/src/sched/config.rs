@@ -147,6 +147,57 @@ pub struct SchedConfig {
     /// Latency protection of under-rate interactive tenants (`None`: off, every step's
     /// prefill budget is shared work-conserving). Policies `drr` and `drr+preempt` only.
     pub protect: Option<ProtectConfig>,
+    /// How the interactive and batch tiers share a step (policies `drr` and `drr+preempt`).
+    pub tier_steps: TierSteps,
+}
+
+/// How the two tiers share a step (policies `drr` and `drr+preempt`; `fifo` has no tiers).
+///
+/// On a GPU a step's time barely grows with its rows until the batch is large, so filling
+/// what the interactive tier leaves with batch work is free ([`TierSteps::Shared`]). On a CPU
+/// every row costs its share of the step: a batch prefill chunk beside an interactive prompt
+/// doubles that prompt's step and with it its time to first token. [`TierSteps::Separate`]
+/// keeps batch work out of exactly those steps; the engine stays busy (it runs the
+/// interactive work, then the batch work in the next step), so nothing is idle while work
+/// waits, and the batch tier's work moves one step later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TierSteps {
+    /// Batch-tier work (decodes, then DRR's prefill chunks) fills whatever budget the
+    /// interactive tier leaves.
+    Shared,
+    /// A step that carries an interactive-tier prefill carries no batch-tier work, neither
+    /// decodes nor prefill chunks. Starvation bound: when batch work has been kept out for
+    /// `hold_ns_max` without a break, the next step is shared and the clock starts again.
+    Separate {
+        /// Longest batch work is kept out of steps before one shared step.
+        hold_ns_max: u64,
+    },
+}
+
+impl TierSteps {
+    /// [`TierSteps::Separate`] with a 500 ms starvation bound.
+    pub const SEPARATE: TierSteps = TierSteps::Separate { hold_ns_max: 500_000_000 };
+}
+
+impl std::str::FromStr for TierSteps {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "shared" => Ok(TierSteps::Shared),
+            "separate" => Ok(TierSteps::SEPARATE),
+            o => Err(format!("{o:?}: shared or separate")),
+        }
+    }
+}
+
+/// What [`TierSteps::Separate`] did over a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TierStepStats {
+    /// Steps planned with an interactive prefill and without the batch work that waited.
+    pub separate_steps: u64,
+    /// Steps planned shared because batch work had been kept out for `hold_ns_max`.
+    pub released_steps: u64,
 }
 
 /// Latency protection (`--protect`): an operator's choice to give up work conservation

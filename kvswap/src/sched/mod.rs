@@ -76,6 +76,7 @@ pub use admission::{Admission, RejectReason, Request};
 pub use blocks::{blocks_for_tokens, BlockError, BlockManager, PinnedBlocks, BLOCK_TOKENS};
 pub use config::{
     Overflow, Policy, PreemptCosts, ProtectConfig, SchedConfig, SchedError, TenantConfig, Tier,
+    TierStepStats, TierSteps,
 };
 pub use fair::{Drr, TokenBucket};
 pub use plan::{StepItem, StepKind, StepPlan};
@@ -218,6 +219,10 @@ pub struct Scheduler<P: SwapPort> {
     /// Since when the cap has held unprotected prefill work back without a break.
     held_since_ns: Option<u64>,
     protect_stats: ProtectStats,
+    /// [`TierSteps::Separate`]: since when batch work has been kept out of steps without a
+    /// break.
+    tier_held_since_ns: Option<u64>,
+    tier_stats: TierStepStats,
     /// What forming the current plan changed that [`abandon_step`](Self::abandon_step)
     /// gives back.
     undo: PlanUndo,
@@ -236,6 +241,8 @@ struct PlanUndo {
     drr: [Drr; 2],
     protect_stats: ProtectStats,
     held_since_ns: Option<u64>,
+    tier_held_since_ns: Option<u64>,
+    tier_stats: TierStepStats,
 }
 
 /// What latency protection did over a run.
@@ -278,6 +285,9 @@ impl<P: SwapPort> Scheduler<P> {
         }
         if cfg.batch_tokens_max == 0 || cfg.batch_seqs_max == 0 || cfg.chunk_tokens == Some(0) {
             return bad("zero step budget or chunk".into());
+        }
+        if cfg.tier_steps == (TierSteps::Separate { hold_ns_max: 0 }) {
+            return bad("tier_steps: separate needs a hold bound above 0".into());
         }
         if let Some(p) = &cfg.protect {
             if cfg.policy == Policy::Fifo {
@@ -328,6 +338,8 @@ impl<P: SwapPort> Scheduler<P> {
                 drr: drr.clone(),
                 protect_stats: ProtectStats::default(),
                 held_since_ns: None,
+                tier_held_since_ns: None,
+                tier_stats: TierStepStats::default(),
             },
             abandoned: 0,
             drr,
@@ -341,6 +353,8 @@ impl<P: SwapPort> Scheduler<P> {
             others_left: None,
             held_since_ns: None,
             protect_stats: ProtectStats::default(),
+            tier_held_since_ns: None,
+            tier_stats: TierStepStats::default(),
             hold_slots: false,
             held: HashMap::new(),
         })
@@ -424,6 +438,11 @@ impl<P: SwapPort> Scheduler<P> {
     /// What latency protection did so far (zeros when it is off).
     pub fn protect_stats(&self) -> ProtectStats {
         self.protect_stats
+    }
+
+    /// What [`TierSteps::Separate`] did so far.
+    pub fn tier_stats(&self) -> TierStepStats {
+        self.tier_stats
     }
 
     /// Events of the last [`complete_step`](Self::complete_step) and of preemptions since.
@@ -610,6 +629,8 @@ impl<P: SwapPort> Scheduler<P> {
             self.held_since_ns = self.undo.held_since_ns;
         }
         self.protect_stats = self.undo.protect_stats;
+        self.tier_held_since_ns = self.undo.tier_held_since_ns;
+        self.tier_stats = self.undo.tier_stats;
         Ok(())
     }
 

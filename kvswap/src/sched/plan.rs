@@ -3,7 +3,9 @@
 
 use std::collections::VecDeque;
 
-use super::{tier_index, Policy, SchedError, Scheduler, SeqId, State, SwapPort, TenantIndex, Tier};
+use super::{
+    tier_index, Policy, SchedError, Scheduler, SeqId, State, SwapPort, TenantIndex, Tier, TierSteps,
+};
 
 /// What a sequence does in a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +68,8 @@ impl<P: SwapPort> Scheduler<P> {
         }
         self.undo.protect_stats = self.protect_stats;
         self.undo.held_since_ns = self.held_since_ns;
+        self.undo.tier_held_since_ns = self.tier_held_since_ns;
+        self.undo.tier_stats = self.tier_stats;
         self.poll_swaps(now_ns);
         self.fence(now_ns);
         self.retry_router(now_ns);
@@ -96,12 +100,54 @@ impl<P: SwapPort> Scheduler<P> {
                     && s.generated == 0
                     && matches!(s.state, State::Waiting | State::Running)
             });
-        if !hold_batch {
+        let separate = self.separate_tiers(now_ns);
+        if !hold_batch && !separate {
             // An interactive start waiting for blocks keeps batch starts out (it keeps what
             // preemption freed); running batch prefills still get their chunks.
             self.plan_tier(now_ns, Tier::Batch, blocked, &mut budget, &mut seqs_left);
         }
         self.finish_plan()
+    }
+
+    /// [`TierSteps::Separate`]: when this step carries an interactive-tier prefill, takes the
+    /// batch tier's decodes back out of it and says that its prefill stays out too — unless
+    /// batch work has been kept out for the hold bound, when this step is shared.
+    fn separate_tiers(&mut self, now_ns: u64) -> bool {
+        let TierSteps::Separate { hold_ns_max } = self.cfg.tier_steps else { return false };
+        let interactive_prefill = self.plan.items.iter().any(|it| {
+            matches!(it.kind, StepKind::Prefill { .. })
+                && self.seqs.get(&it.seq).is_some_and(|s| s.tier == Tier::Interactive)
+        });
+        let batch_decodes = self.plan.items.iter().any(|it| {
+            it.kind == StepKind::Decode
+                && self.seqs.get(&it.seq).is_some_and(|s| s.tier == Tier::Batch)
+        });
+        let batch_prefill = self.seqs.values().any(|s| {
+            s.tier == Tier::Batch
+                && (matches!(s.state, State::Waiting | State::SwappedOut)
+                    || (matches!(s.state, State::Running) && s.computed < s.target))
+        });
+        if !interactive_prefill || !(batch_decodes || batch_prefill) {
+            self.tier_held_since_ns = None;
+            return false;
+        }
+        let since = *self.tier_held_since_ns.get_or_insert(now_ns);
+        if now_ns.saturating_sub(since) >= hold_ns_max {
+            self.tier_held_since_ns = None;
+            self.tier_stats.released_steps += 1;
+            return false;
+        }
+        self.tier_stats.separate_steps += 1;
+        if batch_decodes {
+            let seqs = &self.seqs;
+            self.plan.items.retain(|it| {
+                it.kind != StepKind::Decode
+                    || seqs.get(&it.seq).is_none_or(|s| s.tier != Tier::Batch)
+            });
+            self.plan.decode_tokens =
+                self.plan.items.iter().filter(|it| it.kind == StepKind::Decode).count() as u32;
+        }
+        true
     }
 
     pub(super) fn finish_plan(&mut self) -> Result<&StepPlan, SchedError> {

@@ -23,6 +23,7 @@ fn cfg(policy: Policy, kv_blocks: u32) -> SchedConfig {
         stream_ns_max: None,
         preempt: costs(),
         protect: None,
+        tier_steps: TierSteps::Shared,
     }
 }
 

@@ -289,6 +289,9 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, SimError> {
         stream_ns_max: cfg.stream_s_max.map(|s| (s * 1e9) as u64),
         preempt: model.preempt_costs(ns_per_byte, SWAP_FIXED_NS),
         protect: cfg.protect,
+        // The simulator prices a GPU step, where batch rows beside an interactive prompt are
+        // nearly free: the tiers share steps.
+        tier_steps: crate::sched::TierSteps::Shared,
     };
     let tenants = specs.iter().map(|(_, s)| s.config.clone()).collect();
     let mut sched = Scheduler::new(sched_cfg, tenants, port)?;
