@@ -11,6 +11,12 @@
 //!   next request to dispatch is chosen by deficit round robin on estimated tokens (prompt +
 //!   `max_tokens`), weighted by tenant `weight`, the interactive tier before the batch tier;
 //!   that is kvswap's [`Drr`] and [`TokenBucket`], the scheduler's own.
+//! - While an interactive-tier request has been dispatched and its first response bytes have
+//!   not come back ([`Permit::first_bytes`]), batch-tier waiters are not dispatched: the
+//!   upstream's next step holds the interactive prompt without new batch prompts beside it
+//!   (on a CPU engine every row lengthens the step). Starvation bound: after
+//!   [`BATCH_HOLD_MAX`] of holding, batch dispatch goes on until no interactive request
+//!   waits for its first bytes.
 //! - A [`Permit`] is the slot: it is held until the response's last byte (the proxy keeps it
 //!   in the body) and its drop dispatches the next waiter. A waiter whose client goes away is
 //!   removed from the queue.
@@ -25,6 +31,10 @@ use kvswap::sched::{Drr, TokenBucket};
 use tokio::sync::{oneshot, Notify};
 
 use super::tenants::Tenants;
+
+/// Longest the gate holds batch-tier dispatch back while interactive requests wait for their
+/// first bytes.
+pub const BATCH_HOLD_MAX: Duration = Duration::from_millis(500);
 
 /// Why the gate refused a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +73,10 @@ struct Inner {
     next_id: u64,
     /// Each tenant's dispatchable head cost (scratch of `pump`, kept to not allocate).
     heads: Vec<Option<u64>>,
+    /// Interactive-tier requests dispatched whose first response bytes have not come back.
+    awaiting_first: usize,
+    /// Since when batch dispatch has been held back for them (reset when none waits).
+    batch_held_since_ns: Option<u64>,
 }
 
 /// The gate.
@@ -89,14 +103,47 @@ impl std::fmt::Debug for Gate {
 pub struct Permit {
     gate: Arc<Gate>,
     tenant: usize,
+    /// An interactive-tier request still waiting for its first response bytes.
+    awaiting_first: bool,
+}
+
+impl Permit {
+    /// The request's first response bytes came back: batch dispatch need not wait for it.
+    pub fn first_bytes(&mut self) {
+        if self.awaiting_first {
+            self.awaiting_first = false;
+            let mut i = self.gate.lock();
+            i.first_seen();
+            self.gate.pump(&mut i);
+        }
+    }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         let mut i = self.gate.lock();
+        if self.awaiting_first {
+            i.first_seen();
+        }
         i.tenants[self.tenant].inflight -= 1;
         i.upstream_inflight -= 1;
         self.gate.pump(&mut i);
+    }
+}
+
+impl Inner {
+    fn first_seen(&mut self) {
+        self.awaiting_first -= 1;
+        if self.awaiting_first == 0 {
+            self.batch_held_since_ns = None;
+        }
+    }
+
+    /// A permit of tenant `t` taken now (counts an interactive one as awaiting its first bytes).
+    fn permit(&mut self, gate: &Arc<Gate>, t: usize) -> Permit {
+        let awaiting_first = self.tenants[t].interactive;
+        self.awaiting_first += usize::from(awaiting_first);
+        Permit { gate: gate.clone(), tenant: t, awaiting_first }
     }
 }
 
@@ -152,6 +199,8 @@ impl Gate {
                 upstream_max: upstream_slots.max(1),
                 next_id: 0,
                 heads: Vec::with_capacity(weights.len()),
+                awaiting_first: 0,
+                batch_held_since_ns: None,
             }),
             start: Instant::now(),
             wake: Arc::new(Notify::new()),
@@ -215,17 +264,21 @@ impl Gate {
             let mut i = self.lock();
             let now = self.now_ns();
             let upstream_free = i.upstream_inflight < i.upstream_max;
+            let batch_held = i.awaiting_first > 0;
             let t = &mut i.tenants[tenant];
             if t.bucket.tokens(now) < 1.0 + t.queue.len() as f64 {
                 return Err(GateError::RateLimited {
                     retry_after_s: (60.0 / t.rpm).ceil().max(1.0) as u64,
                 });
             }
-            if t.queue.is_empty() && t.inflight < t.max_concurrent && upstream_free {
+            // A batch request finds batch dispatch held: it waits in its queue (the pump
+            // starts the hold's clock).
+            let held = !t.interactive && batch_held;
+            if t.queue.is_empty() && t.inflight < t.max_concurrent && upstream_free && !held {
                 t.bucket.spend();
                 t.inflight += 1;
                 i.upstream_inflight += 1;
-                return Ok(Permit { gate: self.clone(), tenant });
+                return Ok(i.permit(self, tenant));
             }
             if t.queue.len() >= t.queue_max {
                 return Err(GateError::QueueFull);
@@ -241,9 +294,11 @@ impl Gate {
         self.wake.notify_one();
         let mut cancel = Cancel { gate: self, tenant, id, armed: true };
         match rx.await {
+            // The pump counted the permit (awaiting its first bytes if interactive).
             Ok(()) => {
                 cancel.armed = false;
-                Ok(Permit { gate: self.clone(), tenant })
+                let awaiting_first = self.lock().tenants[tenant].interactive;
+                Ok(Permit { gate: self.clone(), tenant, awaiting_first })
             }
             // The sender is only dropped by the gate itself when it goes away.
             Err(_) => {
@@ -268,6 +323,17 @@ impl Gate {
             for (tier, interactive) in [(0, true), (1, false)] {
                 let of_tier =
                     |f: usize| i.heads[f].filter(|_| i.tenants[f].interactive == interactive);
+                if !interactive
+                    && i.awaiting_first > 0
+                    && (0..i.heads.len()).any(|f| of_tier(f).is_some())
+                {
+                    // Batch work waits while an interactive request waits for its first
+                    // bytes, for BATCH_HOLD_MAX at most (then until none waits).
+                    let since = *i.batch_held_since_ns.get_or_insert(now);
+                    if now.saturating_sub(since) < BATCH_HOLD_MAX.as_nanos() as u64 {
+                        break;
+                    }
+                }
                 if let Some(f) = i.drr[tier].pick(of_tier) {
                     picked = Some((tier, f));
                     break;
@@ -279,13 +345,18 @@ impl Gate {
             let t = &mut i.tenants[f];
             t.bucket.spend();
             t.inflight += 1;
+            let interactive = t.interactive;
             i.upstream_inflight += 1;
+            i.awaiting_first += usize::from(interactive);
             if w.tx.send(()).is_err() {
                 // Its request went away between the pick and now: undo.
                 let t = &mut i.tenants[f];
                 t.bucket.refund();
                 t.inflight -= 1;
                 i.upstream_inflight -= 1;
+                if interactive {
+                    i.first_seen();
+                }
             }
             self.publish_depth(i, f);
         }
@@ -295,10 +366,17 @@ impl Gate {
     /// its bucket).
     fn next_refill(&self, i: &mut Inner) -> Option<Duration> {
         let now = self.now_ns();
+        // The end of a batch hold is a wake-up too.
+        let hold_end = i
+            .batch_held_since_ns
+            .filter(|_| i.awaiting_first > 0)
+            .map(|since| since + BATCH_HOLD_MAX.as_nanos() as u64)
+            .filter(|&at| at > now);
         i.tenants
             .iter_mut()
             .filter(|t| !t.queue.is_empty() && t.inflight < t.max_concurrent)
             .filter_map(|t| t.bucket.next_token_ns(now).filter(|&at| at > now))
+            .chain(hold_end)
             .min()
             .map(|at| Duration::from_nanos(at.saturating_sub(now).max(1_000_000)))
     }

@@ -211,7 +211,7 @@ async fn generate(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
             }
         };
         let fence = st.tenants.get(t).max_stream_seconds.map(Duration::from_secs_f64);
-        Ok(relay(st.clone(), tname, arrived, fence, streaming, permit, upstream))
+        Ok(relay(st.clone(), tname, arrived, fence, streaming, permit, upstream).await)
     }
     .await;
     r.unwrap_or_else(IntoResponse::into_response)
@@ -229,7 +229,9 @@ struct Relay {
     body: hyper::body::Incoming,
     last: Option<Instant>,
     ended: bool,
-    _permit: Permit,
+    /// The fence ended it.
+    fenced: bool,
+    permit: Permit,
 }
 
 impl Relay {
@@ -253,6 +255,7 @@ impl Relay {
                     Ok(f) => f,
                     Err(_) => {
                         self.end("fenced");
+                        self.fenced = true;
                         let msg = if self.streaming {
                             let e = json!({"error": {"message": "the stream ran past its tenant's max_stream_seconds",
                                                      "type": "timeout_error", "code": "max_stream_seconds"}});
@@ -277,6 +280,10 @@ impl Relay {
                     let Ok(data) = f.into_data() else { continue };
                     if data.is_empty() {
                         continue;
+                    }
+                    if self.last.is_none() {
+                        // Batch dispatch no longer waits for this request.
+                        self.permit.first_bytes();
                     }
                     if self.ok {
                         let now = Instant::now();
@@ -305,7 +312,7 @@ impl Drop for Relay {
     }
 }
 
-fn relay(
+async fn relay(
     st: Arc<ProxyState>,
     tenant: String,
     arrived: Instant,
@@ -327,12 +334,51 @@ fn relay(
         body,
         last: None,
         ended: false,
-        _permit: permit,
+        fenced: false,
+        permit,
     };
+    if !streaming && fence.is_some() {
+        // A whole response under a fence is collected here first, so that a fence that
+        // fires ends it with an error status (504, as `llm serve` answers) instead of a
+        // cut body after a 200. The upstream sends such a body only at its end anyway.
+        return whole(relay, parts).await;
+    }
     let stream =
         futures_util::stream::unfold(relay, |mut r| async move { r.next().await.map(|b| (b, r)) });
     let mut resp = Response::new(Body::from_stream(stream));
     *resp.status_mut() = parts.status;
+    copy_headers(&parts, &mut resp);
+    resp
+}
+
+/// A non-streamed response under a fence: the upstream's body collected, then sent whole;
+/// the fence firing first gives a 504 with an OpenAI error body.
+async fn whole(mut relay: Relay, parts: axum::http::response::Parts) -> Response {
+    let mut buf = Vec::new();
+    // Bounded by the upstream body and the fence: each turn reads one frame.
+    while let Some(chunk) = relay.next().await {
+        match chunk {
+            Ok(b) if relay.fenced => {
+                debug_assert!(b.is_empty());
+                return ApiError::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "timeout_error",
+                    "the request ran past its tenant's max_stream_seconds",
+                )
+                .into_response();
+            }
+            Ok(b) => buf.extend_from_slice(&b),
+            Err(e) => return upstream_error(e).into_response(),
+        }
+    }
+    let mut resp = Response::new(Body::from(buf));
+    *resp.status_mut() = parts.status;
+    copy_headers(&parts, &mut resp);
+    resp
+}
+
+/// The upstream's content type and cache control, or JSON's content type.
+fn copy_headers(parts: &axum::http::response::Parts, resp: &mut Response) {
     for name in [header::CONTENT_TYPE, header::CACHE_CONTROL] {
         if let Some(v) = parts.headers.get(&name) {
             resp.headers_mut().insert(name, v.clone());
@@ -342,5 +388,4 @@ fn relay(
         resp.headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     }
-    resp
 }
