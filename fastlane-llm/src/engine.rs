@@ -342,6 +342,12 @@ pub struct EngineCounters {
     pub steps_aborted: u64,
     /// Time spent in the forward passes of those steps (work discarded), ns.
     pub aborted_forward_ns: u64,
+    /// `--tier-steps separate`: steps planned with an interactive prefill and without the
+    /// batch-tier work that waited.
+    pub tier_separate_steps: u64,
+    /// `--tier-steps separate`: steps planned shared because batch work had waited for the
+    /// hold bound.
+    pub tier_released_steps: u64,
     /// KV blocks free in the pool now.
     pub blocks_free: u32,
     /// KV blocks in the pool.
@@ -1519,6 +1525,9 @@ impl Loop {
         self.local.blocks_total = self.sched.blocks().total();
         self.local.live = self.live.len() as u64;
         self.local.seqs = self.sched.seq_counts();
+        let tiers = self.sched.tier_stats();
+        self.local.tier_separate_steps = tiers.separate_steps;
+        self.local.tier_released_steps = tiers.released_steps;
         let n = self.sched.tenant_count();
         self.local.queued_by_tenant.resize(n, 0);
         for t in 0..n {

@@ -13,7 +13,7 @@ use fastlane_llm::{
     Engine, EngineConfig, FinishReason, GenRequest, Model, PreemptChoice, SamplingParams,
     StreamEvent,
 };
-use kvswap::sched::{Overflow, Policy, TenantConfig, Tier};
+use kvswap::sched::{Overflow, Policy, TenantConfig, Tier, TierSteps};
 use kvswap::testing::MemTier;
 use kvswap::{CustomTiers, NvmeTierConfig, TierKind};
 
@@ -368,6 +368,29 @@ fn mixed() -> Vec<GenRequest> {
         .enumerate()
         .map(|(i, r)| GenRequest { tenant: if i % 5 == 0 { CHAT } else { BATCH }, ..r })
         .collect()
+}
+
+#[test]
+fn separate_and_shared_tier_steps_give_the_same_tokens() {
+    // Interactive prompts beside batch work, the tiers kept apart (the default) or sharing
+    // steps; with and without preemptible steps, and with a pool tight enough to preempt.
+    let runs = [
+        (TierSteps::SEPARATE, false, ample()),
+        (TierSteps::SEPARATE, true, tight(PreemptChoice::Auto)),
+        (TierSteps::Shared, false, ample()),
+    ];
+    for (tier_steps, preemptible_steps, base) in runs {
+        let what = format!("{tier_steps:?}, preemptible steps {preemptible_steps}");
+        let cfg = EngineConfig { tier_steps, preemptible_steps, ..preemptible(None, base) };
+        let e = Engine::start(model(), cfg).unwrap();
+        let (got, c) = together_with(e, mixed());
+        assert_same(&got, &what);
+        if tier_steps == TierSteps::Shared {
+            assert_eq!(c.tier_separate_steps, 0, "{what}: {c:?}");
+        } else {
+            assert!(c.tier_separate_steps >= 1, "{what}: batch work was kept out: {c:?}");
+        }
+    }
 }
 
 #[test]

@@ -55,6 +55,15 @@ burst = 100
 max_concurrent = 2
 tier = "batch"
 max_stream_seconds = 1
+
+[[tenant]]
+name = "brief"
+keys = ["key-brief"]
+rpm = 6000
+burst = 100
+max_concurrent = 2
+tier = "batch"
+max_stream_seconds = 0.1
 "#;
 
 struct Pair {
@@ -191,6 +200,23 @@ fn router_passes_through_and_enforces_the_tenants() {
         |v| v >= aborted + 1.0,
     );
     assert!(r.metric("fastlane_llm_requests_total{outcome=\"fenced\",tenant=\"fenced\"}") >= 1.0);
+    // Not streamed: the fence gives a 504 with an OpenAI error body, not a cut 200.
+    let t0 = Instant::now();
+    let (st, text) = r.post(
+        "/v1/completions",
+        "key-brief",
+        r#"{"prompt": "x", "max_tokens": 3000, "ignore_eos": true}"#,
+    );
+    assert_eq!(st, 504, "{}", &text[..text.len().min(300)]);
+    assert_eq!(json_body(&text)["error"]["type"], "timeout_error", "{text}");
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    used_blocks_return_to_zero(u);
+    u.wait_metric(
+        "fastlane_llm_requests_total{outcome=\"aborted\",tenant=\"default\"}",
+        10,
+        "the upstream aborted the fenced whole request",
+        |v| v >= aborted + 2.0,
+    );
 
     // A client that leaves mid-stream: the upstream request is aborted, blocks come back,
     // the router's slot is free again.
@@ -203,7 +229,7 @@ fn router_passes_through_and_enforces_the_tenants() {
         "fastlane_llm_requests_total{outcome=\"aborted\",tenant=\"default\"}",
         10,
         "the upstream aborted the abandoned request",
-        |v| v >= aborted + 2.0,
+        |v| v >= aborted + 3.0,
     );
     r.wait_metric("fastlane_llm_streams_open{tenant=\"quiet\"}", 10, "router slot freed", |v| {
         v == 0.0

@@ -381,3 +381,79 @@ impl Gate {
             .map(|at| Duration::from_nanos(at.saturating_sub(now).max(1_000_000)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TENANTS: &str = r#"
+[[tenant]]
+name = "quiet"
+keys = ["q"]
+rpm = 6000
+burst = 100
+max_concurrent = 4
+tier = "interactive"
+
+[[tenant]]
+name = "flood"
+keys = ["f"]
+rpm = 6000
+burst = 100
+max_concurrent = 4
+tier = "batch"
+"#;
+
+    /// Whether `acquire` of the flood tenant (index 1) completes within `ms`.
+    async fn flood_within(g: &Arc<Gate>, ms: u64) -> Option<Permit> {
+        tokio::time::timeout(Duration::from_millis(ms), g.acquire(1, 10))
+            .await
+            .ok()
+            .map(|r| r.expect("admitted"))
+    }
+
+    #[tokio::test]
+    async fn batch_dispatch_waits_for_an_interactive_requests_first_bytes() {
+        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 8, 256, None);
+        // Nothing interactive in flight: batch goes at once.
+        let f0 = flood_within(&g, 100).await.expect("batch admitted at once");
+        let mut q = g.acquire(0, 10).await.unwrap();
+        // The quiet request waits for its first bytes: a batch request waits in its queue.
+        let waiting = tokio::spawn({
+            let g = g.clone();
+            async move { g.acquire(1, 10).await.map(|_| Instant::now()) }
+        });
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(!waiting.is_finished(), "batch dispatched while the quiet request waited");
+        assert_eq!(g.queued(1), 1);
+        let first = Instant::now();
+        q.first_bytes();
+        let at = tokio::time::timeout(Duration::from_secs(2), waiting).await.unwrap().unwrap();
+        assert!(at.unwrap() >= first, "dispatched when the first bytes came back");
+        // A second call is a no-op; the permit's drop frees the slot once.
+        q.first_bytes();
+        drop(q);
+        drop(f0);
+        assert_eq!(g.upstream_inflight(), 0, "every permit's drop freed its slot once");
+    }
+
+    #[tokio::test]
+    async fn the_batch_hold_is_bounded() {
+        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 8, 256, None);
+        // An interactive request that never sends a byte back holds batch for the bound only.
+        let _q = g.acquire(0, 10).await.unwrap();
+        let t0 = Instant::now();
+        let f = flood_within(&g, 3000).await.expect("batch dispatched after the hold bound");
+        let waited = t0.elapsed();
+        assert!(waited >= BATCH_HOLD_MAX - Duration::from_millis(5), "{waited:?}");
+        assert!(waited < BATCH_HOLD_MAX * 3, "{waited:?}");
+        // Past the bound batch dispatch goes on while the interactive request still waits.
+        let f2 = flood_within(&g, 100).await.expect("no second hold");
+        drop((f, f2));
+        // A request of the quiet tenant that goes away before its first bytes ends the hold.
+        drop(_q);
+        let q2 = g.acquire(0, 10).await.unwrap();
+        drop(q2);
+        assert!(flood_within(&g, 100).await.is_some(), "no interactive request waits");
+    }
+}

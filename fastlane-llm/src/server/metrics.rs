@@ -35,6 +35,7 @@ pub struct Metrics {
     swap_bytes: IntCounterVec,
     steps: IntCounterVec,
     steps_aborted: IntCounterVec,
+    tier_steps: IntCounterVec,
     prefix_blocks: IntCounterVec,
     prefix_reused_tokens: IntCounterVec,
     prefix_cache_blocks: IntGaugeVec,
@@ -137,6 +138,11 @@ impl Metrics {
             "Engine steps whose forward pass was given up for an interactive arrival (--preemptible-steps)",
             &[],
         );
+        let tier_steps = counter(
+            "fastlane_llm_engine_tier_steps_total",
+            "Steps with an interactive prefill that kept the batch tier's waiting work out (separate), or shared after the hold bound (released); --tier-steps",
+            &["kind"],
+        );
         let prefix_blocks = counter(
             "fastlane_llm_prefix_blocks_total",
             "Prompt blocks looked up in the prefix cache, by result (host_hit, nvme_hit, cluster_hit, miss, integrity_miss)",
@@ -181,6 +187,7 @@ impl Metrics {
             swap_bytes,
             steps,
             steps_aborted,
+            tier_steps,
             prefix_blocks,
             prefix_reused_tokens,
             prefix_cache_blocks,
@@ -245,6 +252,8 @@ impl Metrics {
         up(&self.swap_bytes, &["in", "all"], c.swap_in_bytes);
         up(&self.steps, &[], c.steps);
         up(&self.steps_aborted, &[], c.steps_aborted);
+        up(&self.tier_steps, &["separate"], c.tier_separate_steps);
+        up(&self.tier_steps, &["released"], c.tier_released_steps);
         up(&self.prefix_reused_tokens, &[], c.prefix_reused_tokens);
         if let Some(p) = &c.prefix_cache {
             up(&self.prefix_blocks, &["host_hit"], p.host_hits);

@@ -203,14 +203,32 @@ async fn generate(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
             }
         };
         st.metrics.requests.with_label_values(&[&tname, "admitted"]).inc();
-        let upstream = match send(&st, axum::http::Method::POST, &path, bytes).await {
+        let fence = st.tenants.get(t).max_stream_seconds.map(Duration::from_secs_f64);
+        let sent = send(&st, axum::http::Method::POST, &path, bytes);
+        // The fence counts from arrival, the wait for the upstream's headers included (a
+        // non-streamed response has them only at its end); dropping the request on the
+        // fence closes the upstream connection, which aborts the request there.
+        let sent = match fence {
+            None => sent.await,
+            Some(f) => match tokio::time::timeout_at((arrived + f).into(), sent).await {
+                Ok(r) => r,
+                Err(_) => {
+                    st.metrics.requests.with_label_values(&[&tname, "fenced"]).inc();
+                    return Err(ApiError::new(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "timeout_error",
+                        "the request ran past its tenant's max_stream_seconds",
+                    ));
+                }
+            },
+        };
+        let upstream = match sent {
             Ok(r) => r,
             Err(e) => {
                 st.metrics.requests.with_label_values(&[&tname, "upstream_error"]).inc();
                 return Err(e);
             }
         };
-        let fence = st.tenants.get(t).max_stream_seconds.map(Duration::from_secs_f64);
         Ok(relay(st.clone(), tname, arrived, fence, streaming, permit, upstream).await)
     }
     .await;

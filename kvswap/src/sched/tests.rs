@@ -824,3 +824,92 @@ fn complete_and_abandon_need_a_planned_step() {
     assert_eq!(s.blocks().free(), 100);
     assert_eq!(s.stats(0).unwrap().aborted, 1);
 }
+
+/// A batch-tier flooder (two streams decoding, six long prefills under way) and an
+/// interactive quiet tenant, under `tier_steps`.
+fn batch_flood_and_quiet(tier_steps: TierSteps) -> (Scheduler<InstantPort>, u64) {
+    let tenants = vec![
+        tenant("flood", Tier::Batch, 8.0, 0.0, 1000, Overflow::Reject),
+        tenant("quiet", Tier::Interactive, 10.0, 60.0, 1000, Overflow::Reject),
+    ];
+    let mut c = cfg(Policy::Drr, 10_000);
+    c.tier_steps = tier_steps;
+    let mut s = Scheduler::new(c, tenants, port()).unwrap();
+    let now = flood_and_two_steps(&mut s);
+    (s, now)
+}
+
+#[test]
+fn separate_tier_steps_keep_batch_work_out_of_an_interactive_prefills_steps() {
+    let (mut s, mut now) = batch_flood_and_quiet(TierSteps::SEPARATE);
+    // No interactive work: the batch tier has the whole step, decodes and prefill.
+    let plan = s.schedule(now).unwrap();
+    assert_eq!(tenant_tokens(plan, 0), (2046, 2), "{plan:?}");
+    now += 10_000_000;
+    s.complete_step(now).unwrap();
+    s.submit(now, req(100, 1, 1000, 4, now)).unwrap();
+    // The quiet prompt's two chunks run alone: no batch prefill and no batch decode.
+    for chunk in [512, 488] {
+        let plan = s.schedule(now).unwrap();
+        assert_eq!(tenant_tokens(plan, 1), (chunk, 0), "{plan:?}");
+        assert_eq!(tenant_tokens(plan, 0), (0, 0), "batch work kept out: {plan:?}");
+        assert_eq!((plan.prefill_tokens, plan.decode_tokens), (chunk, 0));
+        now += 10_000_000;
+        s.complete_step(now).unwrap();
+    }
+    assert_eq!(s.stats(1).unwrap().ttft.len(), 1, "first token after the last chunk");
+    // Its decodes share steps with the batch tier again (only prefill is kept apart).
+    let plan = s.schedule(now).unwrap();
+    assert_eq!(tenant_tokens(plan, 1), (0, 1), "{plan:?}");
+    assert_eq!(tenant_tokens(plan, 0), (2048 - 3, 2), "{plan:?}");
+    assert_eq!(s.tier_stats(), TierStepStats { separate_steps: 2, released_steps: 0 });
+}
+
+#[test]
+fn shared_tier_steps_fill_the_interactive_step_with_batch_work() {
+    let (mut s, now) = batch_flood_and_quiet(TierSteps::Shared);
+    s.submit(now, req(100, 1, 1000, 4, now)).unwrap();
+    let plan = s.schedule(now).unwrap();
+    assert_eq!(tenant_tokens(plan, 1), (512, 0));
+    assert_eq!(tenant_tokens(plan, 0), (2048 - 512 - 2, 2), "{plan:?}");
+    assert_eq!(s.tier_stats(), TierStepStats::default());
+}
+
+#[test]
+fn separate_tier_steps_release_one_shared_step_after_the_hold_bound() {
+    let (mut s, mut now) = batch_flood_and_quiet(TierSteps::Separate { hold_ns_max: 25_000_000 });
+    // A long interactive prompt: many chunks in a row, 10 ms a step.
+    s.submit(now, req(100, 1, 512 * 8, 4, now)).unwrap();
+    let mut batch_in = Vec::new();
+    for _ in 0..6 {
+        let plan = s.schedule(now).unwrap();
+        assert_eq!(tenant_tokens(plan, 1).0, 512, "the interactive chunk is in every step");
+        batch_in.push(tenant_tokens(plan, 0) != (0, 0));
+        now += 10_000_000;
+        s.complete_step(now).unwrap();
+    }
+    // Held at 0, 10 and 20 ms; at 30 ms the hold is over: one shared step; then again.
+    assert_eq!(batch_in, [false, false, false, true, false, false]);
+    assert_eq!(s.tier_stats(), TierStepStats { separate_steps: 5, released_steps: 1 });
+}
+
+#[test]
+fn an_abandoned_separate_step_gives_its_hold_back() {
+    let (mut s, now) = batch_flood_and_quiet(TierSteps::SEPARATE);
+    s.submit(now, req(100, 1, 1000, 4, now)).unwrap();
+    let _ = s.schedule(now).unwrap();
+    assert_eq!(s.tier_stats().separate_steps, 1);
+    s.abandon_step().unwrap();
+    assert_eq!(s.tier_stats(), TierStepStats::default());
+    let plan = s.schedule(now + 1).unwrap();
+    assert_eq!(tenant_tokens(plan, 0), (0, 0), "planned again, still separate: {plan:?}");
+    assert_eq!(tenant_tokens(plan, 1), (512, 0));
+}
+
+#[test]
+fn separate_tier_steps_with_a_zero_hold_are_refused() {
+    let mut c = cfg(Policy::Drr, 100);
+    c.tier_steps = TierSteps::Separate { hold_ns_max: 0 };
+    let t = vec![tenant("a", Tier::Batch, 1.0, 60.0, 1, Overflow::Reject)];
+    assert!(matches!(Scheduler::new(c, t, port()), Err(SchedError::Config { .. })));
+}
