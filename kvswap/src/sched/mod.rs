@@ -22,6 +22,10 @@
 //!   of the very next step however many prefills another tenant has under way, and which
 //!   tenant's request starts next is DRR's choice too. Policy `fifo` is the baseline: one
 //!   global arrival-order queue, running prefills oldest first, no bucket, no tiers.
+//! - [`SchedConfig::tier_steps`]: under [`TierSteps::Separate`] a step that carries an
+//!   interactive-tier prefill carries no batch-tier work (prefill or decode), for at most a
+//!   hold bound in a row; under [`TierSteps::Shared`] batch work fills what the interactive
+//!   tier leaves (the simulator's rule: on a GPU the extra rows are nearly free).
 //! - Optionally ([`SchedConfig::protect`], `--protect`), gives up work conservation for
 //!   latency: while an interactive tenant that sends under its rate (bucket at least half
 //!   full) has a prefill in the step, the other tenants add at most a configured number of
