@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Scenario (a) over HTTP, scaled to the CPU engine: a quiet tenant at --rate requests/s beside a
 # flood tenant at 30x that rate, as the client sees it (`fastlane llm bench --url`), against
-# `fastlane llm serve --model random:small` started here nine ways:
+# `fastlane llm serve --model random:small` started here ten ways:
 #   solo         the quiet tenant alone (the baseline), --policy fifo
 #   fifo         both tenants, --policy fifo (no gate)
 #   drr          both tenants, --policy drr (the gate in the engine: bucket + slots + DRR; the
@@ -9,6 +9,8 @@
 #   shared       as drr, with --tier-steps shared (batch work fills what the quiet prefill
 #                leaves of its step, as it would on a GPU)
 #   router       both tenants through `fastlane router` in front of an `llm serve --policy fifo`
+#   router-tiers the router in front of an `llm serve --policy drr` whose two tenants (one
+#                interactive, one batch) are the router's tiers (--upstream-batch-key)
 #   slow         as drr, with 1,000 streams of a third tenant held open by clients that never read
 #   protect      as drr, with --protect (latency protection: not work-conserving, off by default)
 #   drr-preempt  --policy drr+preempt (batch prefill sits out while an interactive prefill waits)
@@ -16,11 +18,11 @@
 #                the default became on, a step in flight was never given up for a quiet request)
 # Results: benches/results/llm/<date>-<commit>-scenario-a-http.json (+ .hlog and SVG per run).
 # Usage: scripts/bench-serve.sh [--model random:small] [--rate 1] [--seconds 60] [--arrivals poisson|bursty]
-#          [--runs solo,fifo,drr,shared,whole-steps,slow,protect,drr-preempt,router]   (default: all; the P99/solo
+#          [--runs solo,fifo,drr,shared,whole-steps,slow,protect,drr-preempt,router,router-tiers]   (default: all; the P99/solo
 #          ratios need solo among them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-all_runs=solo,fifo,drr,shared,whole-steps,slow,protect,drr-preempt,router
+all_runs=solo,fifo,drr,shared,whole-steps,slow,protect,drr-preempt,router,router-tiers
 model=random:small rate=1 seconds=60 arrivals=poisson runs=$all_runs
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -29,7 +31,7 @@ while [ $# -gt 0 ]; do
     --seconds) seconds=$2; shift ;;
     --arrivals) arrivals=$2; shift ;;
     --runs) runs=$2; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "bench-serve.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -74,6 +76,25 @@ burst = 2000
 max_concurrent = 2000
 tier = "batch"
 queue = 2000
+TOML
+cat > "$tmp/upstream-tenants.toml" <<'TOML'
+[[tenant]]
+name = "router"
+keys = ["up-interactive"]
+rpm = 6000000
+burst = 100000
+max_concurrent = 100000
+tier = "interactive"
+queue = 100000
+
+[[tenant]]
+name = "router-batch"
+keys = ["up-batch"]
+rpm = 6000000
+burst = 100000
+max_concurrent = 100000
+tier = "batch"
+queue = 100000
 TOML
 start() { # name args...: starts a server, sets $url
   local name=$1; shift
@@ -141,11 +162,21 @@ if want router; then
   stop router
   stop up
 fi
+if want router-tiers; then
+  start up llm serve --model "$model" --device-blocks 4096 --policy drr --tenants "$tmp/upstream-tenants.toml"
+  engine_url=$url
+  start router router --upstream "$url" --tenants "$tmp/tenants.toml" \
+    --upstream-key up-interactive --upstream-batch-key up-batch
+  bench router-tiers "$url"
+  stop router
+  stop up
+fi
 out="$dir/$stem.json"
 python3 - "$tmp" "$out" "$rate" "$runs" <<'PY'
 import json, sys
 tmp, out, rate = sys.argv[1], sys.argv[2], float(sys.argv[3])
-order = ("solo", "fifo", "drr", "shared", "whole-steps", "router", "slow", "protect", "drr-preempt")
+order = ("solo", "fifo", "drr", "shared", "whole-steps", "router", "router-tiers", "slow", "protect",
+         "drr-preempt")
 chosen = sys.argv[4].split(",")
 runs = {k: json.load(open(f"{tmp}/{k}.json")) for k in order if k in chosen}
 t = lambda k, n: next(x for x in runs[k]["tenants"] if x["tenant"] == n)
@@ -189,7 +220,7 @@ summary = {
     # Bucket upper bounds of the steps that ran to their end (a step given up is not in the
     # histogram): without --preemptible-steps a request waits for the step in flight.
     "engine_step_ms": {k: steps(k) for k in runs},
-    "engine_steps_aborted": {k: aborted(k) for k in runs if k != "router"},
+    "engine_steps_aborted": {k: aborted(k) for k in runs if not k.startswith("router")},
 }
 json.dump({"component": "llm", "case": "scenario-a-http", "summary": summary, "runs": runs},
           open(out, "w"), indent=2)

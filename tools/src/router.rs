@@ -29,6 +29,12 @@ pub struct RouterArgs {
     /// Key sent upstream as `Authorization: Bearer KEY` (clients' keys are not forwarded).
     #[arg(long)]
     upstream_key: Option<String>,
+    /// Key sent upstream instead of --upstream-key with batch-tier tenants' requests. With an
+    /// upstream `llm serve --tenants` that has an interactive tenant for --upstream-key and a
+    /// batch one for this key, the upstream sees the router's tiers (its tier steps and
+    /// preemptible steps then apply; docs/serving.md).
+    #[arg(long)]
+    upstream_batch_key: Option<String>,
     /// Seconds to connect and get the upstream's response headers (then 502/504).
     #[arg(long, default_value_t = 30.0)]
     upstream_timeout_seconds: f64,
@@ -61,6 +67,7 @@ pub fn run(a: &RouterArgs) -> Result<()> {
         upstream,
         upstream_slots: a.upstream_slots,
         upstream_key: a.upstream_key.clone(),
+        upstream_batch_key: a.upstream_batch_key.clone(),
         upstream_timeout: Duration::from_secs_f64(a.upstream_timeout_seconds),
         quantum_tokens: a.quantum_tokens.max(1),
     };

@@ -287,3 +287,65 @@ fn router_dispatches_by_drr_and_survives_its_upstream() {
     let status = p.router.wait_exit(15);
     assert!(status.success(), "{status:?}");
 }
+
+#[test]
+fn router_sends_batch_tenants_upstream_with_the_batch_key() {
+    // An upstream with tenants of its own, one per tier: the router's batch tenants arrive
+    // there as its batch tenant, the others as its interactive one.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let tenants = dir.path().join("tenants.toml");
+    std::fs::write(&tenants, TENANTS).unwrap();
+    let upstream_tenants = dir.path().join("upstream.toml");
+    std::fs::write(
+        &upstream_tenants,
+        r#"
+[[tenant]]
+name = "router"
+keys = ["up-i"]
+rpm = 60000
+burst = 1000
+max_concurrent = 100
+tier = "interactive"
+
+[[tenant]]
+name = "router-batch"
+keys = ["up-b"]
+rpm = 60000
+burst = 1000
+max_concurrent = 100
+tier = "batch"
+"#,
+    )
+    .unwrap();
+    let u = Server::start(&[
+        "llm",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--tenants",
+        upstream_tenants.to_str().unwrap(),
+    ]);
+    let r = Server::start(&[
+        "router",
+        "--upstream",
+        &u.url,
+        "--listen",
+        "127.0.0.1:0",
+        "--tenants",
+        tenants.to_str().unwrap(),
+        "--upstream-key",
+        "up-i",
+        "--upstream-batch-key",
+        "up-b",
+    ]);
+    let body = r#"{"prompt": "x", "max_tokens": 2}"#;
+    for key in ["key-flood", "key-flood", "key-quiet"] {
+        let (st, text) = r.post("/v1/completions", key, body);
+        assert_eq!(st, 200, "{text}");
+    }
+    let finished = |t: &str| {
+        u.metric(&format!("fastlane_llm_requests_total{{outcome=\"finished\",tenant=\"{t}\"}}"))
+    };
+    assert_eq!(finished("router-batch"), 2.0, "batch tenants under the batch key");
+    assert_eq!(finished("router"), 1.0, "interactive ones under the other key");
+}

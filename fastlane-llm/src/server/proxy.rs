@@ -39,6 +39,9 @@ pub struct ProxyConfig {
     pub upstream_slots: usize,
     /// Sent upstream as `Authorization: Bearer KEY` (the client's own key is not forwarded).
     pub upstream_key: Option<String>,
+    /// Sent instead of `upstream_key` with batch-tier tenants' requests: an upstream that
+    /// has tenants of its own (ours with a tenants file) then sees the router's tiers.
+    pub upstream_batch_key: Option<String>,
     /// Time to get the upstream's response headers; beyond, 504.
     pub upstream_timeout: Duration,
     /// DRR quantum, estimated tokens.
@@ -117,12 +120,17 @@ async fn send(
     method: axum::http::Method,
     path: &str,
     body: Bytes,
+    batch: bool,
 ) -> Result<Response<hyper::body::Incoming>, ApiError> {
     let mut req = hyper::Request::builder()
         .method(method)
         .uri(upstream_uri(st, path)?)
         .header(header::CONTENT_TYPE, "application/json");
-    if let Some(k) = &st.cfg.upstream_key {
+    let key = match &st.cfg.upstream_batch_key {
+        Some(k) if batch => Some(k),
+        _ => st.cfg.upstream_key.as_ref(),
+    };
+    if let Some(k) = key {
         req = req.header(header::AUTHORIZATION, format!("Bearer {k}"));
     }
     let req = req.body(Full::new(body)).map_err(upstream_error)?;
@@ -138,7 +146,7 @@ async fn send(
 }
 
 async fn models(State(st): State<Arc<ProxyState>>) -> Response {
-    match send(&st, axum::http::Method::GET, "/v1/models", Bytes::new()).await {
+    match send(&st, axum::http::Method::GET, "/v1/models", Bytes::new(), false).await {
         Ok(r) => {
             let (parts, body) = r.into_parts();
             Response::from_parts(parts, Body::new(body))
@@ -204,7 +212,8 @@ async fn generate(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
         };
         st.metrics.requests.with_label_values(&[&tname, "admitted"]).inc();
         let fence = st.tenants.get(t).max_stream_seconds.map(Duration::from_secs_f64);
-        let sent = send(&st, axum::http::Method::POST, &path, bytes);
+        let batch = st.tenants.get(t).tier == "batch";
+        let sent = send(&st, axum::http::Method::POST, &path, bytes, batch);
         // The fence counts from arrival, the wait for the upstream's headers included (a
         // non-streamed response has them only at its end); dropping the request on the
         // fence closes the upstream connection, which aborts the request there.
