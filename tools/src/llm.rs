@@ -181,8 +181,9 @@ pub struct EngineArgs {
     /// arrives while a step's forward pass runs and that step holds no interactive prefill,
     /// the pass is given up between two layers (the work done on it is discarded and redone)
     /// and the next step is planned with the new request in it; the step after one given up
-    /// always runs to its end. Trades batch-tier throughput for interactive TTFT; best with
-    /// --protect (docs/serving.md). On by default: output is the same either way.
+    /// always runs to its end. Trades batch-tier throughput for interactive TTFT; with
+    /// --tier-steps separate the step that follows holds no batch row (docs/serving.md). On
+    /// by default: output is the same either way.
     #[arg(long, default_value = "on")]
     pub preemptible_steps: String,
     /// Host swap tier size (bytes, K/M/G suffixes; 0: none, swap goes to --nvme/--remote).
@@ -358,6 +359,19 @@ mod tests {
         assert!(!cfg(&["--preemptible-steps", "off"]).unwrap().preemptible_steps);
         let err = cfg(&["--preemptible-steps", "yes"]).unwrap_err().to_string();
         assert!(err.contains("on or off"), "{err}");
+    }
+
+    #[test]
+    fn tier_steps_flag() {
+        use kvswap::sched::TierSteps;
+        let cfg = |args: &[&str]| {
+            let cli = Cli::try_parse_from(std::iter::once("fastlane").chain(args.iter().copied()));
+            cli.unwrap().engine.engine_config()
+        };
+        assert_eq!(cfg(&[]).unwrap().tier_steps, TierSteps::SEPARATE, "separate by default");
+        assert_eq!(cfg(&["--tier-steps", "shared"]).unwrap().tier_steps, TierSteps::Shared);
+        let err = cfg(&["--tier-steps", "mixed"]).unwrap_err().to_string();
+        assert!(err.contains("--tier-steps") && err.contains("shared or separate"), "{err}");
     }
 
     #[test]
