@@ -362,12 +362,17 @@ fn tenant_tokens(plan: &StepPlan, tenant: TenantIndex) -> (u32, u32) {
 /// streams decoding and six long prefills under way, and a quiet tenant with a full
 /// bucket. Returns the scheduler and the time after the flooder's first steps.
 fn flooder_and_quiet(protect: Option<ProtectConfig>) -> (Scheduler<InstantPort>, u64) {
-    let tenants = vec![
-        tenant("flood", Tier::Interactive, 8.0, 0.0, 1000, Overflow::Reject),
-        tenant("quiet", Tier::Interactive, 10.0, 60.0, 1000, Overflow::Reject),
-    ];
     let mut c = cfg(Policy::Drr, 10_000);
     c.protect = protect;
+    flood_tier_and_quiet(Tier::Interactive, c)
+}
+
+/// [`flooder_and_quiet`]'s two tenants, the flooder in `flood_tier`, under `c`.
+fn flood_tier_and_quiet(flood_tier: Tier, c: SchedConfig) -> (Scheduler<InstantPort>, u64) {
+    let tenants = vec![
+        tenant("flood", flood_tier, 8.0, 0.0, 1000, Overflow::Reject),
+        tenant("quiet", Tier::Interactive, 10.0, 60.0, 1000, Overflow::Reject),
+    ];
     let mut s = Scheduler::new(c, tenants, port()).unwrap();
     let now = flood_and_two_steps(&mut s);
     (s, now)
@@ -828,15 +833,7 @@ fn complete_and_abandon_need_a_planned_step() {
 /// A batch-tier flooder (two streams decoding, six long prefills under way) and an
 /// interactive quiet tenant, under `tier_steps`.
 fn batch_flood_and_quiet(tier_steps: TierSteps) -> (Scheduler<InstantPort>, u64) {
-    let tenants = vec![
-        tenant("flood", Tier::Batch, 8.0, 0.0, 1000, Overflow::Reject),
-        tenant("quiet", Tier::Interactive, 10.0, 60.0, 1000, Overflow::Reject),
-    ];
-    let mut c = cfg(Policy::Drr, 10_000);
-    c.tier_steps = tier_steps;
-    let mut s = Scheduler::new(c, tenants, port()).unwrap();
-    let now = flood_and_two_steps(&mut s);
-    (s, now)
+    flood_tier_and_quiet(Tier::Batch, SchedConfig { tier_steps, ..cfg(Policy::Drr, 10_000) })
 }
 
 #[test]
