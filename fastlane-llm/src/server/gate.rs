@@ -260,7 +260,7 @@ impl Gate {
     /// Admits a request of `tenant` with estimated `cost` tokens: at once, after waiting in
     /// the tenant's queue, or refused. Cancel-safe: dropping the future leaves the queue.
     pub async fn acquire(self: &Arc<Self>, tenant: usize, cost: u64) -> Result<Permit, GateError> {
-        let (id, rx) = {
+        let (id, rx, interactive) = {
             let mut i = self.lock();
             let now = self.now_ns();
             let upstream_free = i.upstream_inflight < i.upstream_max;
@@ -273,7 +273,8 @@ impl Gate {
             }
             // A batch request finds batch dispatch held: it waits in its queue (the pump
             // starts the hold's clock).
-            let held = !t.interactive && batch_held;
+            let interactive = t.interactive;
+            let held = !interactive && batch_held;
             if t.queue.is_empty() && t.inflight < t.max_concurrent && upstream_free && !held {
                 t.bucket.spend();
                 t.inflight += 1;
@@ -288,7 +289,7 @@ impl Gate {
             let id = i.next_id;
             i.tenants[tenant].queue.push_back(Waiter { id, cost, tx });
             self.publish_depth(&i, tenant);
-            (id, rx)
+            (id, rx, interactive)
         };
         // The refill task recomputes its sleep: this waiter may need a bucket refill.
         self.wake.notify_one();
@@ -297,8 +298,7 @@ impl Gate {
             // The pump counted the permit (awaiting its first bytes if interactive).
             Ok(()) => {
                 cancel.armed = false;
-                let awaiting_first = self.lock().tenants[tenant].interactive;
-                Ok(Permit { gate: self.clone(), tenant, awaiting_first })
+                Ok(Permit { gate: self.clone(), tenant, awaiting_first: interactive })
             }
             // The sender is only dropped by the gate itself when it goes away.
             Err(_) => {
