@@ -19,7 +19,7 @@
 //!   waits for its first bytes.
 //! - A [`Permit`] is the slot: it is held until the response's last byte (the proxy keeps it
 //!   in the body) and its drop dispatches the next waiter. A waiter whose client goes away is
-//!   removed from the queue.
+//!   removed from the queue (or, dispatched meanwhile, gives its token and slot back).
 //!
 //! The lock is a plain mutex around a few comparisons, never held across an await.
 
@@ -147,7 +147,8 @@ impl Inner {
     }
 }
 
-/// Removes a waiter from its queue if its request is dropped before dispatch.
+/// When a waiting request is dropped: removes it from its queue, or, if the pump dispatched
+/// it in the meantime, gives back the token and slots that dispatch counted.
 struct Cancel<'a> {
     gate: &'a Gate,
     tenant: usize,
@@ -159,7 +160,22 @@ impl Drop for Cancel<'_> {
     fn drop(&mut self) {
         if self.armed {
             let mut i = self.gate.lock();
-            i.tenants[self.tenant].queue.retain(|w| w.id != self.id);
+            let queue = &mut i.tenants[self.tenant].queue;
+            let before = queue.len();
+            queue.retain(|w| w.id != self.id);
+            if queue.len() == before {
+                // Not in the queue any more: the pump dispatched it (spent its token, counted
+                // its slot) after the request went away, before its permit was taken. Undo.
+                let t = &mut i.tenants[self.tenant];
+                let interactive = t.interactive;
+                t.bucket.refund();
+                t.inflight -= 1;
+                i.upstream_inflight -= 1;
+                if interactive {
+                    i.first_seen();
+                }
+                self.gate.pump(&mut i);
+            }
             self.gate.publish_depth(&i, self.tenant);
         }
     }
@@ -348,16 +364,9 @@ impl Gate {
             let interactive = t.interactive;
             i.upstream_inflight += 1;
             i.awaiting_first += usize::from(interactive);
-            if w.tx.send(()).is_err() {
-                // Its request went away between the pick and now: undo.
-                let t = &mut i.tenants[f];
-                t.bucket.refund();
-                t.inflight -= 1;
-                i.upstream_inflight -= 1;
-                if interactive {
-                    i.first_seen();
-                }
-            }
+            // A request that went away (the send fails, or succeeds with nobody left to take
+            // the permit) gives all of this back in its `Cancel`, which is dropped with it.
+            let _ = w.tx.send(());
             self.publish_depth(i, f);
         }
     }
@@ -435,6 +444,24 @@ tier = "batch"
         drop(q);
         drop(f0);
         assert_eq!(g.upstream_inflight(), 0, "every permit's drop freed its slot once");
+    }
+
+    #[tokio::test]
+    async fn a_request_gone_between_dispatch_and_permit_gives_its_slot_back() {
+        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 1, 256, None);
+        let first = g.acquire(0, 10).await.unwrap();
+        // The second waits for the one upstream slot.
+        let mut second = Box::pin(g.acquire(0, 10));
+        assert!(tokio::time::timeout(Duration::from_millis(20), &mut second).await.is_err());
+        assert_eq!(g.queued(0), 1);
+        // The slot frees: the pump dispatches the waiter; its request goes away before it
+        // takes the permit.
+        drop(first);
+        assert_eq!((g.queued(0), g.upstream_inflight()), (0, 1));
+        drop(second);
+        assert_eq!(g.upstream_inflight(), 0, "the dispatched slot came back");
+        let third = tokio::time::timeout(Duration::from_millis(100), g.acquire(0, 10)).await;
+        assert!(third.is_ok(), "the slot is usable again");
     }
 
     #[tokio::test]
