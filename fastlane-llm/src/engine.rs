@@ -1064,6 +1064,11 @@ impl Loop {
             }
             Command::Submit { id, req, tx, at, prefix } => {
                 let tenant = req.tenant;
+                log::trace!(
+                    "engine: request {id} taken in {} us after its submission, {} prompt tokens",
+                    at.elapsed().as_micros(),
+                    req.prompt.len()
+                );
                 if self.arrivals.as_ref().is_some_and(|a| a.is_interactive(tenant)) {
                     self.interactive_seen += 1;
                 }
@@ -1242,6 +1247,23 @@ impl Loop {
             Forward::Done(self.model.forward(&items, &self.pool, &mut self.scratch)?)
         };
         let fwd_ns = t0.elapsed().as_nanos() as u64;
+        // One line per step at trace level (the record's timestamp is the step's end):
+        // `scripts/router-floor.sh` reads what the engine was doing when a request arrived.
+        // The arguments are only evaluated when trace is on.
+        log::trace!(
+            "engine: step of {} us: {} prefill items, {} prefill tokens, {} decodes{}",
+            fwd_ns / 1_000,
+            plan.items.iter().filter(|it| it.kind != StepKind::Decode).count(),
+            plan.items
+                .iter()
+                .map(|it| match it.kind {
+                    StepKind::Prefill { tokens } => tokens,
+                    StepKind::Decode => 0,
+                })
+                .sum::<u32>(),
+            plan.items.iter().filter(|it| it.kind == StepKind::Decode).count(),
+            if matches!(outcome, Forward::Aborted { .. }) { ", given up" } else { "" }
+        );
         if let Forward::Aborted { layer } = outcome {
             // The step did not happen: nothing was sampled or stored, no cost measured; the
             // K/V written for its positions is rewritten when they are computed again.

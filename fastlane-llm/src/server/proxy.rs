@@ -211,6 +211,10 @@ async fn generate(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
             }
         };
         st.metrics.requests.with_label_values(&[&tname, "admitted"]).inc();
+        log::trace!(
+            "router: {tname} request dispatched after {} us",
+            arrived.elapsed().as_micros()
+        );
         let fence = st.tenants.get(t).max_stream_seconds.map(Duration::from_secs_f64);
         let batch = st.tenants.get(t).tier == "batch";
         let sent = send(&st, axum::http::Method::POST, &path, bytes, batch);
@@ -311,6 +315,11 @@ impl Relay {
                     if self.last.is_none() {
                         // Batch dispatch no longer waits for this request.
                         self.permit.first_bytes();
+                        log::trace!(
+                            "router: {} first bytes after {} us",
+                            self.tenant,
+                            self.arrived.elapsed().as_micros()
+                        );
                     }
                     if self.ok {
                         let now = Instant::now();
