@@ -9,6 +9,8 @@
 #   shared       as drr, with --tier-steps shared (batch work fills what the quiet prefill
 #                leaves of its step, as it would on a GPU)
 #   router       both tenants through `fastlane router` in front of an `llm serve --policy fifo`
+#   router-paced as router, with --batch-prefills 1 (one batch prompt at a time awaiting its
+#                first bytes at the upstream)
 #   router-tiers the router in front of an `llm serve --policy drr` whose two tenants (one
 #                interactive, one batch) are the router's tiers (--upstream-batch-key)
 #   slow         as drr, with 1,000 streams of a third tenant held open by clients that never read
@@ -18,11 +20,11 @@
 #                the default became on, a step in flight was never given up for a quiet request)
 # Results: benches/results/llm/<date>-<commit>-scenario-a-http.json (+ .hlog and SVG per run).
 # Usage: scripts/bench-serve.sh [--model random:small] [--rate 1] [--seconds 60] [--arrivals poisson|bursty]
-#          [--runs solo,fifo,drr,shared,whole-steps,slow,protect,drr-preempt,router,router-tiers]   (default: all; the P99/solo
+#          [--runs solo,fifo,drr,shared,whole-steps,slow,protect,drr-preempt,router,router-paced,router-tiers]   (default: all; the P99/solo
 #          ratios need solo among them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-all_runs=solo,fifo,drr,shared,whole-steps,slow,protect,drr-preempt,router,router-tiers
+all_runs=solo,fifo,drr,shared,whole-steps,slow,protect,drr-preempt,router,router-paced,router-tiers
 model=random:small rate=1 seconds=60 arrivals=poisson runs=$all_runs
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -31,7 +33,7 @@ while [ $# -gt 0 ]; do
     --seconds) seconds=$2; shift ;;
     --arrivals) arrivals=$2; shift ;;
     --runs) runs=$2; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "bench-serve.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -162,6 +164,14 @@ if want router; then
   stop router
   stop up
 fi
+if want router-paced; then
+  start up llm serve --model "$model" --device-blocks 4096 --policy fifo
+  engine_url=$url
+  start router router --upstream "$url" --tenants "$tmp/tenants.toml" --batch-prefills 1
+  bench router-paced "$url"
+  stop router
+  stop up
+fi
 if want router-tiers; then
   start up llm serve --model "$model" --device-blocks 4096 --policy drr --tenants "$tmp/upstream-tenants.toml"
   engine_url=$url
@@ -175,8 +185,8 @@ out="$dir/$stem.json"
 python3 - "$tmp" "$out" "$rate" "$runs" <<'PY'
 import json, sys
 tmp, out, rate = sys.argv[1], sys.argv[2], float(sys.argv[3])
-order = ("solo", "fifo", "drr", "shared", "whole-steps", "router", "router-tiers", "slow", "protect",
-         "drr-preempt")
+order = ("solo", "fifo", "drr", "shared", "whole-steps", "router", "router-paced", "router-tiers",
+         "slow", "protect", "drr-preempt")
 chosen = sys.argv[4].split(",")
 runs = {k: json.load(open(f"{tmp}/{k}.json")) for k in order if k in chosen}
 t = lambda k, n: next(x for x in runs[k]["tenants"] if x["tenant"] == n)

@@ -16,16 +16,17 @@
 # and reports P50/P99 of each, the share of the upstream's time spent in steps that carry a
 # prefill, and the floor: P99 over the quiet requests of (in flight + own step), against the
 # solo P99 of the same invocation.
-# Results: benches/results/llm/<date>-<commit>-router-floor.json.
-# Usage: scripts/router-floor.sh [--seconds 120] [--rate 1]
+# Results: benches/results/llm/<date>-<commit>-router-floor-<N>.json (N: --batch-prefills).
+# Usage: scripts/router-floor.sh [--seconds 120] [--rate 1] [--batch-prefills N (the router's; 0)]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seconds=120 rate=1
+seconds=120 rate=1 batch_prefills=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds=$2; shift ;;
     --rate) rate=$2; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --batch-prefills) batch_prefills=$2; shift ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "router-floor.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -35,7 +36,7 @@ bin=target/release/fastlane
 tmp=$(mktemp -d)
 dir=${BENCH_RESULTS_DIR:-benches/results}/llm
 mkdir -p "$dir"
-out="$dir/$(date +%F)-$(git rev-parse --short HEAD)-router-floor.json"
+out="$dir/$(date +%F)-$(git rev-parse --short HEAD)-router-floor-$batch_prefills.json"
 trap 'kill $(cat "$tmp"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$tmp"' EXIT
 # The tenants of scripts/bench-serve.sh: quiet (interactive) and flood (batch, 10/s, 8 slots).
 cat > "$tmp/tenants.toml" <<'TOML'
@@ -65,14 +66,15 @@ start() { # name args...: starts a server with trace logs, sets $url
   [ -n "$url" ] || { cat "$tmp/$name.log" >&2; exit 1; }
 }
 stop() { kill -TERM "$(cat "$tmp/$1.pid")"; wait "$(cat "$tmp/$1.pid")" || true; rm -f "$tmp/$1.pid"; }
-command="scripts/router-floor.sh --seconds $seconds --rate $rate"
+command="scripts/router-floor.sh --seconds $seconds --rate $rate --batch-prefills $batch_prefills"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "load before: $load_before"
 for run in solo loaded; do
   # A fresh upstream for each run: the quiet prompts repeat, and a prefix cache warmed by
   # the solo run would shorten the loaded run's prefills.
   start up-$run llm serve --model random:small --device-blocks 4096 --policy fifo
-  start router-$run router --upstream "$url" --tenants "$tmp/tenants.toml"
+  start router-$run router --upstream "$url" --tenants "$tmp/tenants.toml" \
+    --batch-prefills "$batch_prefills"
   echo "== $run"
   date +%s.%N >"$tmp/$run.from"
   "$bin" llm bench --url "$url" --rate "$rate" --seconds "$seconds" --out "$tmp/$run.json" \

@@ -26,6 +26,13 @@ pub struct RouterArgs {
     /// Requests in flight at the upstream at most; when one ends, DRR picks the next.
     #[arg(long, default_value_t = 64)]
     upstream_slots: usize,
+    /// Streamed batch-tier requests dispatched upstream whose first bytes have not come back
+    /// (whose prompts the upstream is still computing), at most; 0: no limit. On a CPU
+    /// upstream without tiers (`llm serve --policy fifo`, llama.cpp's server), 1 keeps batch
+    /// prompts from sharing one long step that an interactive request must wait for. It caps
+    /// how fast batch requests start (one per time to first byte).
+    #[arg(long, default_value_t = 0)]
+    batch_prefills: usize,
     /// Key sent upstream as `Authorization: Bearer KEY` (clients' keys are not forwarded).
     #[arg(long)]
     upstream_key: Option<String>,
@@ -66,6 +73,7 @@ pub fn run(a: &RouterArgs) -> Result<()> {
     let cfg = ProxyConfig {
         upstream,
         upstream_slots: a.upstream_slots,
+        batch_prefills: a.batch_prefills,
         upstream_key: a.upstream_key.clone(),
         upstream_batch_key: a.upstream_batch_key.clone(),
         upstream_timeout: Duration::from_secs_f64(a.upstream_timeout_seconds),

@@ -73,11 +73,16 @@ struct Pair {
 }
 
 fn start(slots: &str) -> Pair {
+    start_with(slots, &[])
+}
+
+/// As [`start`], with more router flags.
+fn start_with(slots: &str, extra: &[&str]) -> Pair {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let tenants = dir.path().join("tenants.toml");
     std::fs::write(&tenants, TENANTS).unwrap();
     let upstream = Server::start(&["llm", "serve", "--listen", "127.0.0.1:0", "--policy", "fifo"]);
-    let router = Server::start(&[
+    let mut args = vec![
         "router",
         "--upstream",
         &upstream.url,
@@ -89,7 +94,9 @@ fn start(slots: &str) -> Pair {
         "10",
         "--tenants",
         tenants.to_str().unwrap(),
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let router = Server::start(&args);
     Pair { upstream, router, _dir: dir }
 }
 
@@ -348,4 +355,32 @@ tier = "batch"
     };
     assert_eq!(finished("router-batch"), 2.0, "batch tenants under the batch key");
     assert_eq!(finished("router"), 1.0, "interactive ones under the other key");
+}
+
+#[test]
+fn router_with_a_batch_prefill_limit_serves_every_tier() {
+    // One batch prompt at a time awaiting its first bytes: streamed batch requests go one
+    // after another's first token, a non-streamed one is not held by them, interactive ones
+    // not at all; every request completes (the gate's test checks the order).
+    let p = start_with("64", &["--batch-prefills", "1"]);
+    let addr = p.router.addr().to_string();
+    let streams: Vec<_> = (0..4).map(|_| open_stream(&addr, "key-flood", 8)).collect();
+    let whole = r#"{"prompt": "x", "max_tokens": 4, "ignore_eos": true, "return_token_ids": true}"#;
+    let (st, text) = p.router.post("/v1/completions", "key-flood", whole);
+    assert_eq!(st, 200, "{text}");
+    assert_eq!(token_ids(&text).len(), 4, "{text}");
+    let (st, text) = p.router.post("/v1/completions", "key-quiet", whole);
+    assert_eq!(st, 200, "{text}");
+    for s in streams {
+        let text = read_all(s);
+        assert!(text.contains("data: [DONE]"), "{text}");
+        assert!(text.matches("data: {").count() >= 8, "8 tokens streamed: {text}");
+    }
+    let admitted =
+        p.router.metric("fastlane_llm_requests_total{outcome=\"admitted\",tenant=\"flood\"}");
+    assert_eq!(admitted, 5.0);
+    p.router.wait_metric("fastlane_llm_streams_open{tenant=\"flood\"}", 10, "flood streams", |v| {
+        v == 0.0
+    });
+    used_blocks_return_to_zero(&p.upstream);
 }

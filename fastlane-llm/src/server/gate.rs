@@ -17,6 +17,11 @@
 //!   (on a CPU engine every row lengthens the step). Starvation bound: after
 //!   [`BATCH_HOLD_MAX`] of holding, batch dispatch goes on until no interactive request
 //!   waits for its first bytes.
+//! - With a batch prefill limit (`batch_prefills`, `fastlane router --batch-prefills N`), at
+//!   most N batch-tier requests are dispatched whose first response bytes have not come back
+//!   (whose prompts the upstream is still computing): on a CPU upstream without tiers, two
+//!   batch prompts that arrive together share one step that is twice as long, and an
+//!   interactive request that arrives meanwhile waits for all of it.
 //! - A [`Permit`] is the slot: it is held until the response's last byte (the proxy keeps it
 //!   in the body) and its drop dispatches the next waiter. A waiter whose client goes away is
 //!   removed from the queue (or, dispatched meanwhile, gives its token and slot back).
@@ -77,6 +82,10 @@ struct Inner {
     awaiting_first: usize,
     /// Since when batch dispatch has been held back for them (reset when none waits).
     batch_held_since_ns: Option<u64>,
+    /// Batch-tier requests dispatched whose first response bytes have not come back.
+    batch_awaiting_first: usize,
+    /// At most this many of them (`usize::MAX`: no limit).
+    batch_prefills: usize,
 }
 
 /// The gate.
@@ -113,7 +122,7 @@ impl Permit {
         if self.awaiting_first {
             self.awaiting_first = false;
             let mut i = self.gate.lock();
-            i.first_seen();
+            i.first_seen(self.tenant);
             self.gate.pump(&mut i);
         }
     }
@@ -123,7 +132,7 @@ impl Drop for Permit {
     fn drop(&mut self) {
         let mut i = self.gate.lock();
         if self.awaiting_first {
-            i.first_seen();
+            i.first_seen(self.tenant);
         }
         i.tenants[self.tenant].inflight -= 1;
         i.upstream_inflight -= 1;
@@ -132,18 +141,37 @@ impl Drop for Permit {
 }
 
 impl Inner {
-    fn first_seen(&mut self) {
+    /// A request of tenant `t` that awaited its first bytes no longer does.
+    fn first_seen(&mut self, t: usize) {
+        if !self.tenants[t].interactive {
+            self.batch_awaiting_first -= 1;
+            return;
+        }
         self.awaiting_first -= 1;
         if self.awaiting_first == 0 {
             self.batch_held_since_ns = None;
         }
     }
 
-    /// A permit of tenant `t` taken now (counts an interactive one as awaiting its first bytes).
+    /// A request of tenant `t` dispatched now awaits its first bytes.
+    fn dispatched(&mut self, t: usize) {
+        if self.tenants[t].interactive {
+            self.awaiting_first += 1;
+        } else {
+            self.batch_awaiting_first += 1;
+        }
+    }
+
+    /// Batch-tier dispatch is held now: an interactive request awaits its first bytes, or the
+    /// batch prefill limit is reached.
+    fn batch_held(&self) -> bool {
+        self.awaiting_first > 0 || self.batch_awaiting_first >= self.batch_prefills
+    }
+
+    /// A permit of tenant `t` taken now (counted as awaiting its first bytes).
     fn permit(&mut self, gate: &Arc<Gate>, t: usize) -> Permit {
-        let awaiting_first = self.tenants[t].interactive;
-        self.awaiting_first += usize::from(awaiting_first);
-        Permit { gate: gate.clone(), tenant: t, awaiting_first }
+        self.dispatched(t);
+        Permit { gate: gate.clone(), tenant: t, awaiting_first: true }
     }
 }
 
@@ -167,13 +195,10 @@ impl Drop for Cancel<'_> {
                 // Not in the queue any more: the pump dispatched it (spent its token, counted
                 // its slot) after the request went away, before its permit was taken. Undo.
                 let t = &mut i.tenants[self.tenant];
-                let interactive = t.interactive;
                 t.bucket.refund();
                 t.inflight -= 1;
                 i.upstream_inflight -= 1;
-                if interactive {
-                    i.first_seen();
-                }
+                i.first_seen(self.tenant);
                 self.gate.pump(&mut i);
             }
             self.gate.publish_depth(&i, self.tenant);
@@ -183,11 +208,13 @@ impl Drop for Cancel<'_> {
 
 impl Gate {
     /// A gate for `tenants` in front of an upstream that takes `upstream_slots` requests at
-    /// a time; `depth` (optional) is set to each tenant's queue length as it changes. Spawns
-    /// the refill task on the current tokio runtime.
+    /// a time, with at most `batch_prefills` batch-tier requests awaiting their first bytes
+    /// (0: no limit); `depth` (optional) is set to each tenant's queue length as it changes.
+    /// Spawns the refill task on the current tokio runtime.
     pub fn new(
         tenants: &Tenants,
         upstream_slots: usize,
+        batch_prefills: usize,
         quantum_tokens: u64,
         depth: Option<prometheus::IntGaugeVec>,
     ) -> Arc<Gate> {
@@ -217,6 +244,8 @@ impl Gate {
                 heads: Vec::with_capacity(weights.len()),
                 awaiting_first: 0,
                 batch_held_since_ns: None,
+                batch_awaiting_first: 0,
+                batch_prefills: if batch_prefills == 0 { usize::MAX } else { batch_prefills },
             }),
             start: Instant::now(),
             wake: Arc::new(Notify::new()),
@@ -276,11 +305,11 @@ impl Gate {
     /// Admits a request of `tenant` with estimated `cost` tokens: at once, after waiting in
     /// the tenant's queue, or refused. Cancel-safe: dropping the future leaves the queue.
     pub async fn acquire(self: &Arc<Self>, tenant: usize, cost: u64) -> Result<Permit, GateError> {
-        let (id, rx, interactive) = {
+        let (id, rx) = {
             let mut i = self.lock();
             let now = self.now_ns();
             let upstream_free = i.upstream_inflight < i.upstream_max;
-            let batch_held = i.awaiting_first > 0;
+            let batch_held = i.batch_held();
             let t = &mut i.tenants[tenant];
             if t.bucket.tokens(now) < 1.0 + t.queue.len() as f64 {
                 return Err(GateError::RateLimited {
@@ -289,8 +318,7 @@ impl Gate {
             }
             // A batch request finds batch dispatch held: it waits in its queue (the pump
             // starts the hold's clock).
-            let interactive = t.interactive;
-            let held = !interactive && batch_held;
+            let held = !t.interactive && batch_held;
             if t.queue.is_empty() && t.inflight < t.max_concurrent && upstream_free && !held {
                 t.bucket.spend();
                 t.inflight += 1;
@@ -305,16 +333,16 @@ impl Gate {
             let id = i.next_id;
             i.tenants[tenant].queue.push_back(Waiter { id, cost, tx });
             self.publish_depth(&i, tenant);
-            (id, rx, interactive)
+            (id, rx)
         };
         // The refill task recomputes its sleep: this waiter may need a bucket refill.
         self.wake.notify_one();
         let mut cancel = Cancel { gate: self, tenant, id, armed: true };
         match rx.await {
-            // The pump counted the permit (awaiting its first bytes if interactive).
+            // The pump counted the permit (awaiting its first bytes).
             Ok(()) => {
                 cancel.armed = false;
-                Ok(Permit { gate: self.clone(), tenant, awaiting_first: interactive })
+                Ok(Permit { gate: self.clone(), tenant, awaiting_first: true })
             }
             // The sender is only dropped by the gate itself when it goes away.
             Err(_) => {
@@ -339,6 +367,10 @@ impl Gate {
             for (tier, interactive) in [(0, true), (1, false)] {
                 let of_tier =
                     |f: usize| i.heads[f].filter(|_| i.tenants[f].interactive == interactive);
+                if !interactive && i.batch_awaiting_first >= i.batch_prefills {
+                    // The batch prefill limit: no hold clock, it ends with a first byte.
+                    break;
+                }
                 if !interactive
                     && i.awaiting_first > 0
                     && (0..i.heads.len()).any(|f| of_tier(f).is_some())
@@ -361,9 +393,8 @@ impl Gate {
             let t = &mut i.tenants[f];
             t.bucket.spend();
             t.inflight += 1;
-            let interactive = t.interactive;
             i.upstream_inflight += 1;
-            i.awaiting_first += usize::from(interactive);
+            i.dispatched(f);
             // A request that went away (the send fails, or succeeds with nobody left to take
             // the permit) gives all of this back in its `Cancel`, which is dropped with it.
             let _ = w.tx.send(());
@@ -423,7 +454,7 @@ tier = "batch"
 
     #[tokio::test]
     async fn batch_dispatch_waits_for_an_interactive_requests_first_bytes() {
-        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 8, 256, None);
+        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 8, 0, 256, None);
         // Nothing interactive in flight: batch goes at once.
         let f0 = flood_within(&g, 100).await.expect("batch admitted at once");
         let mut q = g.acquire(0, 10).await.unwrap();
@@ -447,8 +478,44 @@ tier = "batch"
     }
 
     #[tokio::test]
+    async fn batch_prefill_limit_dispatches_one_batch_request_per_first_bytes() {
+        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 8, 1, 256, None);
+        let mut f0 = flood_within(&g, 100).await.expect("the first batch request goes at once");
+        // f0 has no first bytes yet: the next batch request waits, an interactive one does not.
+        let mut waiting = Box::pin(g.acquire(1, 10));
+        assert!(tokio::time::timeout(Duration::from_millis(100), &mut waiting).await.is_err());
+        assert_eq!(g.queued(1), 1);
+        let q = tokio::time::timeout(Duration::from_millis(100), g.acquire(0, 10)).await;
+        let mut q = q.expect("interactive is not limited").unwrap();
+        q.first_bytes();
+        assert!(tokio::time::timeout(Duration::from_millis(50), &mut waiting).await.is_err());
+        // f0's first bytes dispatch the next one, which is limited in turn.
+        f0.first_bytes();
+        let mut f1 = tokio::time::timeout(Duration::from_millis(500), &mut waiting)
+            .await
+            .expect("dispatched on f0's first bytes")
+            .unwrap();
+        assert!(flood_within(&g, 100).await.is_none(), "f1 awaits its first bytes");
+        // A permit dropped before its first bytes (the client went away) also lifts it.
+        let next = tokio::spawn({
+            let g = g.clone();
+            async move { g.acquire(1, 10).await.map(drop) }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!next.is_finished());
+        drop(f1);
+        tokio::time::timeout(Duration::from_secs(2), next).await.unwrap().unwrap().unwrap();
+        f1 = flood_within(&g, 100).await.expect("the limit is free again");
+        f1.first_bytes();
+        let f2 =
+            flood_within(&g, 100).await.expect("a batch request with first bytes is not counted");
+        drop((f0, f1, f2, q));
+        assert_eq!(g.upstream_inflight(), 0);
+    }
+
+    #[tokio::test]
     async fn a_request_gone_between_dispatch_and_permit_gives_its_slot_back() {
-        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 1, 256, None);
+        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 1, 0, 256, None);
         let first = g.acquire(0, 10).await.unwrap();
         // The second waits for the one upstream slot.
         let mut second = Box::pin(g.acquire(0, 10));
@@ -466,7 +533,7 @@ tier = "batch"
 
     #[tokio::test]
     async fn the_batch_hold_is_bounded() {
-        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 8, 256, None);
+        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 8, 0, 256, None);
         // An interactive request that never sends a byte back holds batch for the bound only.
         let _q = g.acquire(0, 10).await.unwrap();
         let t0 = Instant::now();

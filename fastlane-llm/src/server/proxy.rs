@@ -37,6 +37,10 @@ pub struct ProxyConfig {
     pub upstream: Uri,
     /// Requests in flight at the upstream at most (the dispatch slots).
     pub upstream_slots: usize,
+    /// Streamed batch-tier requests dispatched whose first bytes have not come back, at most
+    /// (0: no limit); see [`Gate`]. A non-streamed one is not counted: its prompt's progress
+    /// cannot be seen from here.
+    pub batch_prefills: usize,
     /// Sent upstream as `Authorization: Bearer KEY` (the client's own key is not forwarded).
     pub upstream_key: Option<String>,
     /// Sent instead of `upstream_key` with batch-tier tenants' requests: an upstream that
@@ -69,6 +73,7 @@ impl ProxyState {
         let gate = Gate::new(
             &tenants,
             cfg.upstream_slots,
+            cfg.batch_prefills,
             cfg.quantum_tokens,
             Some(metrics.queue_depth.clone()),
         );
@@ -197,7 +202,7 @@ async fn generate(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
             Some(_) => return Err(ApiError::bad("max_tokens: a non-negative integer")),
         }
         let streaming = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
-        let permit = match st.gate.acquire(t, estimate_tokens(&v)).await {
+        let mut permit = match st.gate.acquire(t, estimate_tokens(&v)).await {
             Ok(p) => p,
             Err(GateError::RateLimited { retry_after_s }) => {
                 st.metrics.requests.with_label_values(&[&tname, "rejected_rate"]).inc();
@@ -217,6 +222,11 @@ async fn generate(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
         );
         let fence = st.tenants.get(t).max_stream_seconds.map(Duration::from_secs_f64);
         let batch = st.tenants.get(t).tier == "batch";
+        if batch && !streaming {
+            // Its first bytes come with its whole body: not counted against the batch
+            // prefill limit (it would hold the batch tier for its whole run).
+            permit.first_bytes();
+        }
         let sent = send(&st, axum::http::Method::POST, &path, bytes, batch);
         // The fence counts from arrival, the wait for the upstream's headers included (a
         // non-streamed response has them only at its end); dropping the request on the
