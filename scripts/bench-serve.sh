@@ -50,6 +50,12 @@ bin=target/release/fastlane
 tmp=$(mktemp -d)
 dir=${BENCH_RESULTS_DIR:-benches/results}/llm
 stem="$(date +%F)-$(git rev-parse --short HEAD)-scenario-a-http"
+# A second run on the same day and commit gets -2, -3, ... (never overwrites one).
+if [ -e "$dir/$stem.json" ] || [ -e "$dir/$stem" ]; then
+  n=2
+  while [ -e "$dir/$stem-$n.json" ] || [ -e "$dir/$stem-$n" ]; do n=$((n + 1)); done
+  stem="$stem-$n"
+fi
 mkdir -p "$dir/$stem"
 trap 'kill $(cat "$tmp"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$tmp"' EXIT
 cat > "$tmp/tenants.toml" <<'TOML'

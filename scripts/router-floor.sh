@@ -37,6 +37,11 @@ tmp=$(mktemp -d)
 dir=${BENCH_RESULTS_DIR:-benches/results}/llm
 mkdir -p "$dir"
 out="$dir/$(date +%F)-$(git rev-parse --short HEAD)-router-floor-$batch_prefills.json"
+n=2
+while [ -e "$out" ]; do  # a second run on the same day and commit: -2, -3, ...
+  out="$dir/$(date +%F)-$(git rev-parse --short HEAD)-router-floor-$batch_prefills-$n.json"
+  n=$((n + 1))
+done
 trap 'kill $(cat "$tmp"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$tmp"' EXIT
 # The tenants of scripts/bench-serve.sh: quiet (interactive) and flood (batch, 10/s, 8 slots).
 cat > "$tmp/tenants.toml" <<'TOML'
