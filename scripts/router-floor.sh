@@ -110,11 +110,20 @@ arrived = sorted(t - int(m[1]) for t, m in
                  lines("up-loaded", r"engine: request \d+ taken in (\d+) us after its submission"))
 window = lambda run: tuple(int(float(open(f"{tmp}/{run}.{e}").read()) * 1e6) for e in ("from", "to"))
 lo, hi = window("loaded")
-dispatched = [t for t, m in lines("router-loaded", r"router: quiet request dispatched") if lo <= t <= hi]
-firsts = [(t, int(m[1])) for t, m in lines("router-loaded", r"router: quiet first bytes after (\d+) us")
-          if lo <= t <= hi]
+# Both router records say how long after the request's arrival at the router they were written:
+# a dispatch and a first bytes with the same arrival (within 1 ms) are the same request.
+dispatched = {t - int(m[1]): t for t, m in
+              lines("router-loaded", r"router: quiet request dispatched after (\d+) us") if lo <= t <= hi}
+firsts = [(t - int(m[1]), t, int(m[1])) for t, m in
+          lines("router-loaded", r"router: quiet first bytes after (\d+) us") if lo <= t <= hi]
+by_arrival = sorted(dispatched)
+pairs = []
+for arrival, f, ttft in firsts:
+    k = bisect.bisect_left(by_arrival, arrival - 1000)
+    if k < len(by_arrival) and abs(by_arrival[k] - arrival) <= 1000:
+        pairs.append((dispatched[by_arrival[k]], f, ttft))
 parts = []
-for d, (f, ttft) in zip(dispatched, firsts):
+for d, f, ttft in pairs:
     # Its arrival at the upstream: the first engine arrival after the dispatch.
     k = bisect.bisect_left(arrived, d)
     a = arrived[k] if k < len(arrived) else d
