@@ -2,7 +2,9 @@
 //! of its own), the router in front, curl and raw sockets as clients on loopback. Covers the
 //! passthrough (same token ids as direct), 401/400/429/503, the slot held to the last token,
 //! DRR ordering of dispatch, the fence and a client that goes away (both abort the upstream
-//! request and free its KV blocks), the upstream being down (502), metrics and the drain.
+//! request and free its KV blocks), the upstream being down (502), metrics and the drain;
+//! and, against a raw-socket upstream that sends headers before the body, a non-streamed
+//! response under a fence collected whole or refused with a 504.
 
 mod common;
 
@@ -383,4 +385,111 @@ fn router_with_a_batch_prefill_limit_serves_every_tier() {
         v == 0.0
     });
     used_blocks_return_to_zero(&p.upstream);
+}
+
+/// What the raw upstream of [`a_whole_response_under_a_fence_is_collected_or_refused`] saw of
+/// one request.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    /// The router closed the connection while the body was unfinished.
+    Closed,
+    /// The body was sent to its end.
+    Finished,
+}
+
+/// One request on `c`: answers 200 with its headers and the first half of a JSON body at once,
+/// then the second half after `max_tokens` milliseconds unless the peer closes first.
+fn half_then_rest(mut c: std::net::TcpStream) -> Seen {
+    use std::io::Write;
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = Vec::new();
+    let mut buf = [0u8; 4096];
+    // Bounded by the read timeout and the request's length.
+    let body = loop {
+        let n = c.read(&mut buf).unwrap();
+        assert!(n > 0, "request cut");
+        req.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&req).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .unwrap_or(0);
+            if body.len() >= len {
+                break body.to_string();
+            }
+        }
+    };
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let delay = Duration::from_millis(v["max_tokens"].as_u64().unwrap());
+    let first = r#"{"object": "text_completion", "choices": [{"index": 0, "text": "half"#;
+    write!(
+        c,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{first}\r\n",
+        first.len()
+    )
+    .unwrap();
+    c.flush().unwrap();
+    c.set_read_timeout(Some(delay)).unwrap();
+    match c.read(&mut buf) {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            let rest = r#" and rest", "finish_reason": "length"}]}"#;
+            write!(c, "{:x}\r\n{rest}\r\n0\r\n\r\n", rest.len()).unwrap();
+            Seen::Finished
+        }
+        _ => Seen::Closed,
+    }
+}
+
+#[test]
+fn a_whole_response_under_a_fence_is_collected_or_refused() {
+    // An upstream that sends a non-streamed response's headers and part of its body before
+    // the rest (ours sends them at the end): under a fence the router collects the body and
+    // sends it whole, or, when the fence fires first, answers 504 instead of a cut 200 and
+    // closes the upstream connection.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, seen) = std::sync::mpsc::channel();
+    let server = std::thread::spawn(move || {
+        for _ in 0..2 {
+            let (c, _) = listener.accept().unwrap();
+            tx.send(half_then_rest(c)).unwrap();
+        }
+    });
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let tenants = dir.path().join("tenants.toml");
+    std::fs::write(&tenants, TENANTS).unwrap();
+    let r = Server::start(&[
+        "router",
+        "--upstream",
+        &upstream,
+        "--listen",
+        "127.0.0.1:0",
+        "--tenants",
+        tenants.to_str().unwrap(),
+    ]);
+    // Fence 1 s, the rest after 0.3 s: the whole body, in one piece, with a 200.
+    let (st, text) =
+        r.post("/v1/completions", "key-fenced", r#"{"prompt": "x", "max_tokens": 300}"#);
+    assert_eq!(st, 200, "{text}");
+    assert_eq!(json_body(&text)["choices"][0]["text"], "half and rest", "{text}");
+    assert_eq!(seen.recv_timeout(Duration::from_secs(10)).unwrap(), Seen::Finished);
+    // Fence 0.1 s, the rest after 5 s: 504, and the upstream connection closed before 5 s.
+    let t0 = Instant::now();
+    let (st, text) =
+        r.post("/v1/completions", "key-brief", r#"{"prompt": "x", "max_tokens": 5000}"#);
+    assert_eq!(st, 504, "{text}");
+    assert_eq!(json_body(&text)["error"]["type"], "timeout_error", "{text}");
+    assert_eq!(seen.recv_timeout(Duration::from_secs(10)).unwrap(), Seen::Closed);
+    assert!(t0.elapsed() < Duration::from_secs(4), "closed at the fence, not at the body's end");
+    server.join().unwrap();
 }
