@@ -229,7 +229,7 @@ impl Gate {
                         inflight: 0,
                         max_concurrent: t.max_concurrent,
                         queue_max: t.queue,
-                        interactive: t.tier != "batch",
+                        interactive: !t.is_batch(),
                         rpm: t.rpm,
                         queue: VecDeque::new(),
                     })

@@ -106,6 +106,15 @@ impl ApiError {
         e.retry_after_s = Some(1);
         e
     }
+
+    /// 504: a non-streamed request ran past its tenant's fence (`max_stream_seconds`).
+    pub(crate) fn fenced() -> ApiError {
+        ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout_error",
+            "the request ran past its tenant's max_stream_seconds",
+        )
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -496,11 +505,7 @@ async fn whole(
                 Some(Ok(ev)) => ev,
                 Some(Err(())) => {
                     ctx.record_end("fenced");
-                    return Err(ApiError::new(
-                        StatusCode::GATEWAY_TIMEOUT,
-                        "timeout_error",
-                        "the request ran past its tenant's max_stream_seconds",
-                    ));
+                    return Err(ApiError::fenced());
                 }
                 None => {
                     return Err(ApiError::new(

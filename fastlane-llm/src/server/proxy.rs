@@ -221,7 +221,7 @@ async fn generate(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
             arrived.elapsed().as_micros()
         );
         let fence = st.tenants.get(t).max_stream_seconds.map(Duration::from_secs_f64);
-        let batch = st.tenants.get(t).tier == "batch";
+        let batch = st.tenants.get(t).is_batch();
         if batch && !streaming {
             // Its first bytes come with its whole body: not counted against the batch
             // prefill limit (it would hold the batch tier for its whole run).
@@ -237,11 +237,7 @@ async fn generate(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
                 Ok(r) => r,
                 Err(_) => {
                     st.metrics.requests.with_label_values(&[&tname, "fenced"]).inc();
-                    return Err(ApiError::new(
-                        StatusCode::GATEWAY_TIMEOUT,
-                        "timeout_error",
-                        "the request ran past its tenant's max_stream_seconds",
-                    ));
+                    return Err(ApiError::fenced());
                 }
             },
         };
@@ -406,12 +402,7 @@ async fn whole(mut relay: Relay, parts: axum::http::response::Parts) -> Response
         match chunk {
             Ok(b) if relay.fenced => {
                 debug_assert!(b.is_empty());
-                return ApiError::new(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "timeout_error",
-                    "the request ran past its tenant's max_stream_seconds",
-                )
-                .into_response();
+                return ApiError::fenced().into_response();
             }
             Ok(b) => buf.extend_from_slice(&b),
             Err(e) => return upstream_error(e).into_response(),

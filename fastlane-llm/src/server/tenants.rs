@@ -58,6 +58,13 @@ pub struct Entry {
     pub queue: usize,
 }
 
+impl Entry {
+    /// Whether the tenant is in the batch tier (else interactive).
+    pub fn is_batch(&self) -> bool {
+        self.tier == "batch"
+    }
+}
+
 fn one() -> u32 {
     1
 }
@@ -181,7 +188,7 @@ impl Tenants {
             .iter()
             .map(|t| TenantConfig {
                 name: t.name.clone(),
-                tier: if t.tier == "batch" { Tier::Batch } else { Tier::Interactive },
+                tier: if t.is_batch() { Tier::Batch } else { Tier::Interactive },
                 bucket_capacity: t.burst,
                 rpm: t.rpm,
                 concurrency_max: t.max_concurrent,
