@@ -57,24 +57,9 @@ if [ -e "$dir/$stem.json" ] || [ -e "$dir/$stem" ]; then
   stem="$stem-$n"
 fi
 mkdir -p "$dir/$stem"
-trap 'kill $(cat "$tmp"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$tmp"' EXIT
-cat > "$tmp/tenants.toml" <<'TOML'
-[[tenant]]
-name = "quiet"
-keys = ["key-quiet"]
-rpm = 600
-burst = 10
-max_concurrent = 8
-tier = "interactive"
-
-[[tenant]]
-name = "flood"
-keys = ["key-flood"]
-rpm = 600
-burst = 10
-max_concurrent = 8
-tier = "batch"
-queue = 16
+. scripts/serve-common.sh
+write_tenants
+cat >> "$tmp/tenants.toml" <<'TOML'
 
 [[tenant]]
 name = "slow"
@@ -104,15 +89,6 @@ max_concurrent = 100000
 tier = "batch"
 queue = 100000
 TOML
-start() { # name args...: starts a server, sets $url
-  local name=$1; shift
-  "$bin" "$@" --listen 127.0.0.1:0 >"$tmp/$name.out" 2>"$tmp/$name.log" &
-  echo $! >"$tmp/$name.pid"
-  for _ in $(seq 300); do grep -q listening "$tmp/$name.out" 2>/dev/null && break; sleep 0.2; done
-  url=$(sed -n 's/^listening on //p' "$tmp/$name.out")
-  [ -n "$url" ] || { cat "$tmp/$name.log" >&2; exit 1; }
-}
-stop() { kill -TERM "$(cat "$tmp/$1.pid")"; wait "$(cat "$tmp/$1.pid")" || true; rm -f "$tmp/$1.pid"; }
 engine_url=""
 bench() { # label url extra...: the load, and the engine's step-time histogram around it
   local label=$1 u=$2; shift 2

@@ -42,43 +42,16 @@ while [ -e "$out" ]; do  # a second run on the same day and commit: -2, -3, ...
   out="$dir/$(date +%F)-$(git rev-parse --short HEAD)-router-floor-$batch_prefills-$n.json"
   n=$((n + 1))
 done
-trap 'kill $(cat "$tmp"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$tmp"' EXIT
-# The tenants of scripts/bench-serve.sh: quiet (interactive) and flood (batch, 10/s, 8 slots).
-cat > "$tmp/tenants.toml" <<'TOML'
-[[tenant]]
-name = "quiet"
-keys = ["key-quiet"]
-rpm = 600
-burst = 10
-max_concurrent = 8
-tier = "interactive"
-
-[[tenant]]
-name = "flood"
-keys = ["key-flood"]
-rpm = 600
-burst = 10
-max_concurrent = 8
-tier = "batch"
-queue = 16
-TOML
-start() { # name args...: starts a server with trace logs, sets $url
-  local name=$1; shift
-  RUST_LOG=trace "$bin" "$@" --listen 127.0.0.1:0 >"$tmp/$name.out" 2>"$tmp/$name.log" &
-  echo $! >"$tmp/$name.pid"
-  for _ in $(seq 300); do grep -q listening "$tmp/$name.out" 2>/dev/null && break; sleep 0.2; done
-  url=$(sed -n 's/^listening on //p' "$tmp/$name.out")
-  [ -n "$url" ] || { cat "$tmp/$name.log" >&2; exit 1; }
-}
-stop() { kill -TERM "$(cat "$tmp/$1.pid")"; wait "$(cat "$tmp/$1.pid")" || true; rm -f "$tmp/$1.pid"; }
+. scripts/serve-common.sh
+write_tenants
 command="scripts/router-floor.sh --seconds $seconds --rate $rate --batch-prefills $batch_prefills"
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "load before: $load_before"
 for run in solo loaded; do
   # A fresh upstream for each run: the quiet prompts repeat, and a prefix cache warmed by
   # the solo run would shorten the loaded run's prefills.
-  start up-$run llm serve --model random:small --device-blocks 4096 --policy fifo
-  start router-$run router --upstream "$url" --tenants "$tmp/tenants.toml" \
+  RUST_LOG=trace start up-$run llm serve --model random:small --device-blocks 4096 --policy fifo
+  RUST_LOG=trace start router-$run router --upstream "$url" --tenants "$tmp/tenants.toml" \
     --batch-prefills "$batch_prefills"
   echo "== $run"
   date +%s.%N >"$tmp/$run.from"
