@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Scenario (a) over HTTP, scaled to the CPU engine: a quiet tenant at --rate requests/s beside a
 # flood tenant at 30x that rate, as the client sees it (`fastlane llm bench --url`), against
-# `fastlane llm serve --model random:small` started here ten ways:
+# `fastlane llm serve --model random:small` started here eleven ways:
 #   solo         the quiet tenant alone (the baseline), --policy fifo
 #   fifo         both tenants, --policy fifo (no gate)
 #   drr          both tenants, --policy drr (the gate in the engine: bucket + slots + DRR; the
@@ -138,22 +138,16 @@ if want whole-steps; then
   bench whole-steps "$url"
   stop up
 fi
-if want router; then
+for r in router router-paced; do
+  want $r || continue
   start up llm serve --model "$model" --device-blocks 4096 --policy fifo
   engine_url=$url
-  start router router --upstream "$url" --tenants "$tmp/tenants.toml"
-  bench router "$url"
+  start router router --upstream "$url" --tenants "$tmp/tenants.toml" \
+    --batch-prefills "$([ $r = router-paced ] && echo 1 || echo 0)"
+  bench $r "$url"
   stop router
   stop up
-fi
-if want router-paced; then
-  start up llm serve --model "$model" --device-blocks 4096 --policy fifo
-  engine_url=$url
-  start router router --upstream "$url" --tenants "$tmp/tenants.toml" --batch-prefills 1
-  bench router-paced "$url"
-  stop router
-  stop up
-fi
+done
 if want router-tiers; then
   start up llm serve --model "$model" --device-blocks 4096 --policy drr --tenants "$tmp/upstream-tenants.toml"
   engine_url=$url

@@ -80,26 +80,30 @@ fn start(slots: &str) -> Pair {
 
 /// As [`start`], with more router flags.
 fn start_with(slots: &str, extra: &[&str]) -> Pair {
+    let upstream = Server::start(&["llm", "serve", "--listen", "127.0.0.1:0", "--policy", "fifo"]);
+    let mut args = vec!["--upstream-slots", slots, "--drain-seconds", "10"];
+    args.extend_from_slice(extra);
+    let (router, dir) = router_to(&upstream.url, &args);
+    Pair { upstream, router, _dir: dir }
+}
+
+/// A router with [`TENANTS`] in front of `upstream`, with more flags; the directory that
+/// holds its tenants file lives as long as it is kept.
+fn router_to(upstream: &str, extra: &[&str]) -> (Server, tempfile::TempDir) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let tenants = dir.path().join("tenants.toml");
     std::fs::write(&tenants, TENANTS).unwrap();
-    let upstream = Server::start(&["llm", "serve", "--listen", "127.0.0.1:0", "--policy", "fifo"]);
     let mut args = vec![
         "router",
         "--upstream",
-        &upstream.url,
+        upstream,
         "--listen",
         "127.0.0.1:0",
-        "--upstream-slots",
-        slots,
-        "--drain-seconds",
-        "10",
         "--tenants",
         tenants.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    let router = Server::start(&args);
-    Pair { upstream, router, _dir: dir }
+    (Server::start(&args), dir)
 }
 
 fn read_all(c: std::net::TcpStream) -> String {
@@ -302,8 +306,6 @@ fn router_sends_batch_tenants_upstream_with_the_batch_key() {
     // An upstream with tenants of its own, one per tier: the router's batch tenants arrive
     // there as its batch tenant, the others as its interactive one.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let tenants = dir.path().join("tenants.toml");
-    std::fs::write(&tenants, TENANTS).unwrap();
     let upstream_tenants = dir.path().join("upstream.toml");
     std::fs::write(
         &upstream_tenants,
@@ -334,19 +336,8 @@ tier = "batch"
         "--tenants",
         upstream_tenants.to_str().unwrap(),
     ]);
-    let r = Server::start(&[
-        "router",
-        "--upstream",
-        &u.url,
-        "--listen",
-        "127.0.0.1:0",
-        "--tenants",
-        tenants.to_str().unwrap(),
-        "--upstream-key",
-        "up-i",
-        "--upstream-batch-key",
-        "up-b",
-    ]);
+    let (r, _router_dir) =
+        router_to(&u.url, &["--upstream-key", "up-i", "--upstream-batch-key", "up-b"]);
     let body = r#"{"prompt": "x", "max_tokens": 2}"#;
     for key in ["key-flood", "key-flood", "key-quiet"] {
         let (st, text) = r.post("/v1/completions", key, body);
@@ -465,18 +456,7 @@ fn a_whole_response_under_a_fence_is_collected_or_refused() {
             tx.send(half_then_rest(c)).unwrap();
         }
     });
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let tenants = dir.path().join("tenants.toml");
-    std::fs::write(&tenants, TENANTS).unwrap();
-    let r = Server::start(&[
-        "router",
-        "--upstream",
-        &upstream,
-        "--listen",
-        "127.0.0.1:0",
-        "--tenants",
-        tenants.to_str().unwrap(),
-    ]);
+    let (r, _dir) = router_to(&upstream, &[]);
     // Fence 1 s, the rest after 0.3 s: the whole body, in one piece, with a 200.
     let (st, text) =
         r.post("/v1/completions", "key-fenced", r#"{"prompt": "x", "max_tokens": 300}"#);
