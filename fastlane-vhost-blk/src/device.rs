@@ -214,6 +214,26 @@ impl BlkBackend {
         self.settings.geometry.num_queues + 1
     }
 
+    /// The epoll event id of the stats' wake-up eventfd (a reader wants fresh latency).
+    fn wake_event(&self) -> u16 {
+        self.settings.geometry.num_queues + 2
+    }
+
+    /// Register `fd` with the epoll handler of thread `thread_id`.
+    fn watch(
+        &self,
+        thread_id: usize,
+        fd: std::os::fd::RawFd,
+        events: EventSet,
+        id: u16,
+    ) -> std::io::Result<()> {
+        let handler = self.handlers.get().and_then(|h| h.get(thread_id)).and_then(Weak::upgrade);
+        match handler {
+            Some(h) => h.register_listener(fd, events, u64::from(id)),
+            None => Err(std::io::Error::other("no epoll handler")),
+        }
+    }
+
     fn worker_config(&self, queue_index: u16) -> WorkerConfig {
         let g = &self.settings.geometry;
         WorkerConfig {
@@ -336,7 +356,10 @@ impl VhostUserBackend for BlkBackend {
         if thread_id >= self.workers.len() {
             return Ok(());
         }
-        if device_event != 0 && device_event != self.completion_event() {
+        if device_event != 0
+            && device_event != self.completion_event()
+            && device_event != self.wake_event()
+        {
             return Ok(());
         }
         let mut guard = self.lock_worker(thread_id);
@@ -349,19 +372,29 @@ impl VhostUserBackend for BlkBackend {
                 self.stats.clone(),
             )
         });
+        if let Some(fd) = worker.unregistered_wake_fd() {
+            // Level-triggered: `on_wake` reads the eventfd empty.
+            match self.watch(thread_id, fd, EventSet::IN, self.wake_event()) {
+                Ok(()) => worker.mark_wake_fd_registered(),
+                Err(e) => warn!(
+                    "queue {thread_id}: cannot watch for latency refreshes: {e}; merged every \
+                     100 ms of activity only"
+                ),
+            }
+        }
+        if device_event == self.wake_event() {
+            worker.on_wake();
+            return Ok(());
+        }
         worker.run();
         // The block queue is opened lazily by the worker; sleep on its completions too.
         if let Some(fd) = worker.unregistered_completion_fd() {
-            let handler =
-                self.handlers.get().and_then(|h| h.get(thread_id)).and_then(Weak::upgrade);
-            let registered = match handler {
-                Some(h) => h.register_listener(
-                    fd,
-                    EventSet::IN | EventSet::EDGE_TRIGGERED,
-                    u64::from(self.completion_event()),
-                ),
-                None => Err(std::io::Error::other("no epoll handler")),
-            };
+            let registered = self.watch(
+                thread_id,
+                fd,
+                EventSet::IN | EventSet::EDGE_TRIGGERED,
+                self.completion_event(),
+            );
             // Unregistered, the worker keeps waiting on the block queue itself (bounded waits)
             // while requests are in flight: slower, still correct.
             match registered {

@@ -27,6 +27,7 @@ pub mod stats;
 pub mod worker;
 
 use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -40,7 +41,7 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 pub use config::BlkGeometry;
 pub use device::{BlkBackend, DeviceSettings};
 pub use request::{RejectReason, ID_LEN};
-pub use stats::{BlkStats, QueueStats};
+pub use stats::{BlkStats, QueueStats, MERGE_INTERVAL};
 
 use fastlane_block::BlockDevice;
 
@@ -63,10 +64,10 @@ pub enum VhostBlkError {
         detail: String,
     },
     /// Waiting for a frontend failed.
-    #[error("cannot wait for a frontend on {path}")]
+    #[error("cannot wait for a frontend on {socket}")]
     Accept {
-        /// Socket path.
-        path: PathBuf,
+        /// The socket's path, or where its descriptor came from.
+        socket: String,
         /// Why.
         #[source]
         source: std::io::Error,
@@ -181,6 +182,17 @@ impl StopHandle {
     }
 }
 
+/// What happened to the server, for an observer (`fastlane serve` reports it to systemd).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerEvent {
+    /// A frontend connected; its number, from 1.
+    Connected(u64),
+    /// That frontend went away (or was disconnected by the server).
+    Disconnected(u64),
+    /// That frontend's connection ended with an error; the server keeps listening.
+    Failed(u64, String),
+}
+
 /// How a connection ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConnectionEnd {
@@ -196,25 +208,34 @@ pub enum ConnectionEnd {
 /// accepts the next one (a fresh daemon per connection, one listener for all).
 pub struct BlkServer {
     listener: Listener,
-    socket: PathBuf,
+    /// The socket file we created (`bind`); `None` for a socket handed to us
+    /// ([`BlkServer::from_listener`]), which is not ours to remove.
+    socket: Option<PathBuf>,
+    /// What the logs call the socket: its path, or where the descriptor came from.
+    label: String,
     device: Arc<dyn BlockDevice>,
     settings: DeviceSettings,
     stats: Arc<BlkStats>,
     stop: Arc<StopHandle>,
     connections: u64,
+    observer: Option<Observer>,
 }
+
+/// What [`BlkServer::set_observer`] installs.
+type Observer = Box<dyn FnMut(&ServerEvent) + Send>;
 
 impl std::fmt::Debug for BlkServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BlkServer")
-            .field("socket", &self.socket)
+            .field("socket", &self.label)
             .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
 }
 
 impl BlkServer {
-    /// Listen on `socket` (an existing socket file there is replaced).
+    /// Listen on `socket` (an existing socket file there is replaced; the file is removed
+    /// when the server is dropped).
     pub fn bind(
         socket: impl AsRef<Path>,
         device: Arc<dyn BlockDevice>,
@@ -224,28 +245,69 @@ impl BlkServer {
         let settings = options.settings(&*device)?;
         let listener = Listener::new(&socket, true)
             .map_err(|source| VhostBlkError::Listen { path: socket.clone(), source })?;
+        let label = socket.display().to_string();
+        Ok(Self::with_listener(listener, Some(socket), label, device, settings))
+    }
+
+    /// Serve on a socket that is already listening: one handed over by systemd or libvirt
+    /// (`LISTEN_FDS`, `--fd`). `label` names it in the logs. The socket file, if any, is not
+    /// ours: it is left in place when the server is dropped.
+    pub fn from_listener(
+        listener: UnixListener,
+        label: impl Into<String>,
+        device: Arc<dyn BlockDevice>,
+        options: &VhostBlkOptions,
+    ) -> Result<Self, VhostBlkError> {
+        let settings = options.settings(&*device)?;
+        Ok(Self::with_listener(Listener::from(listener), None, label.into(), device, settings))
+    }
+
+    fn with_listener(
+        listener: Listener,
+        socket: Option<PathBuf>,
+        label: String,
+        device: Arc<dyn BlockDevice>,
+        settings: DeviceSettings,
+    ) -> Self {
         info!(
-            "listening on {} ({} bytes, block size {}, {} queue(s){})",
-            socket.display(),
+            "listening on {label} ({} bytes, block size {}, {} queue(s){})",
             settings.geometry.capacity_bytes,
             settings.geometry.block_size,
             settings.geometry.num_queues,
             if settings.geometry.read_only { ", read-only" } else { "" }
         );
-        Ok(BlkServer {
+        BlkServer {
             listener,
             socket,
+            label,
             stats: Arc::new(BlkStats::new(settings.geometry.num_queues as usize)),
             device,
             settings,
             stop: Arc::new(StopHandle::default()),
             connections: 0,
-        })
+            observer: None,
+        }
     }
 
-    /// The socket path.
-    pub fn socket(&self) -> &Path {
-        &self.socket
+    /// The socket file this server created and removes on drop (`None`: handed to us).
+    pub fn socket(&self) -> Option<&Path> {
+        self.socket.as_deref()
+    }
+
+    /// What the logs call the socket.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Call `f` on every connect and disconnect (from the thread running the server).
+    pub fn set_observer(&mut self, f: impl FnMut(&ServerEvent) + Send + 'static) {
+        self.observer = Some(Box::new(f));
+    }
+
+    fn observe(&mut self, event: ServerEvent) {
+        if let Some(f) = self.observer.as_mut() {
+            f(&event);
+        }
     }
 
     /// What is exported.
@@ -297,7 +359,9 @@ impl BlkServer {
             return Ok(ConnectionEnd::Failed(e.to_string()));
         }
         self.connections += 1;
+        self.stats.connections.fetch_add(1, Ordering::Relaxed);
         info!("frontend connected (connection {})", self.connections);
+        self.observe(ServerEvent::Connected(self.connections));
         self.stop.set_current(daemon.shutdown_handle());
         if self.stop.stopped() {
             daemon.request_shutdown();
@@ -318,10 +382,13 @@ impl BlkServer {
         };
         match &end {
             ConnectionEnd::Disconnected => {
-                info!("frontend disconnected (connection {})", self.connections)
+                info!("frontend disconnected (connection {})", self.connections);
+                self.observe(ServerEvent::Disconnected(self.connections));
             }
             ConnectionEnd::Failed(e) => {
-                warn!("frontend connection {} ended with an error: {e}", self.connections)
+                warn!("frontend connection {} ended with an error: {e}", self.connections);
+                self.stats.connections_failed.fetch_add(1, Ordering::Relaxed);
+                self.observe(ServerEvent::Failed(self.connections, e.clone()));
             }
             ConnectionEnd::Stopped => {}
         }
@@ -350,7 +417,7 @@ impl BlkServer {
                 if err.kind() == std::io::ErrorKind::Interrupted {
                     continue;
                 }
-                return Err(VhostBlkError::Accept { path: self.socket.clone(), source: err });
+                return Err(VhostBlkError::Accept { socket: self.label.clone(), source: err });
             }
             if rc > 0 && pfd.revents & libc::POLLIN != 0 {
                 return Ok(true);

@@ -5,20 +5,31 @@
 //! stealing the worker's cache line on every request.
 //!
 //! Latency (from popping a chain to pushing it on the used ring) is recorded by each worker in
-//! its own histogram, without a lock, and merged into the queue's shared histogram when the
-//! worker stops (vring stopped, frontend gone).
+//! its own histogram, without a lock, and merged into the queue's shared histogram: every
+//! [`MERGE_INTERVAL`] while the queue is busy, when it goes to sleep after at least that long,
+//! when the worker stops (vring stopped, frontend gone), and when a reader asks for fresh
+//! numbers ([`BlkStats::refresh`]: a flag and a wake-up eventfd the worker's epoll thread
+//! watches, so a sleeping queue merges too). The merge walks the histogram's buckets (tens
+//! of µs), which is why it is not done per request.
 //!
 //! Histograms come from `fastlane_hist` (same range and precision as every other recorder in
 //! FastLane) and are written with its `HlogWriter`, so `fastlane hist` reads them.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use fastlane_hist::{HlogWriter, RecorderConfig};
 use hdrhistogram::Histogram;
+use log::warn;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::request::RejectReason;
+
+/// How often a busy worker merges its latency histogram into the queue's shared one.
+pub const MERGE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Highest latency a histogram records (larger values are clamped): 60 s in ns.
 pub const LATENCY_NS_MAX: u64 = fastlane_hist::DEFAULT_LATENCY_NS_MAX;
@@ -53,6 +64,15 @@ pub struct QueueStats {
     pub sleeps: AtomicU64,
     /// Requests refused before reaching the backend, per [`RejectReason`].
     pub rejected: [AtomicU64; RejectReason::COUNT],
+    /// Requests handed to the block queue and not yet completed (set by the worker once per
+    /// batch, not per request).
+    pub in_flight: AtomicU64,
+    /// Whether a worker serves this queue now (a frontend is connected and has kicked it).
+    worker_running: AtomicBool,
+    /// A reader wants the worker's latency merged now ([`BlkStats::refresh`]).
+    merge_requested: AtomicBool,
+    /// Merges done so far: a reader waits for it to move after a request.
+    merges: AtomicU64,
     latency: Mutex<Option<Histogram<u64>>>,
 }
 
@@ -67,6 +87,10 @@ impl Default for QueueStats {
             discards: AtomicU64::new(0),
             sleeps: AtomicU64::new(0),
             rejected: std::array::from_fn(|_| AtomicU64::new(0)),
+            in_flight: AtomicU64::new(0),
+            worker_running: AtomicBool::new(false),
+            merge_requested: AtomicBool::new(false),
+            merges: AtomicU64::new(0),
             latency: Mutex::new(None),
         }
     }
@@ -89,15 +113,30 @@ impl QueueStats {
         self.rejected.iter().map(|c| c.load(Ordering::Relaxed)).sum()
     }
 
-    /// Merge a worker's histogram into the queue's (control path: worker stop).
+    /// Merge a worker's histogram into the queue's (never per request: see the module doc),
+    /// and tell a reader waiting in [`BlkStats::refresh`] that it is done.
     pub fn merge_latency(&self, h: &Histogram<u64>) {
-        if h.is_empty() {
-            return;
+        if !h.is_empty() {
+            let mut shared = self.latency.lock().unwrap_or_else(|e| e.into_inner());
+            let shared = shared.get_or_insert_with(new_latency_histogram);
+            // Same bounds on both sides, so adding cannot fail.
+            let _ = shared.add(h);
         }
-        let mut shared = self.latency.lock().unwrap_or_else(|e| e.into_inner());
-        let shared = shared.get_or_insert_with(new_latency_histogram);
-        // Same bounds on both sides, so adding cannot fail.
-        let _ = shared.add(h);
+        self.merge_requested.store(false, Ordering::Relaxed);
+        // Release: pairs with the Acquire load in `BlkStats::refresh`, so a reader that sees
+        // the new count also sees the merged histogram (the mutex orders it too).
+        self.merges.fetch_add(1, Ordering::Release);
+    }
+
+    /// Whether a reader asked for a merge (the worker checks it once per loop turn).
+    #[inline]
+    pub fn merge_requested(&self) -> bool {
+        self.merge_requested.load(Ordering::Relaxed)
+    }
+
+    /// The worker of this queue starts (true) or stops (false).
+    pub fn set_worker_running(&self, running: bool) {
+        self.worker_running.store(running, Ordering::Release);
     }
 
     /// A copy of the queue's merged latency histogram.
@@ -111,12 +150,80 @@ impl QueueStats {
 #[derive(Debug)]
 pub struct BlkStats {
     queues: Vec<QueueStats>,
+    /// One per queue: written by [`BlkStats::refresh`], watched by the queue's epoll thread,
+    /// which then merges its latency histogram. `None` if the eventfd could not be made
+    /// (refresh then waits for the periodic merge).
+    wake: Vec<Option<EventFd>>,
+    /// Frontend connections accepted so far (the first one included).
+    pub connections: AtomicU64,
+    /// Connections that ended with an error (not a plain disconnect).
+    pub connections_failed: AtomicU64,
 }
 
 impl BlkStats {
     /// Stats for `num_queues` queues.
     pub fn new(num_queues: usize) -> Self {
-        BlkStats { queues: (0..num_queues).map(|_| QueueStats::default()).collect() }
+        let wake = (0..num_queues)
+            .map(|q| match EventFd::new(EFD_NONBLOCK) {
+                Ok(fd) => Some(fd),
+                Err(e) => {
+                    warn!("queue {q}: no wake-up eventfd for live latency ({e}); merged every {MERGE_INTERVAL:?} of activity only");
+                    None
+                }
+            })
+            .collect();
+        BlkStats {
+            queues: (0..num_queues).map(|_| QueueStats::default()).collect(),
+            wake,
+            connections: AtomicU64::new(0),
+            connections_failed: AtomicU64::new(0),
+        }
+    }
+
+    /// The eventfd a queue's epoll thread watches for merge requests.
+    pub fn wake_fd(&self, queue: usize) -> Option<RawFd> {
+        self.wake.get(queue)?.as_ref().map(|e| e.as_raw_fd())
+    }
+
+    /// Consume a wake-up (the queue's epoll thread, after the eventfd became readable).
+    pub fn take_wake(&self, queue: usize) {
+        if let Some(Some(e)) = self.wake.get(queue) {
+            let _ = e.read();
+        }
+    }
+
+    /// Bring every running queue's shared latency histogram up to date: ask each worker to
+    /// merge, wake it, and wait (at most `timeout`) until each has. Control path (a scrape, a
+    /// stats line); returns whether every running worker answered in time.
+    pub fn refresh(&self, timeout: Duration) -> bool {
+        let mut waiting: Vec<(usize, u64)> = Vec::with_capacity(self.queues.len());
+        for (i, q) in self.queues.iter().enumerate() {
+            if !q.worker_running.load(Ordering::Acquire) {
+                continue;
+            }
+            let before = q.merges.load(Ordering::Acquire);
+            q.merge_requested.store(true, Ordering::Relaxed);
+            if let Some(Some(e)) = self.wake.get(i) {
+                let _ = e.write(1);
+            }
+            waiting.push((i, before));
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            waiting.retain(|&(i, before)| {
+                let q = &self.queues[i];
+                // Acquire: pairs with the Release increment in `merge_latency`.
+                q.merges.load(Ordering::Acquire) == before
+                    && q.worker_running.load(Ordering::Acquire)
+            });
+            if waiting.is_empty() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 
     /// One queue's counters.

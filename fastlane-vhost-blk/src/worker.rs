@@ -26,7 +26,7 @@ use vm_memory::{
 };
 
 use super::request::{ParseLimits, ParsedRequest, Parser, RejectReason, RequestKind, ID_LEN};
-use super::stats::{new_latency_histogram, BlkStats, QueueStats};
+use super::stats::{new_latency_histogram, BlkStats, QueueStats, MERGE_INTERVAL};
 use fastlane_block::{
     BlockDevice, BlockError, BlockOp, BlockQueue, BlockRequest, Completion, QueueFull,
 };
@@ -97,8 +97,12 @@ pub struct Worker {
     vring: BlkVring,
     stats: Arc<BlkStats>,
     latency: Histogram<u64>,
+    /// When `latency` was last merged into the queue's shared histogram.
+    merged_at: Instant,
     /// The block queue's completion eventfd, once registered with epoll.
     completion_fd_registered: bool,
+    /// The stats' wake-up eventfd of this queue, once registered with epoll.
+    wake_fd_registered: bool,
     warn_at: Option<Instant>,
     warn_suppressed: u64,
 }
@@ -132,6 +136,7 @@ impl Worker {
                 start: Instant::now(),
             })
             .collect();
+        stats.queue(usize::from(config.queue_index)).set_worker_running(true);
         Worker {
             queue: None,
             slots,
@@ -142,7 +147,9 @@ impl Worker {
             vring,
             stats,
             latency: new_latency_histogram(),
+            merged_at: Instant::now(),
             completion_fd_registered: false,
+            wake_fd_registered: false,
             warn_at: None,
             warn_suppressed: 0,
             config,
@@ -169,6 +176,27 @@ impl Worker {
         self.completion_fd_registered = true;
     }
 
+    /// The stats' wake-up eventfd for this queue, if not yet registered with epoll.
+    pub fn unregistered_wake_fd(&self) -> Option<std::os::fd::RawFd> {
+        if self.wake_fd_registered {
+            return None;
+        }
+        self.stats.wake_fd(usize::from(self.config.queue_index))
+    }
+
+    /// The wake-up eventfd is now watched by epoll.
+    pub fn mark_wake_fd_registered(&mut self) {
+        self.wake_fd_registered = true;
+    }
+
+    /// A reader woke this queue ([`BlkStats::refresh`]): consume the wake-up and merge.
+    pub fn on_wake(&mut self) {
+        self.stats.take_wake(usize::from(self.config.queue_index));
+        if self.qstats().merge_requested() {
+            self.flush_latency();
+        }
+    }
+
     fn qstats(&self) -> &QueueStats {
         self.stats.queue(self.config.queue_index as usize)
     }
@@ -191,8 +219,14 @@ impl Worker {
             }
             let work = self.drain_avail() + self.reap();
             let now = Instant::now();
+            if now.duration_since(self.merged_at) >= MERGE_INTERVAL
+                || self.qstats().merge_requested()
+            {
+                self.flush_latency();
+            }
             if work > 0 {
                 active_at = now;
+                self.qstats().in_flight.store(u64::from(self.in_flight()), Ordering::Relaxed);
                 continue;
             }
             if now.duration_since(active_at) < self.config.poll {
@@ -214,7 +248,12 @@ impl Worker {
                     active_at = Instant::now();
                 }
                 Ok(false) => {
-                    self.qstats().sleeps.fetch_add(1, Ordering::Relaxed);
+                    let qs = self.qstats();
+                    qs.sleeps.fetch_add(1, Ordering::Relaxed);
+                    qs.in_flight.store(u64::from(self.in_flight()), Ordering::Relaxed);
+                    if !self.latency.is_empty() && self.merged_at.elapsed() >= MERGE_INTERVAL {
+                        self.flush_latency();
+                    }
                     return;
                 }
                 Err(e) => {
@@ -522,6 +561,7 @@ impl Worker {
     pub fn flush_latency(&mut self) {
         self.qstats().merge_latency(&self.latency);
         self.latency.reset();
+        self.merged_at = Instant::now();
     }
 }
 
@@ -536,6 +576,9 @@ impl Drop for Worker {
             );
         }
         self.quiesce();
+        let qs = self.qstats();
+        qs.in_flight.store(u64::from(self.in_flight()), Ordering::Relaxed);
+        qs.set_worker_running(false);
     }
 }
 

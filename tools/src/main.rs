@@ -60,9 +60,40 @@ enum Command {
     Serve(serve::ServeArgs),
 }
 
+/// `fastlane serve` under the name QEMU's and libvirt's vhost-user JSON descriptors point at
+/// (`deploy/vhost-user/50-fastlane-vhost-blk.json`): a link named `fastlane-vhost-user-blk`
+/// to this binary takes the options of `fastlane serve` directly, as a vhost-user backend
+/// program must (QEMU `docs/interop/vhost-user.rst`, "Backend program conventions").
+#[derive(Debug, Parser)]
+#[command(
+    name = serve::BACKEND_PROGRAM,
+    version,
+    about = "FastLane's vhost-user-blk backend (the same as `fastlane serve`)"
+)]
+struct BackendProgram {
+    #[command(flatten)]
+    args: serve::ServeArgs,
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
+    let argv0 = std::env::args_os().next().unwrap_or_default();
+    let invoked_as = std::path::Path::new(&argv0).file_name().unwrap_or_default().to_owned();
+    let result = if invoked_as == serve::BACKEND_PROGRAM {
+        serve::run(&BackendProgram::parse().args)
+    } else {
+        dispatch(Cli::parse())
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Hist(args) => hist::run(&args),
         Command::Itch(args) => itch::run(&args),
@@ -72,12 +103,5 @@ fn main() -> ExitCode {
         Command::Rdma(args) => rdma::run(&args),
         Command::Router(args) => router::run(&args),
         Command::Serve(args) => serve::run(&args),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
     }
 }

@@ -24,8 +24,10 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use fastlane_llm::server::http::{serve, HttpOptions};
+use hdrhistogram::Histogram;
+use prometheus::core::{Collector, Desc};
 use prometheus::{
-    Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    proto, Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// The listener's settings: a scraper sends its headers at once and keeps one connection.
@@ -71,6 +73,27 @@ impl Families {
         g
     }
 
+    /// A histogram family (`name` ends in `_seconds`) whose values are HdrHistograms of
+    /// nanoseconds the daemon already records: set at each refresh with
+    /// [`LatencyFamily::set`], exported with the bucket bounds [`LATENCY_BUCKETS_S`].
+    pub fn latency(&self, name: &str, help: &str, labels: &[&str]) -> LatencyFamily {
+        let desc = must(Desc::new(
+            name.to_string(),
+            help.to_string(),
+            labels.iter().map(|l| l.to_string()).collect(),
+            Default::default(),
+        ));
+        let family = LatencyFamily {
+            inner: Arc::new(LatencyInner {
+                desc,
+                labels: labels.iter().map(|l| l.to_string()).collect(),
+                metrics: Mutex::new(Vec::new()),
+            }),
+        };
+        must(self.registry.register(Box::new(family.clone())));
+        family
+    }
+
     /// One unlabelled metric per row of `table`, set from a `S` by [`FieldSet::update`].
     pub fn fields<S>(&self, table: &'static [Field<S>]) -> FieldSet<S> {
         let metrics = table
@@ -97,6 +120,91 @@ impl Families {
         // Encoding into a Vec cannot fail.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+/// Upper bounds (seconds) of the buckets a [`LatencyFamily`] exports: 1 µs to 10 s, three
+/// per decade, so both a RAM disk's microseconds and a slow device's milliseconds resolve.
+pub const LATENCY_BUCKETS_S: [f64; 22] = [
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A Prometheus histogram family fed from HdrHistograms (ns) at each refresh.
+#[derive(Debug, Clone)]
+pub struct LatencyFamily {
+    inner: Arc<LatencyInner>,
+}
+
+#[derive(Debug)]
+struct LatencyInner {
+    desc: Desc,
+    labels: Vec<String>,
+    /// (label values, the metric as last set).
+    metrics: Mutex<Vec<(Vec<String>, proto::Metric)>>,
+}
+
+impl LatencyFamily {
+    /// Sets the series `values` (one per label name, in order) from `h`, a histogram of
+    /// nanoseconds holding everything recorded so far (it only grows, as a Prometheus
+    /// histogram must).
+    pub fn set(&self, values: &[&str], h: &Histogram<u64>) {
+        let mut hist = proto::Histogram::default();
+        hist.set_sample_count(h.len());
+        hist.set_sample_sum(h.mean() * h.len() as f64 / 1e9);
+        let buckets = LATENCY_BUCKETS_S
+            .iter()
+            .map(|&ub| {
+                let mut b = proto::Bucket::default();
+                // Within the histogram's precision (3 significant digits): a value in the
+                // same HdrHistogram bucket as the bound counts as below it.
+                b.set_cumulative_count(if h.is_empty() {
+                    0
+                } else {
+                    h.count_between(0, (ub * 1e9) as u64)
+                });
+                b.set_upper_bound(ub);
+                b
+            })
+            .collect();
+        hist.set_bucket(buckets);
+        let mut m = proto::Metric::default();
+        m.set_label(
+            self.inner
+                .labels
+                .iter()
+                .zip(values)
+                .map(|(n, v)| {
+                    let mut l = proto::LabelPair::default();
+                    l.set_name(n.clone());
+                    l.set_value(v.to_string());
+                    l
+                })
+                .collect(),
+        );
+        m.set_histogram(hist);
+        let values: Vec<String> = values.iter().map(|v| v.to_string()).collect();
+        let mut metrics = self.inner.metrics.lock().unwrap_or_else(PoisonError::into_inner);
+        match metrics.iter_mut().find(|(v, _)| *v == values) {
+            Some(slot) => slot.1 = m,
+            None => metrics.push((values, m)),
+        }
+    }
+}
+
+impl Collector for LatencyFamily {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.inner.desc]
+    }
+
+    fn collect(&self) -> Vec<proto::MetricFamily> {
+        let mut f = proto::MetricFamily::default();
+        f.set_name(self.inner.desc.fq_name.clone());
+        f.set_help(self.inner.desc.help.clone());
+        f.set_field_type(proto::MetricType::HISTOGRAM);
+        let metrics = self.inner.metrics.lock().unwrap_or_else(PoisonError::into_inner);
+        f.set_metric(metrics.iter().map(|(_, m)| m.clone()).collect());
+        vec![f]
     }
 }
 

@@ -1,4 +1,5 @@
-//! How every `fastlane` daemon (`serve`, `kv serve`, `rdma serve`) stops on SIGINT/SIGTERM:
+//! How every `fastlane` daemon (`serve`, `kv serve`, `rdma serve`) stops on SIGINT/SIGTERM
+//! (and how `serve` answers SIGUSR1 with its totals):
 //! the signals are blocked before the daemon starts any thread, so every thread inherits the
 //! mask, and one thread takes them with `sigwait` and runs the daemon's stop action.
 //!
@@ -10,8 +11,9 @@
 
 use anyhow::Context as _;
 
-/// SIGINT and SIGTERM, blocked in the thread that made this and in every thread it starts
-/// afterwards; [`StopSignals::on_stop`] hands them to a thread of their own.
+/// SIGINT and SIGTERM (and SIGUSR1 with [`StopSignals::block_with_report`]), blocked in the
+/// thread that made this and in every thread it starts afterwards; [`StopSignals::on_stop`]
+/// hands them to a thread of their own.
 #[derive(Debug)]
 pub(crate) struct StopSignals {
     set: libc::sigset_t,
@@ -21,6 +23,15 @@ impl StopSignals {
     /// Blocks SIGINT and SIGTERM in the calling thread. Call it first thing, before the daemon
     /// starts any thread (threads inherit the mask from their creator).
     pub(crate) fn block() -> anyhow::Result<StopSignals> {
+        Self::block_signals(false)
+    }
+
+    /// [`StopSignals::block`], and SIGUSR1 too, for [`StopSignals::on_stop_or_report`].
+    pub(crate) fn block_with_report() -> anyhow::Result<StopSignals> {
+        Self::block_signals(true)
+    }
+
+    fn block_signals(report: bool) -> anyhow::Result<StopSignals> {
         // SAFETY:
         // - `set` is a plain C struct that sigemptyset fully initializes before any other use.
         let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
@@ -33,6 +44,11 @@ impl StopSignals {
         // SAFETY:
         // - as above; SIGTERM is a valid signal number.
         unsafe { libc::sigaddset(&mut set, libc::SIGTERM) };
+        if report {
+            // SAFETY:
+            // - as above; SIGUSR1 is a valid signal number.
+            unsafe { libc::sigaddset(&mut set, libc::SIGUSR1) };
+        }
         // SAFETY:
         // - `set` is initialized; a null old-set pointer is allowed and means "don't report".
         let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
@@ -46,6 +62,16 @@ impl StopSignals {
     /// Starts the thread that waits for SIGINT or SIGTERM (one that arrived since
     /// [`StopSignals::block`] is taken at once) and then runs `stop`, once.
     pub(crate) fn on_stop(self, stop: impl FnOnce() + Send + 'static) -> anyhow::Result<()> {
+        self.on_stop_or_report(stop, || {})
+    }
+
+    /// [`StopSignals::on_stop`], and `report` on every SIGUSR1 (blocked only by
+    /// [`StopSignals::block_with_report`]).
+    pub(crate) fn on_stop_or_report(
+        self,
+        stop: impl FnOnce() + Send + 'static,
+        report: impl Fn() + Send + 'static,
+    ) -> anyhow::Result<()> {
         let set = self.set;
         std::thread::Builder::new()
             .name("fastlane-signals".into())
@@ -55,6 +81,10 @@ impl StopSignals {
                 // - `set` is an initialized sigset_t owned by this closure; `sig` is a valid
                 //   out-parameter on our stack.
                 let rc = unsafe { libc::sigwait(&set, &mut sig) };
+                if rc == 0 && sig == libc::SIGUSR1 {
+                    report();
+                    continue;
+                }
                 if rc == 0 && (sig == libc::SIGINT || sig == libc::SIGTERM) {
                     log::info!("signal {sig}: shutting down");
                     stop();
