@@ -14,6 +14,9 @@
 //!    wrote reads back (with `fastlane hist` and the library) with requests on both queues.
 //! 4. `fastlane serve --readonly` on the same file; a third guest sees a read-only disk, reads
 //!    the data, fails to write; the file is unchanged.
+//! 5. `systemd-socket-activate` starts `fastlane serve --blk-file` with the socket as fd 3
+//!    (`LISTEN_FDS`) when QEMU connects; READY=1 arrives on the test's `NOTIFY_SOCKET`; a
+//!    fourth guest reads the ranges back.
 //!
 //! Skipped (with a `skipped:` line, not failed) only when `qemu-system-x86_64` is missing;
 //! `.ci/install-deps.sh` installs it. Every wait is bounded, and children are killed on any
@@ -130,6 +133,11 @@ impl Daemon {
                     ));
             }
         }
+        Daemon::spawn(cmd, name, socket, log)
+    }
+
+    /// Start `cmd` with its output in `log`.
+    fn spawn(mut cmd: Command, name: &'static str, socket: &Path, log: PathBuf) -> Daemon {
         let out = fs::File::create(&log).expect("create daemon log");
         let err = out.try_clone().expect("dup daemon log");
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
@@ -671,6 +679,66 @@ fn vhost_user_blk_serve_with_a_real_guest() {
         c.check(!socket_ro.exists(), "[readonly] daemon removed its socket on shutdown");
     }
     drop(ro);
+
+    // --- 5. started the way systemd starts it -------------------------------------------------
+    // `systemd-socket-activate` creates the socket, waits for QEMU to connect and execs the
+    // daemon with the socket as fd 3 (LISTEN_FDS); READY=1 arrives on the test's
+    // NOTIFY_SOCKET; the guest reads back what the first guest wrote.
+    if fastlane {
+        let socket_sa = tmp.path().join("blk-activated.sock");
+        let notify_path = tmp.path().join("notify");
+        let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).expect("notify socket");
+        notify.set_read_timeout(Some(Duration::from_secs(30))).expect("notify timeout");
+        let mut cmd = Command::new("systemd-socket-activate");
+        cmd.env("NOTIFY_SOCKET", &notify_path)
+            .args(["-E", "NOTIFY_SOCKET", "-E", "RUST_LOG", "-l"])
+            .arg(&socket_sa)
+            .arg(env!("CARGO_BIN_EXE_fastlane"))
+            .args(["serve", "--queues", "2", "--blk-file"])
+            .arg(&image.0)
+            .env("RUST_LOG", "info");
+        let mut sa = Daemon::spawn(
+            cmd,
+            "socket-activated fastlane serve",
+            &socket_sa,
+            tmp.path().join("daemon-sa.log"),
+        );
+        match sa.wait_for_socket() {
+            Err(e) => {
+                c.check(false, format!("[activated] {e}"));
+            }
+            Ok(_) => {
+                let ready = std::thread::spawn(move || {
+                    let mut buf = [0u8; 512];
+                    notify.recv(&mut buf).map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+                });
+                let g4 = run_guest("verify", 2, 2, &socket_sa);
+                logs.push_str(&g4.dump());
+                c.check(
+                    g4.status == Some(0),
+                    format!("[activated] guest exit status {:?} (0 expected)", g4.status),
+                );
+                check_guest_basics(&mut c, &g4, 2, 2);
+                check_readback(&mut c, &wrote, &g4);
+                let ready = ready.join().expect("notify reader");
+                c.check(
+                    ready.as_ref().is_ok_and(|r| r.contains("READY=1") && r.contains("LISTEN_FDS")),
+                    format!("[activated] READY=1 on NOTIFY_SOCKET, serving fd 3: {ready:?}"),
+                );
+            }
+        }
+        let term = sa.terminate();
+        let sa_log = sa.log_text();
+        let _ = writeln!(logs, "--- {} log ---\n{sa_log}", sa.name);
+        c.check(
+            term.is_some_and(|(st, _)| st.success()),
+            format!("[activated] daemon exits 0 after SIGTERM: {term:?}"),
+        );
+        c.check(
+            sa_log.contains("listening on fd 3 (LISTEN_FDS"),
+            "[activated] the daemon served the socket systemd passed (fd 3)",
+        );
+    }
 
     eprintln!(
         "vm_blk: {} checks passed, {} failed, {:.1}s in all ({backend:?})",
