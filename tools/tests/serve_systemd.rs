@@ -176,18 +176,20 @@ fn an_inherited_fd_is_served_and_left_in_place() {
     let fd = listener.as_raw_fd();
     let mut cmd = Command::new(FASTLANE);
     cmd.args(["serve", "--fd", &fd.to_string(), "--blk-file", image.to_str().unwrap()]);
+    let let_through = move || {
+        // The standard library opens sockets close-on-exec: let this one through.
+        // SAFETY:
+        // - fcntl only changes the descriptor flags of `fd`, which the parent keeps open
+        //   until the child has exec'd.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    };
     // SAFETY:
-    // - runs in the child between fork and exec, and only calls fcntl (async-signal-safe) on
-    //   a descriptor the parent keeps open until the child has exec'd.
-    unsafe {
-        cmd.pre_exec(move || {
-            // The standard library opens sockets close-on-exec: let this one through.
-            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    // - the hook runs in the child between fork and exec and only calls fcntl, which is
+    //   async-signal-safe; it allocates nothing and takes no lock.
+    unsafe { cmd.pre_exec(let_through) };
     let mut d = Logged::spawn(cmd);
     let line = d.wait_line("listening on", 20);
     assert!(line.contains(&format!("fd {fd} (--fd, {})", sock.display())), "{line}");
