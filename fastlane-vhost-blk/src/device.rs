@@ -7,9 +7,10 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use log::{debug, error, info, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost_user_backend::{VhostUserBackend, VringEpollHandler};
+use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringT};
 use virtio_bindings::virtio_blk::VIRTIO_BLK_F_RO;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
+use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
@@ -17,6 +18,7 @@ use vmm_sys_util::event::{
 };
 
 use super::config::BlkGeometry;
+use super::inflight::InflightRegion;
 use super::request::{ParseLimits, ID_LEN};
 use super::stats::BlkStats;
 use super::worker::{AtomicMem, BlkVring, GuestMem, Worker, WorkerConfig};
@@ -54,6 +56,9 @@ pub struct BlkBackend {
     /// [`ExternalMemory`]: holding them keeps those regions mapped (a `GuestRegionMmap`
     /// unmaps on its last drop). See [`BlkBackend::register_memory`].
     registered: Mutex<Vec<Arc<GuestMem>>>,
+    /// The frontend's in-flight region (`SET_INFLIGHT_FD`), handed to each worker at its
+    /// start.
+    inflight: Mutex<Option<Arc<InflightRegion>>>,
 }
 
 /// The key that names what backs a guest region for [`ExternalMemory::sync_regions`]: its
@@ -101,7 +106,49 @@ impl BlkBackend {
             workers: (0..n).map(|_| Mutex::new(None)).collect(),
             handlers: OnceLock::new(),
             registered: Mutex::new(Vec::new()),
+            inflight: Mutex::new(None),
         }
+    }
+
+    /// `SET_INFLIGHT_FD`: track requests in `region` from now on. Workers of an earlier start
+    /// (the frontend stopped the rings before sending a new region) are finished, so each
+    /// queue starts again on the new region, recovering what it says was in flight.
+    pub fn set_inflight(&self, region: Arc<InflightRegion>) {
+        for w in &self.workers {
+            drop(w.lock().unwrap_or_else(|p| p.into_inner()).take());
+        }
+        *self.inflight.lock().unwrap_or_else(|p| p.into_inner()) = Some(region);
+    }
+
+    /// The region, if the frontend sent one.
+    pub fn inflight(&self) -> Option<Arc<InflightRegion>> {
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// A new worker for queue `index` on `vring`: tracked in the in-flight region when there
+    /// is one, after recovering what it says (resubmissions are logged by the worker).
+    fn start_worker(&self, index: usize, vring: &BlkVring) -> Worker {
+        let mut worker = Worker::new(
+            self.worker_config(index as u16),
+            self.device.clone(),
+            self.mem.clone(),
+            vring.clone(),
+            self.stats.clone(),
+        );
+        if let Some(region) = self.inflight() {
+            let size = vring.get_ref().get_queue().size();
+            match region.queue(index as u16, size) {
+                Ok(q) => {
+                    worker.track_inflight(q);
+                    worker.recover_inflight();
+                }
+                Err(e) => error!(
+                    "queue {index}: in-flight region does not fit this queue: {e}; requests of \
+                     this queue are not tracked"
+                ),
+            }
+        }
+        worker
     }
 
     /// Register the guest memory with the device for zero copy, if it takes registrations
@@ -292,6 +339,9 @@ impl VhostUserBackend for BlkBackend {
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            // GET_INFLIGHT_FD / SET_INFLIGHT_FD are answered by the connection's interposer
+            // (interpose.rs), which hands the region to `set_inflight`.
+            | VhostUserProtocolFeatures::INFLIGHT_SHMFD
     }
 
     fn set_event_idx(&self, enabled: bool) {
@@ -363,19 +413,20 @@ impl VhostUserBackend for BlkBackend {
             return Ok(());
         }
         let mut guard = self.lock_worker(thread_id);
-        let worker = guard.get_or_insert_with(|| {
-            Worker::new(
-                self.worker_config(thread_id as u16),
-                self.device.clone(),
-                self.mem.clone(),
-                vring.clone(),
-                self.stats.clone(),
-            )
-        });
+        if device_event == self.wake_event() && guard.is_none() {
+            // A refresh between two starts: nothing to merge. Only a kick starts a worker.
+            self.stats.take_wake(thread_id);
+            return Ok(());
+        }
+        let worker = guard.get_or_insert_with(|| self.start_worker(thread_id, vring));
         if let Some(fd) = worker.unregistered_wake_fd() {
-            // Level-triggered: `on_wake` reads the eventfd empty.
+            // Level-triggered: `on_wake` reads the eventfd empty. Still registered by the
+            // worker of an earlier start on this connection: that is fine too.
             match self.watch(thread_id, fd, EventSet::IN, self.wake_event()) {
                 Ok(()) => worker.mark_wake_fd_registered(),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    worker.mark_wake_fd_registered()
+                }
                 Err(e) => warn!(
                     "queue {thread_id}: cannot watch for latency refreshes: {e}; merged every \
                      100 ms of activity only"

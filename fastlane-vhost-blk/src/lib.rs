@@ -19,8 +19,11 @@
 // Guest input: a panic here is a guest taking the device down; errors instead.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod chain;
 pub mod config;
 pub mod device;
+pub mod inflight;
+pub mod interpose;
 pub mod request;
 pub mod spec;
 pub mod stats;
@@ -341,9 +344,17 @@ impl BlkServer {
 
     /// Wait for one frontend and serve it until it goes away.
     pub fn serve_one(&mut self) -> Result<ConnectionEnd, VhostBlkError> {
-        if !self.wait_for_frontend()? {
-            return Ok(ConnectionEnd::Stopped);
-        }
+        let frontend = loop {
+            if !self.wait_for_frontend()? {
+                return Ok(ConnectionEnd::Stopped);
+            }
+            match self.listener.accept() {
+                Ok(Some(s)) => break s,
+                // Gone before we took it: wait for the next one.
+                Ok(None) => continue,
+                Err(e) => return Ok(ConnectionEnd::Failed(format!("accept: {e}"))),
+            }
+        };
         let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
         let backend = Arc::new(BlkBackend::new(
             self.settings.clone(),
@@ -355,9 +366,29 @@ impl BlkServer {
             VhostUserDaemon::new("fastlane-vhost-blk".to_string(), backend.clone(), mem)
                 .map_err(|e| VhostBlkError::Daemon { detail: e.to_string() })?;
         backend.set_epoll_handlers(&daemon.get_epoll_handlers());
-        if let Err(e) = daemon.start(&mut self.listener) {
+        // The daemon serves our end of a private socket; the relay copies messages between it
+        // and the frontend and answers the in-flight messages itself (interpose.rs).
+        let private = match interpose::PrivateSocket::new(self.connections + 1) {
+            Ok(p) => p,
+            Err(e) => return Ok(ConnectionEnd::Failed(format!("relay socket: {e}"))),
+        };
+        let interpose::PrivateSocket { mut listener, ours } = private;
+        if let Err(e) = daemon.start(&mut listener) {
             return Ok(ConnectionEnd::Failed(e.to_string()));
         }
+        drop(listener);
+        let relay = match interpose::Relay::start(
+            frontend,
+            ours,
+            backend.clone(),
+            self.settings.geometry.num_queues,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                daemon.request_shutdown();
+                return Ok(ConnectionEnd::Failed(format!("relay threads: {e}")));
+            }
+        };
         self.connections += 1;
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
         info!("frontend connected (connection {})", self.connections);
@@ -368,6 +399,7 @@ impl BlkServer {
         }
         let result = daemon.wait();
         self.stop.set_current(None);
+        relay.finish();
         // Dropping the daemon stops and joins the worker threads; `disconnect` then finishes
         // the workers (in-flight requests, histograms) and unregisters the guest memory from
         // the device before the regions are unmapped.

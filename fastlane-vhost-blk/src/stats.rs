@@ -67,6 +67,10 @@ pub struct QueueStats {
     /// Requests handed to the block queue and not yet completed (set by the worker once per
     /// batch, not per request).
     pub in_flight: AtomicU64,
+    /// Requests resubmitted from the in-flight region after a backend restart.
+    pub resubmitted: AtomicU64,
+    /// Torn completions repaired at a start (a used entry published, its mark not cleared).
+    pub torn_repaired: AtomicU64,
     /// Whether a worker serves this queue now (a frontend is connected and has kicked it).
     worker_running: AtomicBool,
     /// A reader wants the worker's latency merged now ([`BlkStats::refresh`]).
@@ -88,6 +92,8 @@ impl Default for QueueStats {
             sleeps: AtomicU64::new(0),
             rejected: std::array::from_fn(|_| AtomicU64::new(0)),
             in_flight: AtomicU64::new(0),
+            resubmitted: AtomicU64::new(0),
+            torn_repaired: AtomicU64::new(0),
             worker_running: AtomicBool::new(false),
             merge_requested: AtomicBool::new(false),
             merges: AtomicU64::new(0),

@@ -19,12 +19,15 @@ use hdrhistogram::Histogram;
 use log::{error, info, warn};
 use vhost_user_backend::{VringRwLock, VringState, VringT};
 use virtio_bindings::virtio_blk::{VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP};
+use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{
-    Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard,
+    Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard,
     GuestMemoryMmap,
 };
 
+use super::chain::ChainWalk;
+use super::inflight::InflightQueue;
 use super::request::{ParseLimits, ParsedRequest, Parser, RejectReason, RequestKind, ID_LEN};
 use super::stats::{new_latency_histogram, BlkStats, QueueStats, MERGE_INTERVAL};
 use fastlane_block::{
@@ -97,6 +100,8 @@ pub struct Worker {
     vring: BlkVring,
     stats: Arc<BlkStats>,
     latency: Histogram<u64>,
+    /// This queue's part of the frontend's in-flight region, when it sent one.
+    inflight: Option<InflightQueue>,
     /// When `latency` was last merged into the queue's shared histogram.
     merged_at: Instant,
     /// The block queue's completion eventfd, once registered with epoll.
@@ -147,6 +152,7 @@ impl Worker {
             vring,
             stats,
             latency: new_latency_histogram(),
+            inflight: None,
             merged_at: Instant::now(),
             completion_fd_registered: false,
             wake_fd_registered: false,
@@ -276,19 +282,29 @@ impl Worker {
         let mut used = 0usize;
         while let Some(chain) = st.get_queue_mut().pop_descriptor_chain(&*mem) {
             let head = chain.head_index();
-            match self.start(&mem, head, chain) {
+            // Every chain taken is marked in flight before anything else happens to it, so
+            // that after a crash "taken = used + in flight" holds (inflight.rs). A head the
+            // guest republished while it is still in flight is not marked again: its entry
+            // belongs to the request in flight, and the chain is refused in `start`.
+            let republished = self.slots.get(usize::from(head)).is_some_and(|s| s.mem.is_some());
+            if !republished {
+                if let Some(t) = self.inflight.as_mut() {
+                    t.mark(head);
+                }
+            }
+            let descs = chain.into_iter();
+            match self.start(&mem, head, descs) {
                 Started::Done(len) => {
-                    if let Err(e) = st.add_used(head, len) {
-                        error!(
-                            "queue {}: cannot add to the used ring: {e}",
-                            self.config.queue_index
-                        );
-                    }
+                    let q = self.config.queue_index;
+                    put_used(&mut st, self.inflight.as_ref(), q, head, len, !republished);
                     used += 1;
                     consumed += 1;
                 }
                 Started::Submitted => consumed += 1,
                 Started::Full => {
+                    if let Some(t) = self.inflight.as_mut() {
+                        t.unmark(head);
+                    }
                     st.get_queue_mut().go_to_previous_position();
                     break;
                 }
@@ -313,10 +329,10 @@ impl Worker {
         &mut self,
         mem: &GuestMemoryLoadGuard<GuestMem>,
         head: u16,
-        chain: virtio_queue::DescriptorChain<&GuestMem>,
+        descs: impl IntoIterator<Item = Descriptor>,
     ) -> Started {
         let start = Instant::now();
-        let req = match self.parser.parse(&**mem, chain) {
+        let req = match self.parser.parse(&**mem, descs) {
             Ok(req) => req,
             Err(rej) => return self.finish_rejected(mem, head, rej.reason, rej.status),
         };
@@ -530,9 +546,99 @@ impl Worker {
         }
         let ns = u64::try_from(slot.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.latency.saturating_record(ns.max(1));
-        if let Err(e) = st.add_used(head, len) {
-            error!("queue {}: cannot add to the used ring: {e}", self.config.queue_index);
+        put_used(st, self.inflight.as_ref(), self.config.queue_index, head, len, true);
+    }
+
+    /// Track this queue's requests in the frontend's in-flight region (call before the
+    /// worker first runs, then [`Worker::recover_inflight`]).
+    pub fn track_inflight(&mut self, q: InflightQueue) {
+        self.inflight = Some(q);
+    }
+
+    /// At the queue's start on an in-flight region: repair a torn completion, move the avail
+    /// position past everything taken before, and resubmit the requests that were in flight,
+    /// in the order they were first taken. Returns how many were resubmitted. On a region it
+    /// cannot read, tracking is turned off for this queue (logged) and the queue starts where
+    /// the frontend said.
+    pub fn recover_inflight(&mut self) -> usize {
+        let qi = self.config.queue_index;
+        let Some(tracker) = self.inflight.as_mut() else {
+            return 0;
+        };
+        let mem = self.mem.memory();
+        let vring = self.vring.clone();
+        let mut st = vring.get_mut();
+        let (used_ring, desc_table, size) = {
+            let q = st.get_queue();
+            (q.used_ring(), q.desc_table(), q.size())
+        };
+        // The used ring's idx (VIRTIO 1.2 §2.7.8: flags u16, idx u16, ring[]), as the guest
+        // sees it.
+        let used_idx = match GuestAddress(used_ring)
+            .checked_add(2)
+            .and_then(|a| mem.read_obj::<u16>(a).ok())
+        {
+            Some(v) => u16::from_le(v),
+            None => {
+                error!("queue {qi}: used ring at {used_ring:#x} is not in guest memory; in-flight tracking off for this queue");
+                self.inflight = None;
+                return 0;
+            }
+        };
+        let rec = match tracker.recover(used_idx) {
+            Ok(r) => r,
+            Err(e) => {
+                error!("queue {qi}: in-flight region refused: {e}; tracking off for this queue, it starts where the frontend said");
+                self.inflight = None;
+                return 0;
+            }
+        };
+        st.get_queue_mut().set_next_avail(rec.next_avail);
+        st.get_queue_mut().set_next_used(used_idx);
+        let mut submitted = 0usize;
+        let mut used = 0usize;
+        for &head in &rec.resubmit {
+            let walk = ChainWalk::new(&*mem, GuestAddress(desc_table), size, head);
+            match self.start(&mem, head, walk) {
+                Started::Submitted => submitted += 1,
+                Started::Done(len) => {
+                    put_used(&mut st, self.inflight.as_ref(), qi, head, len, true);
+                    used += 1;
+                }
+                Started::Full => {
+                    // The block queue is fresh and as deep as the largest vring: not reached.
+                    error!("queue {qi}: block queue full while resubmitting head {head}; the rest stay in flight");
+                    break;
+                }
+            }
         }
+        if used > 0 {
+            notify(&mut st);
+        }
+        drop(st);
+        if submitted > 0 {
+            if let Some(q) = self.queue.as_mut() {
+                if let Err(e) = q.kick() {
+                    error!("queue {qi}: block queue kick failed: {e}");
+                }
+            }
+        }
+        let n = rec.resubmit.len();
+        let qs = self.qstats();
+        qs.resubmitted.fetch_add(n as u64, Ordering::Relaxed);
+        if rec.torn_repaired {
+            qs.torn_repaired.fetch_add(1, Ordering::Relaxed);
+        }
+        if rec.fresh {
+            info!("queue {qi}: in-flight region fresh; tracking every request from used idx {used_idx}");
+        } else {
+            info!(
+                "queue {qi}: in-flight region: resubmitted {n} request(s), resuming at avail idx {} (used idx {used_idx}{})",
+                rec.next_avail,
+                if rec.torn_repaired { ", a torn completion repaired" } else { "" }
+            );
+        }
+        n
     }
 
     /// Wait for every in-flight request and put it on the used ring (GET_VRING_BASE: the
@@ -579,6 +685,28 @@ impl Drop for Worker {
         let qs = self.qstats();
         qs.in_flight.store(u64::from(self.in_flight()), Ordering::Relaxed);
         qs.set_worker_running(false);
+    }
+}
+
+/// Put `head` on the used ring, with the in-flight region's protocol around it when the queue
+/// is tracked: `last_batch_head` before, the mark cleared (when `clear`) and `used_idx` after.
+fn put_used(
+    st: &mut VringState<AtomicMem>,
+    tracker: Option<&InflightQueue>,
+    queue_index: u16,
+    head: u16,
+    len: u32,
+    clear: bool,
+) {
+    if let Some(t) = tracker {
+        t.pre_put(head);
+    }
+    if let Err(e) = st.add_used(head, len) {
+        error!("queue {queue_index}: cannot add to the used ring: {e}");
+        return;
+    }
+    if let Some(t) = tracker {
+        t.post_put(head, st.get_queue().next_used(), clear);
     }
 }
 
