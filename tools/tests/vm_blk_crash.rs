@@ -257,8 +257,8 @@ fn backend_sigkilled_under_fio_verify_loses_no_request() {
     let scalar = |key: &str| {
         stdout
             .lines()
-            .filter_map(|l| l.strip_prefix(&format!("RESULT {key}=")))
-            .last()
+            .rev()
+            .find_map(|l| l.strip_prefix(&format!("RESULT {key}=")))
             .and_then(|v| v.trim().parse::<i64>().ok())
     };
     eprintln!(
@@ -280,7 +280,7 @@ fn backend_sigkilled_under_fio_verify_loses_no_request() {
     if scalar("fio_errors") != Some(0) {
         failures.push(format!("fio errors {:?}", scalar("fio_errors")));
     }
-    if !scalar("fio_kib").is_some_and(|k| k > 0) {
+    if scalar("fio_kib").is_none_or(|k| k <= 0) {
         failures.push(format!("fio moved no data: {:?}", scalar("fio_kib")));
     }
     if resubmissions == 0 {
