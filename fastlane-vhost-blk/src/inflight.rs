@@ -87,6 +87,16 @@ pub enum InflightError {
         /// desc_num expected (the region's queue size).
         expected: u16,
     },
+    /// A descriptor's in-flight flag is neither 0 nor 1: not a region this protocol wrote.
+    #[error("queue {queue}: head {head} has in-flight flag {value} (0 or 1 expected)")]
+    BadFlag {
+        /// Queue index.
+        queue: u16,
+        /// The head.
+        head: u16,
+        /// The flag found.
+        value: u8,
+    },
     /// The vring is larger than the region's queue.
     #[error(
         "queue {queue}: vring of size {vring_size} is larger than the region's {desc_num} entries"
@@ -98,18 +108,6 @@ pub enum InflightError {
         vring_size: u16,
         /// The region's entries.
         desc_num: u16,
-    },
-    /// More requests marked in flight than the vring has entries.
-    #[error(
-        "queue {queue}: {in_flight} requests marked in flight, more than the vring's {vring_size}"
-    )]
-    TooManyInFlight {
-        /// Queue index.
-        queue: u16,
-        /// Marked.
-        in_flight: u32,
-        /// The vring's size.
-        vring_size: u16,
     },
     /// A system call failed.
     #[error("{what}: {source}")]
@@ -240,6 +238,9 @@ impl InflightRegion {
             if desc_num == 0 {
                 region.write_u16(q, OFF_DESC_NUM, queue_size);
             }
+            if version == VERSION {
+                region.check_flags(q, queue_size)?;
+            }
         }
         Ok(Arc::new(region))
     }
@@ -261,6 +262,19 @@ impl InflightRegion {
             .map_raw(file)
             .map_err(|e| io_err("mmap of the region", e))?;
         Ok(InflightRegion { map, num_queues, queue_size })
+    }
+
+    /// Every flag of queue `q`'s first `n` entries is 0 or 1.
+    fn check_flags(&self, q: u16, n: u16) -> Result<(), InflightError> {
+        for head in 0..n {
+            let off = QUEUE_HEADER_BYTES as usize + usize::from(head) * 16 + DESC_OFF_INFLIGHT;
+            // SAFETY: `head` < n ≤ queue_size: the entry is inside queue `q`'s region.
+            let value = unsafe { std::ptr::read_volatile(self.at(q, off)) };
+            if value > 1 {
+                return Err(InflightError::BadFlag { queue: q, head, value });
+            }
+        }
+        Ok(())
     }
 
     /// Queues in the region.
@@ -460,33 +474,13 @@ impl InflightQueue {
             fence(Ordering::Release);
             self.region.write_u16(q, OFF_USED_IDX, used_idx);
         }
-        let mut marked: Vec<(u64, u16)> = Vec::new();
-        let mut bad = 0u32;
-        for h in 0..self.vring_size {
-            match self.inflight(h) {
-                0 => {}
-                1 => marked.push((self.counter_of(h), h)),
-                _ => bad += 1,
-            }
-        }
-        if bad > 0 {
-            // Not a flag we write: a corrupt entry; counted as in flight would resubmit a
-            // request no one took, so refuse the queue's region.
-            return Err(InflightError::Header {
-                queue: q,
-                version: self.region.read_u16(q, OFF_VERSION),
-                desc_num: self.region.read_u16(q, OFF_DESC_NUM),
-                expected: self.region.queue_size(),
-            });
-        }
+        self.region.check_flags(q, self.vring_size)?;
+        let marked: Vec<(u64, u16)> = (0..self.vring_size)
+            .filter(|&h| self.inflight(h) == 1)
+            .map(|h| (self.counter_of(h), h))
+            .collect();
         let in_flight = marked.len() as u32;
-        if in_flight > u32::from(self.vring_size) {
-            return Err(InflightError::TooManyInFlight {
-                queue: q,
-                in_flight,
-                vring_size: self.vring_size,
-            });
-        }
+        let mut marked = marked;
         marked.sort_unstable();
         self.counter = marked.last().map_or(0, |&(c, _)| c.wrapping_add(1));
         Ok(Recovery {
@@ -659,7 +653,7 @@ mod tests {
         let mut q = region.queue(0, 8).unwrap();
         q.recover(0).unwrap();
         q.set_inflight(6, 9);
-        assert!(matches!(q.recover(0), Err(InflightError::Header { .. })));
+        assert!(matches!(q.recover(0), Err(InflightError::BadFlag { head: 6, value: 9, .. })));
         q.set_inflight(6, 0);
         // A vring smaller than the region only reads its own heads.
         q.mark(6);

@@ -69,6 +69,9 @@ pub struct QueueStats {
     pub in_flight: AtomicU64,
     /// Requests resubmitted from the in-flight region after a backend restart.
     pub resubmitted: AtomicU64,
+    /// Times the guest's avail index was more than a queue ahead (the queue then sleeps until
+    /// the next kick instead of spinning).
+    pub broken_avail: AtomicU64,
     /// Torn completions repaired at a start (a used entry published, its mark not cleared).
     pub torn_repaired: AtomicU64,
     /// Whether a worker serves this queue now (a frontend is connected and has kicked it).
@@ -94,6 +97,7 @@ impl Default for QueueStats {
             in_flight: AtomicU64::new(0),
             resubmitted: AtomicU64::new(0),
             torn_repaired: AtomicU64::new(0),
+            broken_avail: AtomicU64::new(0),
             worker_running: AtomicBool::new(false),
             merge_requested: AtomicBool::new(false),
             merges: AtomicU64::new(0),

@@ -251,6 +251,20 @@ impl Worker {
             match self.vring.enable_notification() {
                 Ok(true) => {
                     let _ = self.vring.disable_notification();
+                    if let Some((avail, next, size)) = self.avail_out_of_range() {
+                        // Nothing was taken this turn, yet the ring says there is work: the
+                        // guest (or a stale ring base) put the avail index more than a queue
+                        // ahead, and every pop fails (VIRTIO 1.2 §2.7.13.3: the driver never
+                        // makes more than a queue's worth available). Spinning here would pin
+                        // this thread and keep its stop event from being seen: sleep until
+                        // the next kick instead.
+                        self.qstats().broken_avail.fetch_add(1, Ordering::Relaxed);
+                        self.warn_guest(format_args!(
+                            "comes from an avail ring whose index {avail} is more than the queue \
+                             size {size} ahead of the next entry {next}; waiting for the next kick"
+                        ));
+                        return;
+                    }
                     active_at = Instant::now();
                 }
                 Ok(false) => {
@@ -268,6 +282,17 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// `(avail idx, next avail, queue size)` when the guest's avail index is more than a queue
+    /// ahead of where we are (no pop can succeed).
+    fn avail_out_of_range(&self) -> Option<(u16, u16, u16)> {
+        let mem = self.mem.memory();
+        let st = self.vring.get_ref();
+        let q = st.get_queue();
+        let avail = q.avail_idx(&*mem, Ordering::Acquire).ok()?.0;
+        let next = q.next_avail();
+        (avail.wrapping_sub(next) > q.size()).then_some((avail, next, q.size()))
     }
 
     /// Pop every available chain and start it. Returns how many chains were consumed.
@@ -1018,6 +1043,20 @@ mod tests {
         rig.header(VIRTIO_BLK_T_WRITE_ZEROES, 0);
         assert_eq!(rig.run(&[(HDR, 16, R), (DATA, 16, R), (STATUS, 1, W)]), (UNSUPP, 1));
         assert_eq!(rig.rejected(RejectReason::BadDiscardFlags), 1);
+    }
+
+    #[test]
+    fn an_avail_index_more_than_a_queue_ahead_does_not_spin() {
+        let mut rig = Rig::new(false);
+        rig.header(VIRTIO_BLK_T_IN, 0);
+        assert_eq!(rig.run(&[(HDR, 16, R), (DATA, 512, W), (STATUS, 1, W)]), (OK, 513));
+        // The guest claims 100 new entries on a queue of 32: no pop can succeed. `run` must
+        // return (a spin would hang this test) and count it.
+        rig.mock.avail().idx().store(u16::to_le(100));
+        rig.worker.run();
+        rig.worker.run();
+        assert_eq!(rig.stats.queue(0).broken_avail.load(Ordering::Relaxed), 2);
+        assert_eq!(rig.mock.used().idx().load(), 1, "nothing was used");
     }
 
     #[test]

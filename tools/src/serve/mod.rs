@@ -385,6 +385,9 @@ struct BlkMetrics {
     in_flight: prometheus::IntGaugeVec,
     connections: prometheus::IntCounterVec,
     connection_errors: prometheus::IntCounterVec,
+    resubmitted: prometheus::IntCounterVec,
+    torn: prometheus::IntCounterVec,
+    broken_avail: prometheus::IntCounterVec,
 }
 
 impl BlkMetrics {
@@ -439,6 +442,24 @@ impl BlkMetrics {
                 "Frontend connections accepted (each reconnect counts one more)",
                 &[],
             ),
+            resubmitted: f.counter(
+                "fastlane_vhost_blk_resubmitted_total",
+                "Requests resubmitted from the in-flight region when a frontend reattached \
+                 after a backend restart, by queue",
+                &["queue"],
+            ),
+            torn: f.counter(
+                "fastlane_vhost_blk_torn_completions_total",
+                "Completions found torn at a restart (used entry published, mark not cleared) \
+                 and repaired, by queue",
+                &["queue"],
+            ),
+            broken_avail: f.counter(
+                "fastlane_vhost_blk_broken_avail_total",
+                "Times a queue found the guest's avail index more than a queue ahead and slept \
+                 instead of spinning, by queue",
+                &["queue"],
+            ),
             connection_errors: f.counter(
                 "fastlane_vhost_blk_connection_errors_total",
                 "Frontend connections that ended with an error rather than a disconnect",
@@ -457,6 +478,9 @@ impl BlkMetrics {
             let queue = queue.as_str();
             self.latency.set(&[queue], &q.latency());
             set_gauge(&self.in_flight, &[queue], l(&q.in_flight));
+            set_total(&self.resubmitted, &[queue], l(&q.resubmitted));
+            set_total(&self.torn, &[queue], l(&q.torn_repaired));
+            set_total(&self.broken_avail, &[queue], l(&q.broken_avail));
             set_total(&self.requests, &[queue, "ok"], l(&q.completed));
             set_total(&self.requests, &[queue, "failed"], l(&q.failed));
             set_total(&self.requests, &[queue, "rejected"], q.rejected_total());
