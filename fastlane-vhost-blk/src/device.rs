@@ -38,6 +38,8 @@ pub struct DeviceSettings {
     pub poll: std::time::Duration,
     /// GET_ID answer (zero-padded).
     pub serial: [u8; ID_LEN],
+    /// Track in-flight requests in a region of our own when the frontend sends none.
+    pub own_inflight: bool,
 }
 
 /// The vhost-user-blk backend of one frontend connection.
@@ -120,6 +122,26 @@ impl BlkBackend {
         *self.inflight.lock().unwrap_or_else(|p| p.into_inner()) = Some(region);
     }
 
+    /// `--own-inflight-region`: the frontend sent no region, so make one (nothing survives a
+    /// restart of ours in it; the data path does the same work as with the frontend's).
+    fn make_own_inflight(&self) {
+        let queues = self.settings.geometry.num_queues;
+        let size = self.settings.queue_size_max;
+        let made = InflightRegion::create(queues, size).and_then(|r| {
+            InflightRegion::adopt(&r.file, r.mmap_size, r.mmap_offset, queues, size)
+        });
+        match made {
+            Ok(region) => {
+                info!("in-flight region of our own: {queues} queue(s) of {size} (the frontend sent none)");
+                let mut slot = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+                if slot.is_none() {
+                    *slot = Some(region);
+                }
+            }
+            Err(e) => warn!("cannot make an in-flight region of our own: {e}"),
+        }
+    }
+
     /// The region, if the frontend sent one.
     pub fn inflight(&self) -> Option<Arc<InflightRegion>> {
         self.inflight.lock().unwrap_or_else(|p| p.into_inner()).clone()
@@ -135,6 +157,9 @@ impl BlkBackend {
             vring.clone(),
             self.stats.clone(),
         );
+        if self.inflight().is_none() && self.settings.own_inflight {
+            self.make_own_inflight();
+        }
         if let Some(region) = self.inflight() {
             let size = vring.get_ref().get_queue().size();
             match region.queue(index as u16, size) {

@@ -98,6 +98,10 @@ pub struct VhostBlkOptions {
     pub serial: String,
     /// Export read-only (`VIRTIO_BLK_F_RO`) even if the device is writable.
     pub read_only: bool,
+    /// Track in-flight requests in a region of the backend's own when the frontend sends
+    /// none (a frontend without `INFLIGHT_SHMFD`, such as virtio-driver): no crash recovery,
+    /// the same data-path work; for measuring that work.
+    pub own_inflight: bool,
 }
 
 impl Default for VhostBlkOptions {
@@ -108,6 +112,7 @@ impl Default for VhostBlkOptions {
             poll_us: 50,
             serial: "fastlane".to_string(),
             read_only: false,
+            own_inflight: false,
         }
     }
 }
@@ -142,6 +147,7 @@ impl VhostBlkOptions {
             queue_size_max: self.queue_size_max,
             poll: Duration::from_micros(u64::from(self.poll_us)),
             serial,
+            own_inflight: self.own_inflight,
         })
     }
 }

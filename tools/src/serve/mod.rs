@@ -84,6 +84,12 @@ pub struct ServeArgs {
     /// count and record, so the data path does no extra work. Off by default.
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
+    /// Track in-flight requests in a region of the backend's own when the frontend sends none
+    /// (virtio-driver clients such as `fastlane bench blk` do not ask for one; QEMU does). It
+    /// dies with the backend, so it recovers nothing: it exists to measure what tracking costs
+    /// on the data path.
+    #[arg(long)]
+    pub own_inflight_region: bool,
     /// Log one line every S seconds: requests, throughput, in-flight requests and latency
     /// percentiles of that interval, summed over the queues (0: off). SIGUSR1 logs the totals
     /// since start at any time.
@@ -160,6 +166,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         poll_us: args.poll_us,
         serial: args.serial.clone(),
         read_only: args.read_only,
+        own_inflight: args.own_inflight_region,
         ..VhostBlkOptions::default()
     };
     let mut server = source.serve(device.clone(), &options)?;
