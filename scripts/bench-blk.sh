@@ -4,8 +4,10 @@
 # (QD1 latency and QD32 IOPS of 4 KiB random reads and writes). Then `fastlane serve` with its
 # `mem:` RAM backend as an extra row. Backend pinned to one CPU, client to another.
 #
-# Usage: scripts/bench-blk.sh [--seconds S] [--out DIR] [--disk-mib N]
+# Usage: scripts/bench-blk.sh [--seconds S] [--out DIR] [--disk-mib N] [--inflight on|off]
 #   --seconds S    measured seconds per case (default 5; 4 cases per backend)
+#   --inflight on  fastlane serve tracks every request in an in-flight region (default: on;
+#                  `--own-inflight-region`, since the client does not send one as QEMU does)
 #   --out DIR      where the JSON reports, .hlog files and logs go
 #                  (default target/bench-blk/YYYYmmdd-HHMMSS)
 #   --disk-mib N   size of the /dev/shm file and of the mem: disk (default 256)
@@ -17,12 +19,14 @@ set -euo pipefail
 secs=5
 out=""
 disk_mib=256
+inflight=on
 while [ $# -gt 0 ]; do
     case "$1" in
+        --inflight) inflight="$2"; shift 2 ;;
         --seconds) secs="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
         --disk-mib) disk_mib="$2"; shift 2 ;;
-        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         *) echo "bench-blk.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -33,6 +37,11 @@ out=${out:-$root/target/bench-blk/$(date +%Y%m%d-%H%M%S)}
 backend_cpu=${BACKEND_CPU:-0}
 client_cpu=${CLIENT_CPU:-1}
 mkdir -p "$out"
+case "$inflight" in
+    on) inflight_args=(--own-inflight-region) ;;
+    off) inflight_args=() ;;
+    *) echo "bench-blk.sh: --inflight takes on or off, not $inflight" >&2; exit 2 ;;
+esac
 
 command -v qemu-storage-daemon >/dev/null || {
     echo "bench-blk.sh: qemu-storage-daemon not found (Debian: qemu-system-common)" >&2
@@ -99,7 +108,7 @@ client() {
     echo "host: $(uname -r), $(nproc) CPUs, backend on CPU $backend_cpu, client on CPU $client_cpu"
     echo "qemu-storage-daemon: $(qemu-storage-daemon --version | head -1)"
     echo "fastlane: $("$bin" --version)"
-    echo "command: scripts/bench-blk.sh --seconds $secs --disk-mib $disk_mib"
+    echo "command: scripts/bench-blk.sh --seconds $secs --disk-mib $disk_mib --inflight $inflight"
     echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee "$out/env.txt"
 
@@ -110,14 +119,14 @@ client qsd
 stop_backend
 
 # shellcheck disable=SC2086 # EXTRA_SERVE_ARGS is a list of words
-start_backend fastlane-file "$bin" serve --socket "$sockdir/fastlane-file.sock" \
-    --backend "file:$img" --queues 1 ${EXTRA_SERVE_ARGS:-}
+start_backend fastlane-file "$bin" serve --socket-path "$sockdir/fastlane-file.sock" \
+    --blk-file "$img" --queues 1 "${inflight_args[@]}" ${EXTRA_SERVE_ARGS:-}
 client fastlane-file
 stop_backend
 
 # shellcheck disable=SC2086
-start_backend fastlane-mem "$bin" serve --socket "$sockdir/fastlane-mem.sock" \
-    --backend "mem:${disk_mib}M" --queues 1 ${EXTRA_SERVE_ARGS:-}
+start_backend fastlane-mem "$bin" serve --socket-path "$sockdir/fastlane-mem.sock" \
+    --backend "mem:${disk_mib}M" --queues 1 "${inflight_args[@]}" ${EXTRA_SERVE_ARGS:-}
 client fastlane-mem
 stop_backend
 
@@ -138,5 +147,5 @@ echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/env.txt"
         --labels qsd,fastlane-mem
 } | tee "$out/summary.txt"
 python3 "$root/scripts/bench_results.py" blk "$out" \
-    "scripts/bench-blk.sh --seconds $secs --disk-mib $disk_mib${EXTRA_SERVE_ARGS:+ (EXTRA_SERVE_ARGS=$EXTRA_SERVE_ARGS)}"
+    "scripts/bench-blk.sh --seconds $secs --disk-mib $disk_mib --inflight $inflight${EXTRA_SERVE_ARGS:+ (EXTRA_SERVE_ARGS=$EXTRA_SERVE_ARGS)}"
 echo "results in $out" >&2

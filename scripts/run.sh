@@ -44,12 +44,12 @@ mkdir -p "$out"
 sock=$out/fastlane.sock
 
 if [ "$serve_only" = 1 ]; then
-  exec "$bin" serve --socket "$sock" --hlog "$out/serve.hlog"
+  exec "$bin" serve --socket-path "$sock" --hlog "$out/serve.hlog"
 fi
 
 echo "== 1. fastlane serve (RAM disk) =="
 rm -f "$out/serve.hlog"
-"$bin" serve --socket "$sock" --backend mem:256M --hlog "$out/serve.hlog" 2> "$out/serve.log" &
+"$bin" serve --socket-path "$sock" --backend mem:256M --hlog "$out/serve.hlog" 2> "$out/serve.log" &
 serve_pid=$!
 cleanup() { kill "$serve_pid" 2>/dev/null || true; }
 trap cleanup EXIT

@@ -127,9 +127,8 @@ impl BlkBackend {
     fn make_own_inflight(&self) {
         let queues = self.settings.geometry.num_queues;
         let size = self.settings.queue_size_max;
-        let made = InflightRegion::create(queues, size).and_then(|r| {
-            InflightRegion::adopt(&r.file, r.mmap_size, r.mmap_offset, queues, size)
-        });
+        let made = InflightRegion::create(queues, size)
+            .and_then(|r| InflightRegion::adopt(&r.file, r.mmap_size, r.mmap_offset, queues, size));
         match made {
             Ok(region) => {
                 info!("in-flight region of our own: {queues} queue(s) of {size} (the frontend sent none)");
