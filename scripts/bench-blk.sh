@@ -140,11 +140,11 @@ echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/env.txt"
     done
     echo "## FastLane (file:) / qemu-storage-daemon"
     "$bin" bench blk --compare "$out/qsd.json" "$out/fastlane-file.json" \
-        --labels qsd,fastlane-file
+        --labels qsd,fastlane-file --p50-target 0.12
     echo
     echo "## FastLane (mem:) / qemu-storage-daemon"
     "$bin" bench blk --compare "$out/qsd.json" "$out/fastlane-mem.json" \
-        --labels qsd,fastlane-mem
+        --labels qsd,fastlane-mem --p50-target 0.07
 } | tee "$out/summary.txt"
 python3 "$root/scripts/bench_results.py" blk "$out" \
     "scripts/bench-blk.sh --seconds $secs --disk-mib $disk_mib --inflight $inflight${EXTRA_SERVE_ARGS:+ (EXTRA_SERVE_ARGS=$EXTRA_SERVE_ARGS)}"

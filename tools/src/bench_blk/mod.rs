@@ -109,6 +109,9 @@ pub struct BlkArgs {
     /// Names for A and B in the `--compare` table, comma-separated.
     #[arg(long, value_delimiter = ',', num_args = 1, requires = "compare")]
     labels: Option<Vec<String>>,
+    /// `--compare`: the largest B/A of QD1 P50 that meets the target (P99 keeps 0.5).
+    #[arg(long, default_value_t = 0.5, requires = "compare")]
+    p50_target: f64,
 }
 
 /// What a case does.
@@ -247,7 +250,7 @@ fn parse_request_size(s: &str) -> Result<u32, String> {
 /// Runs `fastlane bench blk …`.
 pub fn run(args: &BlkArgs) -> Result<()> {
     if let Some(files) = &args.compare {
-        return compare(&files[0], &files[1], args.labels.as_deref());
+        return compare(&files[0], &files[1], args.labels.as_deref(), args.p50_target);
     }
     if let Some(path) = &args.show {
         return print_table(&mut std::io::stdout().lock(), &read_report(path)?);

@@ -181,7 +181,12 @@ pub(super) struct Row {
     pub(super) target: Option<f64>,
 }
 
-pub(super) fn compare(a_path: &Path, b_path: &Path, labels: Option<&[String]>) -> Result<()> {
+pub(super) fn compare(
+    a_path: &Path,
+    b_path: &Path,
+    labels: Option<&[String]>,
+    p50_target: f64,
+) -> Result<()> {
     let (a, b) = (read_report(a_path)?, read_report(b_path)?);
     let name = |p: &Path| p.file_stem().map_or("?".into(), |s| s.to_string_lossy().into_owned());
     let (la, lb) = match labels {
@@ -200,10 +205,10 @@ pub(super) fn compare(a_path: &Path, b_path: &Path, labels: Option<&[String]>) -
             lower_is_better: true,
             target,
         };
-        // The targets: QD1 P50 and P99 at most half of the baseline's; deeper queues
-        // at least twice its IOPS.
+        // The targets: QD1 P50 at most `p50_target` of the baseline's (0.5 unless given) and
+        // P99 at most half; deeper queues at least twice its IOPS.
         let qd1 = ca.qd == 1;
-        rows.push(lat("P50", ca.latency.p50_ns, cb.latency.p50_ns, qd1.then_some(0.5)));
+        rows.push(lat("P50", ca.latency.p50_ns, cb.latency.p50_ns, qd1.then_some(p50_target)));
         rows.push(lat("P99", ca.latency.p99_ns, cb.latency.p99_ns, qd1.then_some(0.5)));
         if !qd1 {
             rows.push(Row {
