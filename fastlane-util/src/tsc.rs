@@ -25,6 +25,18 @@ pub fn read_tsc() -> u64 {
     BASE.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
+/// Whether the TSC counts time at a constant rate across frequency changes and idle states
+/// (`constant_tsc` and `nonstop_tsc` in `/proc/cpuinfo`); false off x86_64.
+pub fn invariant() -> bool {
+    if !cfg!(target_arch = "x86_64") {
+        return false;
+    }
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
+    let has = |f: &str| flags.split_whitespace().any(|w| w == f);
+    has("constant_tsc") && has("nonstop_tsc")
+}
+
 /// Nanoseconds per [`read_tsc`] tick, from 50 ms of both clocks.
 pub fn ns_per_tick() -> f64 {
     let (t0, c0) = (Instant::now(), read_tsc());

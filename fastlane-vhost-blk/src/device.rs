@@ -17,6 +17,7 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
+use super::clock::Clock;
 use super::config::BlkGeometry;
 use super::inflight::InflightRegion;
 use super::request::{ParseLimits, ID_LEN};
@@ -40,6 +41,8 @@ pub struct DeviceSettings {
     pub serial: [u8; ID_LEN],
     /// Track in-flight requests in a region of our own when the frontend sends none.
     pub own_inflight: bool,
+    /// The workers' clock (calibrated once per export).
+    pub clock: Clock,
 }
 
 /// The vhost-user-blk backend of one frontend connection.
@@ -319,6 +322,7 @@ impl BlkBackend {
                 discard: g.discard,
                 write_zeroes: g.write_zeroes,
             },
+            clock: self.settings.clock,
         }
     }
 

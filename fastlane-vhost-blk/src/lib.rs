@@ -20,6 +20,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod chain;
+pub mod clock;
 pub mod config;
 pub mod device;
 pub mod inflight;
@@ -148,6 +149,7 @@ impl VhostBlkOptions {
             poll: Duration::from_micros(u64::from(self.poll_us)),
             serial,
             own_inflight: self.own_inflight,
+            clock: clock::Clock::detect(),
         })
     }
 }

@@ -27,6 +27,7 @@ use vm_memory::{
 };
 
 use super::chain::ChainWalk;
+use super::clock::Clock;
 use super::inflight::InflightQueue;
 use super::request::{ParseLimits, ParsedRequest, Parser, RejectReason, RequestKind, ID_LEN};
 use super::stats::{new_latency_histogram, BlkStats, QueueStats, MERGE_INTERVAL};
@@ -61,6 +62,8 @@ pub struct WorkerConfig {
     pub serial: [u8; ID_LEN],
     /// Parser limits.
     pub limits: ParseLimits,
+    /// Timestamps for latency and the poll window.
+    pub clock: Clock,
 }
 
 /// Per-request state, indexed by the chain's head index (the request tag).
@@ -74,7 +77,8 @@ struct Slot {
     used_len: u32,
     bytes: u32,
     op: BlockOp,
-    start: Instant,
+    /// When the chain was taken, in `clock` ticks.
+    start: u64,
 }
 
 /// What happened to one popped chain.
@@ -103,7 +107,11 @@ pub struct Worker {
     /// This queue's part of the frontend's in-flight region, when it sent one.
     inflight: Option<InflightQueue>,
     /// When `latency` was last merged into the queue's shared histogram.
-    merged_at: Instant,
+    /// When (clock ticks) `latency` was last merged.
+    merged_at: u64,
+    /// The poll window and the merge interval, in clock ticks.
+    poll_ticks: u64,
+    merge_ticks: u64,
     /// The block queue's completion eventfd, once registered with epoll.
     completion_fd_registered: bool,
     /// The stats' wake-up eventfd of this queue, once registered with epoll.
@@ -138,7 +146,7 @@ impl Worker {
                 used_len: 0,
                 bytes: 0,
                 op: BlockOp::Read,
-                start: Instant::now(),
+                start: 0,
             })
             .collect();
         stats.queue(usize::from(config.queue_index)).set_worker_running(true);
@@ -153,7 +161,9 @@ impl Worker {
             stats,
             latency: new_latency_histogram(),
             inflight: None,
-            merged_at: Instant::now(),
+            merged_at: config.clock.now(),
+            poll_ticks: config.clock.ticks(config.poll),
+            merge_ticks: config.clock.ticks(MERGE_INTERVAL),
             completion_fd_registered: false,
             wake_fd_registered: false,
             warn_at: None,
@@ -216,7 +226,8 @@ impl Worker {
     /// notifications and return (the caller goes back to sleep in epoll).
     pub fn run(&mut self) {
         let _ = self.vring.disable_notification();
-        let mut active_at = Instant::now();
+        let clock = self.config.clock;
+        let mut active_at = clock.now();
         loop {
             if !self.ready() {
                 // GET_VRING_BASE or SET_VRING_ENABLE 0: stop touching the rings; `quiesce`
@@ -224,8 +235,8 @@ impl Worker {
                 return;
             }
             let work = self.drain_avail() + self.reap();
-            let now = Instant::now();
-            if now.duration_since(self.merged_at) >= MERGE_INTERVAL
+            let now = clock.now();
+            if now.wrapping_sub(self.merged_at) >= self.merge_ticks
                 || self.qstats().merge_requested()
             {
                 self.flush_latency();
@@ -235,7 +246,7 @@ impl Worker {
                 self.qstats().in_flight.store(u64::from(self.in_flight()), Ordering::Relaxed);
                 continue;
             }
-            if now.duration_since(active_at) < self.config.poll {
+            if now.wrapping_sub(active_at) < self.poll_ticks {
                 spin_loop();
                 continue;
             }
@@ -265,13 +276,15 @@ impl Worker {
                         ));
                         return;
                     }
-                    active_at = Instant::now();
+                    active_at = clock.now();
                 }
                 Ok(false) => {
                     let qs = self.qstats();
                     qs.sleeps.fetch_add(1, Ordering::Relaxed);
                     qs.in_flight.store(u64::from(self.in_flight()), Ordering::Relaxed);
-                    if !self.latency.is_empty() && self.merged_at.elapsed() >= MERGE_INTERVAL {
+                    if !self.latency.is_empty()
+                        && clock.now().wrapping_sub(self.merged_at) >= self.merge_ticks
+                    {
                         self.flush_latency();
                     }
                     return;
@@ -356,7 +369,7 @@ impl Worker {
         head: u16,
         descs: impl IntoIterator<Item = Descriptor>,
     ) -> Started {
-        let start = Instant::now();
+        let start = self.config.clock.now();
         let req = match self.parser.parse(&**mem, descs) {
             Ok(req) => req,
             Err(rej) => return self.finish_rejected(mem, head, rej.reason, rej.status),
@@ -444,7 +457,7 @@ impl Worker {
         }
     }
 
-    fn finish_ok(&mut self, mem: &GuestMem, req: &ParsedRequest, start: Instant) {
+    fn finish_ok(&mut self, mem: &GuestMem, req: &ParsedRequest, start: u64) {
         self.finish_status(mem, req.status, VIRTIO_BLK_S_OK as u8);
         self.qstats().completed.fetch_add(1, Ordering::Relaxed);
         self.record_latency(start);
@@ -475,8 +488,9 @@ impl Worker {
         let _ = mem.write_obj(status, addr);
     }
 
-    fn record_latency(&mut self, start: Instant) {
-        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    fn record_latency(&mut self, start: u64) {
+        let clock = self.config.clock;
+        let ns = clock.ns_between(start, clock.now());
         self.latency.saturating_record(ns.max(1));
     }
 
@@ -569,7 +583,8 @@ impl Worker {
         } else {
             qs.failed.fetch_add(1, Ordering::Relaxed);
         }
-        let ns = u64::try_from(slot.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let clock = self.config.clock;
+        let ns = clock.ns_between(slot.start, clock.now());
         self.latency.saturating_record(ns.max(1));
         put_used(st, self.inflight.as_ref(), self.config.queue_index, head, len, true);
     }
@@ -692,7 +707,7 @@ impl Worker {
     pub fn flush_latency(&mut self) {
         self.qstats().merge_latency(&self.latency);
         self.latency.reset();
-        self.merged_at = Instant::now();
+        self.merged_at = self.config.clock.now();
     }
 }
 
@@ -812,6 +827,7 @@ mod tests {
                     discard: true,
                     write_zeroes: true,
                 },
+                clock: Clock::instant(),
             };
             let worker = Worker::new(config, disk.clone(), atomic, vring, stats.clone());
             Rig { mem, mock, disk, stats, worker, next_desc: 0, chains: 0 }

@@ -93,11 +93,5 @@ pub(super) fn cost_per_call(f: impl Fn() -> u64) -> f64 {
 /// Whether /proc/cpuinfo lists `constant_tsc` and `nonstop_tsc` (a TSC that ticks at one rate
 /// in every P- and C-state, the same on all cores).
 pub(super) fn invariant_tsc() -> bool {
-    if !cfg!(target_arch = "x86_64") {
-        return false;
-    }
-    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
-    let has = |f: &str| flags.split_whitespace().any(|w| w == f);
-    has("constant_tsc") && has("nonstop_tsc")
+    fastlane_util::tsc::invariant()
 }
