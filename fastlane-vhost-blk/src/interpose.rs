@@ -79,33 +79,46 @@ pub enum RelayError {
     Malformed(&'static str),
 }
 
-fn recv_with_fds(s: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> std::io::Result<usize> {
-    const SPACE: usize = FDS_MAX * std::mem::size_of::<RawFd>();
-    // Room for one SCM_RIGHTS header and 32 descriptors (CMSG_SPACE, computed by libc).
-    let mut cbuf = [0u64; (SPACE + 64) / 8];
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    // SAFETY: an all-zero msghdr is a valid empty one; the fields set below point at live
-    // locals.
+/// A message header over one `iov` and the control buffer `control` (`controllen` bytes of it).
+fn msghdr(iov: &mut libc::iovec, control: &mut [u64], controllen: usize) -> libc::msghdr {
+    debug_assert!(controllen <= std::mem::size_of_val(control));
+    // SAFETY: an all-zero msghdr is a valid empty one; the fields set below point at the
+    // caller's live buffers.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
+    msg.msg_iov = iov;
     msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    // SAFETY: CMSG_SPACE only computes a size.
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE(SPACE as u32) } as usize;
-    debug_assert!(msg.msg_controllen <= std::mem::size_of_val(&cbuf));
-    let n = loop {
-        // SAFETY:
-        // - `msg` points at `iov` (into `buf`, writable for its length) and `cbuf` (writable
-        //   for msg_controllen bytes); the kernel writes at most those and keeps no pointer.
-        let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n >= 0 {
-            break n as usize;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = controllen;
+    msg
+}
+
+/// Run a system call that returns a byte count or -1, again while it is interrupted.
+fn retry_eintr(mut call: impl FnMut() -> isize) -> std::io::Result<usize> {
+    loop {
+        if let Ok(n) = usize::try_from(call()) {
+            return Ok(n);
         }
         let e = std::io::Error::last_os_error();
         if e.kind() != std::io::ErrorKind::Interrupted {
             return Err(e);
         }
-    };
+    }
+}
+
+fn recv_with_fds(s: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> std::io::Result<usize> {
+    const SPACE: usize = FDS_MAX * std::mem::size_of::<RawFd>();
+    // Room for one SCM_RIGHTS header and 32 descriptors (CMSG_SPACE, computed by libc).
+    let mut cbuf = [0u64; (SPACE + 64) / 8];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: CMSG_SPACE only computes a size.
+    let controllen = unsafe { libc::CMSG_SPACE(SPACE as u32) } as usize;
+    let mut msg = msghdr(&mut iov, &mut cbuf, controllen);
+    let n = retry_eintr(|| {
+        // SAFETY:
+        // - `msg` points at `iov` (into `buf`, writable for its length) and `cbuf` (writable
+        //   for msg_controllen bytes); the kernel writes at most those and keeps no pointer.
+        unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) }
+    })?;
     // SAFETY: `msg` was filled by recvmsg; CMSG_FIRSTHDR/NXTHDR walk its control buffer within
     // msg_controllen.
     let mut c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
@@ -195,13 +208,9 @@ pub fn write_message(s: &UnixStream, m: &Message) -> std::io::Result<()> {
         let fd_bytes = std::mem::size_of_val(raw.as_slice());
         let mut cbuf = [0u64; (FDS_MAX * 4 + 64) / 8];
         let mut iov = libc::iovec { iov_base: bytes.as_mut_ptr().cast(), iov_len: bytes.len() };
-        // SAFETY: an all-zero msghdr is a valid empty one.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
         // SAFETY: CMSG_SPACE only computes a size.
-        msg.msg_controllen = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
+        let controllen = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
+        let msg = msghdr(&mut iov, &mut cbuf, controllen);
         // SAFETY: msg_control points at `cbuf`, which holds CMSG_SPACE of up to 32 fds.
         let c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
         // SAFETY: CMSG_LEN only computes a size.
@@ -219,18 +228,11 @@ pub fn write_message(s: &UnixStream, m: &Message) -> std::io::Result<()> {
         let data = unsafe { libc::CMSG_DATA(c) };
         // SAFETY: `raw` holds `fd_bytes` bytes; `data` has room for them; no overlap.
         unsafe { std::ptr::copy_nonoverlapping(raw.as_ptr().cast::<u8>(), data, fd_bytes) };
-        let n = loop {
+        let n = retry_eintr(|| {
             // SAFETY: `msg` points at live locals (`iov` into `bytes`, `cbuf`); sendmsg only
             // reads them and keeps no pointer.
-            let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-            if n >= 0 {
-                break n as usize;
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        };
+            unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) }
+        })?;
         sent = n;
     }
     (&*s).write_all(&bytes[sent..])

@@ -8,7 +8,9 @@
 //! disk); then carry on with new requests. Bad regions are refused with an error answer and the
 //! connection goes on.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+mod common;
+
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -45,14 +47,7 @@ struct Shared {
 
 impl Shared {
     fn memfd(len: usize) -> Shared {
-        // SAFETY: a NUL-terminated literal; memfd_create only reads it.
-        let raw = unsafe { libc::memfd_create(c"inflight-test".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(raw >= 0);
-        // SAFETY: a fresh descriptor nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: ftruncate of our memfd only sets its size.
-        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) }, 0);
-        let map = MmapOptions::new().len(len).map_raw(&fd).unwrap();
+        let (fd, map) = common::shared_memfd(len);
         Shared { fd, map }
     }
 

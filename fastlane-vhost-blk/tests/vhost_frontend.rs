@@ -3,7 +3,9 @@
 //! discard and write-zeroes work, GET_ID returns the serial, a read-only export refuses writes,
 //! and a second frontend can attach after the first disconnects.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+mod common;
+
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -12,7 +14,7 @@ use std::time::Duration;
 use fastlane_block::ram::RamDisk;
 use fastlane_block::BlockDevice;
 use fastlane_vhost_blk::{BlkServer, BlkStats, StopHandle, VhostBlkOptions};
-use memmap2::{MmapOptions, MmapRaw};
+use memmap2::MmapRaw;
 use virtio_driver::virtqueue::{Virtqueue, VirtqueueLayout};
 use virtio_driver::{
     iovec, VhostUser, VirtioBlkConfig, VirtioBlkFeatureFlags, VirtioBlkQueue, VirtioBlkTransport,
@@ -59,18 +61,7 @@ struct SharedBuf {
 
 impl SharedBuf {
     fn new(len: usize) -> SharedBuf {
-        // SAFETY:
-        // - the name is a NUL-terminated C string literal;
-        // - memfd_create only reads it.
-        let raw = unsafe { libc::memfd_create(c"fastlane-test-buf".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(raw >= 0, "memfd_create");
-        // SAFETY:
-        // - `raw` is a fresh file descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY:
-        // - `fd` is a valid memfd; ftruncate only changes its size.
-        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) }, 0);
-        let map = MmapOptions::new().len(len).map_raw(&fd).expect("mmap the memfd");
+        let (fd, map) = common::shared_memfd(len);
         SharedBuf { fd, map }
     }
 
