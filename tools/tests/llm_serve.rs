@@ -125,6 +125,20 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
     assert_eq!(last["choices"][0]["finish_reason"], "length");
     assert_eq!(last["usage"]["completion_tokens"], 12);
 
+    // Sampling without a seed: identical requests get independent completions; with one,
+    // the same tokens again.
+    let sampled = |seed: &str| {
+        let body = format!(
+            r#"{{"prompt": "hello world", "max_tokens": 16, "temperature": 1.0, "return_token_ids": true{seed}}}"#
+        );
+        let (st, text) = post(&s, "/v1/completions", "key-quiet", &body);
+        assert_eq!(st, 200, "{text}");
+        json_body(&text)["choices"][0]["token_ids"].clone()
+    };
+    let (a, b) = (sampled(""), sampled(""));
+    assert_ne!(a, b, "two unseeded requests sampled the same 16 tokens");
+    assert_eq!(sampled(r#", "seed": 7"#), sampled(r#", "seed": 7"#));
+
     // Chat.
     let body =
         r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}"#;

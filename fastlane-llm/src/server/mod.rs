@@ -388,7 +388,10 @@ async fn run(
             temperature: c.temperature.unwrap_or(1.0),
             top_p: c.top_p.unwrap_or(1.0),
             top_k: c.top_k.unwrap_or(0),
-            seed: c.seed.unwrap_or_else(|| arrived.elapsed().as_nanos() as u64 ^ 0x9e37_79b9),
+            // Without a seed of its own, a request samples from a seed the OS RNG seeded
+            // (rand's thread RNG): identical prompts get independent completions. (This was
+            // the time since arrival, nearly the same for every request.)
+            seed: c.seed.unwrap_or_else(rand::random::<u64>),
         },
         stop: match c.stop {
             None => Vec::new(),
