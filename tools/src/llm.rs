@@ -488,10 +488,13 @@ fn serve(a: &ServeArgs) -> Result<()> {
     }
     cfg.tenants = tenants.sched_configs();
     let engine = Arc::new(Engine::start(model.clone(), cfg)?);
+    let metrics = Metrics::new()
+        .with_engine(engine.histograms())
+        .with_tenants(tenants.entries().iter().map(|e| e.name.as_str()));
     let state = Arc::new(AppState {
         engine: engine.clone(),
         tenants,
-        metrics: Metrics::new().with_engine(engine.histograms()),
+        metrics,
         model_id: model.name().to_string(),
     });
     let what = format!("serving {} ({} tenants)", model.name(), state.tenants.entries().len());

@@ -86,6 +86,8 @@ pub fn run(a: &RouterArgs) -> Result<()> {
         a.upstream_slots
     );
     a.http.run_with(a.listen, &what, move || {
-        proxy::router(ProxyState::new(cfg, tenants, Metrics::new()))
+        let metrics =
+            Metrics::new().with_tenants(tenants.entries().iter().map(|e| e.name.as_str()));
+        proxy::router(ProxyState::new(cfg, tenants, metrics))
     })
 }

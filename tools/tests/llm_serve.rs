@@ -139,6 +139,44 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
     assert_ne!(a, b, "two unseeded requests sampled the same 16 tokens");
     assert_eq!(sampled(r#", "seed": 7"#), sampled(r#", "seed": 7"#));
 
+    // What the OpenAI SDKs and LangChain send by default is accepted when it asks for nothing
+    // we do not do; anything else is a 400 naming the field.
+    let body = r#"{"prompt": "hello world", "max_tokens": 5, "temperature": 0, "stream": true,
+        "stream_options": {"include_usage": true}, "frequency_penalty": 0, "presence_penalty": 0.0,
+        "logprobs": null, "logit_bias": {}, "echo": false, "best_of": 1, "user": "u1"}"#;
+    let (st, text) = post(&s, "/v1/completions", "key-quiet", body);
+    assert_eq!(st, 200, "{text}");
+    let events: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(events.last(), Some(&"[DONE]"));
+    let last: serde_json::Value = serde_json::from_str(events[events.len() - 2]).unwrap();
+    assert_eq!(last["usage"]["completion_tokens"], 5, "include_usage: the last chunk has usage");
+    let body = r#"{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3,
+        "temperature": 0, "logprobs": false, "top_logprobs": 0, "response_format": {"type": "text"}}"#;
+    let (st, text) = post(&s, "/v1/chat/completions", "key-quiet", body);
+    assert_eq!(st, 200, "{text}");
+    assert_eq!(json_body(&text)["usage"]["completion_tokens"], 3, "max_completion_tokens");
+    for (field, body) in [
+        ("frequency_penalty", r#"{"prompt": "hi", "frequency_penalty": 0.5}"#),
+        ("presence_penalty", r#"{"prompt": "hi", "presence_penalty": -1}"#),
+        ("logprobs", r#"{"prompt": "hi", "logprobs": 2}"#),
+        ("logit_bias", r#"{"prompt": "hi", "logit_bias": {"5": 10}}"#),
+        ("echo", r#"{"prompt": "hi", "echo": true}"#),
+        ("best_of", r#"{"prompt": "hi", "best_of": 3}"#),
+        ("bogus", r#"{"prompt": "hi", "stream_options": {"include_usage": true, "bogus": 1}}"#),
+        (
+            "max_completion_tokens",
+            r#"{"prompt": "hi", "max_tokens": 4, "max_completion_tokens": 5}"#,
+        ),
+    ] {
+        let (st, text) = post(&s, "/v1/completions", "key-quiet", body);
+        assert_eq!(st, 400, "{field}: {text}");
+        assert!(json_body(&text)["error"]["message"].as_str().unwrap().contains(field), "{text}");
+    }
+    let body = r#"{"messages": [{"role": "user", "content": "hi"}], "logprobs": true}"#;
+    let (st, text) = post(&s, "/v1/chat/completions", "key-quiet", body);
+    assert_eq!(st, 400, "{text}");
+    assert!(text.contains("logprobs"), "{text}");
+
     // Chat.
     let body =
         r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}"#;

@@ -71,6 +71,33 @@ impl Metrics {
         }
     }
 
+    /// Every outcome of [`Metrics::requests`].
+    pub const OUTCOMES: [&'static str; 9] = [
+        "admitted",
+        "rejected_rate",
+        "rejected_queue_full",
+        "rejected_invalid",
+        "unauthorized",
+        "aborted",
+        "fenced",
+        "finished",
+        "upstream_error",
+    ];
+
+    /// The per-tenant series of these tenants exist from the start at 0 (requests by every
+    /// outcome, streams open, queue depth): a dashboard or a test reads 0, not "no data",
+    /// before the first request.
+    pub fn with_tenants<'a>(self, tenants: impl IntoIterator<Item = &'a str>) -> Metrics {
+        for t in tenants {
+            for o in Self::OUTCOMES {
+                let _ = self.requests.with_label_values(&[t, o]);
+            }
+            let _ = self.streams_open.with_label_values(&[t]);
+            let _ = self.queue_depth.with_label_values(&[t]);
+        }
+        self
+    }
+
     /// All families, registered.
     pub fn new() -> Metrics {
         let registry = Registry::new();

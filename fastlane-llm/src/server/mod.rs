@@ -225,6 +225,97 @@ struct Common {
     n: Option<u32>,
     #[serde(default)]
     user: Option<String>,
+    // What OpenAI's SDKs and the tooling built on them (LangChain, LlamaIndex) send by default.
+    // Accepted as long as they ask for nothing we do not do (`refuse_unsupported`): the neutral
+    // value passes, anything else is a 400 that names the field.
+    /// `{"include_usage": true}`: the last chunk of a stream carries `usage` (it always does
+    /// here).
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    /// The chat API's newer name for `max_tokens`.
+    #[serde(default)]
+    max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    frequency_penalty: Option<f32>,
+    #[serde(default)]
+    presence_penalty: Option<f32>,
+    /// Chat: a bool; completions: a count. Only off (false, 0, null) is served.
+    #[serde(default)]
+    logprobs: Option<Value>,
+    #[serde(default)]
+    top_logprobs: Option<u32>,
+    #[serde(default)]
+    logit_bias: Option<serde_json::Map<String, Value>>,
+    #[serde(default)]
+    response_format: Option<Value>,
+    #[serde(default)]
+    echo: Option<bool>,
+    #[serde(default)]
+    best_of: Option<u32>,
+    #[serde(default)]
+    suffix: Option<String>,
+}
+
+/// `stream_options`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+    #[serde(default)]
+    continuous_usage_stats: Option<bool>,
+}
+
+impl Common {
+    /// A 400 naming the first field that asks for something this server does not do.
+    fn refuse_unsupported(&self) -> Result<(), ApiError> {
+        let unsupported = |field: &str, what: &str| {
+            Err(ApiError::bad(format!("{field}: {what} is not supported by this server")))
+        };
+        if self.frequency_penalty.is_some_and(|p| p != 0.0) {
+            return unsupported("frequency_penalty", "a value other than 0");
+        }
+        if self.presence_penalty.is_some_and(|p| p != 0.0) {
+            return unsupported("presence_penalty", "a value other than 0");
+        }
+        match &self.logprobs {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => {}
+            Some(Value::Number(n)) if n.as_u64() == Some(0) => {}
+            Some(_) => return unsupported("logprobs", "returning log probabilities"),
+        }
+        if self.top_logprobs.is_some_and(|n| n != 0) {
+            return unsupported("top_logprobs", "returning log probabilities");
+        }
+        if self.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
+            return unsupported("logit_bias", "a non-empty bias");
+        }
+        match &self.response_format {
+            None | Some(Value::Null) => {}
+            Some(f) if f.get("type").and_then(Value::as_str) == Some("text") => {}
+            Some(_) => return unsupported("response_format", "a format other than text"),
+        }
+        if self.echo == Some(true) {
+            return unsupported("echo", "echoing the prompt");
+        }
+        if self.best_of.is_some_and(|n| n != 1) {
+            return unsupported("best_of", "a value other than 1");
+        }
+        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+            return unsupported("suffix", "a suffix");
+        }
+        if self.stream_options.as_ref().is_some_and(|o| o.continuous_usage_stats == Some(true)) {
+            return unsupported("stream_options.continuous_usage_stats", "usage in every chunk");
+        }
+        if let (Some(a), Some(b)) = (self.max_tokens, self.max_completion_tokens) {
+            if a != b {
+                return Err(ApiError::bad(
+                    "max_tokens and max_completion_tokens: give one, or the same value",
+                ));
+            }
+        }
+        let _ = self.stream_options.as_ref().map(|o| o.include_usage);
+        Ok(())
+    }
 }
 
 /// Parses JSON into `T`; the 400's message names the field serde complained about.
@@ -380,10 +471,11 @@ async fn run(
     if c.n.is_some_and(|n| n != 1) {
         return Err(ApiError::bad("n: only 1 is supported"));
     }
+    c.refuse_unsupported()?;
     let _ = &c.user;
     let req = GenRequest {
         prompt,
-        max_tokens: c.max_tokens.unwrap_or(16),
+        max_tokens: c.max_tokens.or(c.max_completion_tokens).unwrap_or(16),
         sampling: SamplingParams {
             temperature: c.temperature.unwrap_or(1.0),
             top_p: c.top_p.unwrap_or(1.0),

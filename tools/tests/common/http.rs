@@ -68,27 +68,28 @@ impl Server {
         ])
     }
 
-    /// The value of the first metric line that starts with `name_and_labels` (0 if none).
+    /// The value of the first metric line that starts with `name_and_labels`; panics, with the
+    /// scrape, when there is none: a metric that is missing is a failure, never a 0.
     pub fn metric(&self, name_and_labels: &str) -> f64 {
         let (_, text) = curl(&[&format!("{}/metrics", self.url)]);
-        text.lines()
-            .find(|l| l.starts_with(name_and_labels))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
+        metric_in(&text, name_and_labels)
+            .unwrap_or_else(|| panic!("no {name_and_labels} in the scrape:\n{text}"))
     }
 
-    /// Waits (at most `secs`) until the metric satisfies `ok`; panics with `what` otherwise.
+    /// Waits (at most `secs`) until the metric is there and satisfies `ok`; panics with `what`
+    /// otherwise (saying whether it was absent or what it read).
     pub fn wait_metric(&self, name: &str, secs: u64, what: &str, ok: impl Fn(f64) -> bool) {
         let t0 = Instant::now();
         loop {
-            let v = self.metric(name);
-            if ok(v) {
+            let (_, text) = curl(&[&format!("{}/metrics", self.url)]);
+            let v = metric_in(&text, name);
+            if v.is_some_and(&ok) {
                 return;
             }
             assert!(
                 t0.elapsed() < Duration::from_secs(secs),
-                "{what}: {name} = {v} after {secs} s"
+                "{what}: {name} = {} after {secs} s",
+                v.map_or("absent".to_string(), |v| v.to_string())
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -190,4 +191,13 @@ pub fn read_response(mut c: std::net::TcpStream) -> String {
         body = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
     }
     out
+}
+
+/// The value of the first sample line of `text` that starts with `name_and_labels`.
+pub fn metric_in(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.starts_with(name_and_labels))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
 }
