@@ -139,6 +139,8 @@ pub struct InflightRegion {
     map: MmapRaw,
     num_queues: u16,
     queue_size: u16,
+    /// Some queue was in use when the region was handed to us: a backend ran on it before.
+    reused: bool,
 }
 
 // SAFETY:
@@ -222,9 +224,10 @@ impl InflightRegion {
         if mmap_offset.checked_add(needed).is_none_or(|end| end > len) {
             return Err(bad("past the end of its file"));
         }
-        let region = Self::map(file, needed, mmap_offset, num_queues, queue_size)?;
+        let mut region = Self::map(file, needed, mmap_offset, num_queues, queue_size)?;
         for q in 0..num_queues {
             let version = region.read_u16(q, OFF_VERSION);
+            region.reused |= version == VERSION;
             let desc_num = region.read_u16(q, OFF_DESC_NUM);
             let fresh = version == 0 && (desc_num == 0 || desc_num == queue_size);
             if !(fresh || version == VERSION && desc_num == queue_size) {
@@ -261,7 +264,7 @@ impl InflightRegion {
             })?)
             .map_raw(file)
             .map_err(|e| io_err("mmap of the region", e))?;
-        Ok(InflightRegion { map, num_queues, queue_size })
+        Ok(InflightRegion { map, num_queues, queue_size, reused: false })
     }
 
     /// Every flag of queue `q`'s first `n` entries is 0 or 1.
@@ -275,6 +278,11 @@ impl InflightRegion {
             }
         }
         Ok(())
+    }
+
+    /// Whether a backend used the region before it was handed to us (a restart).
+    pub fn reused(&self) -> bool {
+        self.reused
     }
 
     /// Queues in the region.
@@ -580,6 +588,16 @@ mod tests {
         // Counters continue after the largest one found.
         q.mark(3);
         assert_eq!(q.counter_of(3), 4);
+    }
+
+    #[test]
+    fn a_region_a_backend_used_is_known_as_reused() {
+        let r = InflightRegion::create(1, 8).unwrap();
+        let region = InflightRegion::adopt(&r.file, r.mmap_size, 0, 1, 8).unwrap();
+        assert!(!region.reused(), "fresh from GET_INFLIGHT_FD");
+        region.queue(0, 8).unwrap().recover(0).unwrap();
+        let again = InflightRegion::adopt(&r.file, r.mmap_size, 0, 1, 8).unwrap();
+        assert!(again.reused(), "handed to the next backend after the first used it");
     }
 
     #[test]

@@ -30,6 +30,10 @@ use vhost::vhost_user::Listener;
 use super::device::BlkBackend;
 use super::inflight::InflightRegion;
 
+/// `VHOST_USER_SET_VRING_KICK`.
+pub const SET_VRING_KICK: u32 = 12;
+/// `VHOST_USER_SET_VRING_CALL`.
+pub const SET_VRING_CALL: u32 = 13;
 /// `VHOST_USER_GET_INFLIGHT_FD`.
 pub const GET_INFLIGHT_FD: u32 = 31;
 /// `VHOST_USER_SET_INFLIGHT_FD`.
@@ -382,6 +386,11 @@ fn frontend_to_library(
                 if let Err(e) = write_message(to, &m) {
                     return RelayError::Io(e);
                 }
+                if matches!(m.request, SET_VRING_KICK | SET_VRING_CALL)
+                    && backend.inflight().is_some_and(|r| r.reused())
+                {
+                    nudge(&m);
+                }
                 None
             }
         };
@@ -391,6 +400,27 @@ fn frontend_to_library(
                 return RelayError::Io(e);
             }
         }
+    }
+}
+
+/// After a backend restart (the frontend handed over a region in use), write once to each
+/// queue's kick and call eventfd as they are set up. The kick makes the queue's worker start
+/// (and recover) even if the guest, waiting for requests the dead backend had, sends no new
+/// one; the call makes the guest look at its used ring, where the dead backend may have
+/// published completions without the interrupt that announces them (it was killed between
+/// the two). Both are harmless when there was nothing to do. `m`'s descriptor is ours until `m`
+/// is dropped; the library has its own copy.
+fn nudge(m: &Message) {
+    let Some(fd) = m.fds.first() else { return };
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: `fd` is an open eventfd the frontend passed with this message (owned by `m`);
+    // an eventfd write of 8 bytes from a live local only adds to its counter.
+    let n = unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+    if n != 8 {
+        debug!(
+            "vhost-user: nudging an eventfd after a restart failed: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 
