@@ -260,6 +260,8 @@ struct Common {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct StreamOptions {
+    // Accepted and not read: the final event of a stream always carries `usage`.
+    #[allow(dead_code)]
     #[serde(default)]
     include_usage: Option<bool>,
     #[serde(default)]
@@ -313,7 +315,6 @@ impl Common {
                 ));
             }
         }
-        let _ = self.stream_options.as_ref().map(|o| o.include_usage);
         Ok(())
     }
 }
