@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kvswap::sched::{
+use fastlane_sched::{
     Admission, Overflow, Policy, PreemptCosts, PreemptMode, RejectReason, Request, SchedConfig,
     SchedEvent, Scheduler, SeqCounts, StepKind, StepPlan, TenantConfig, Tier,
 };
@@ -80,13 +80,13 @@ pub struct EngineConfig {
     pub chaos: Option<(f64, u64)>,
     /// Prefix reuse: the content-addressed block cache (host LRU, optional cluster tier).
     pub prefix: PrefixConfig,
-    /// Latency protection of under-rate interactive tenants (`kvswap::sched::ProtectConfig`;
+    /// Latency protection of under-rate interactive tenants (`fastlane_sched::ProtectConfig`;
     /// gives up work conservation while their prefill is in the step). Off by default.
-    pub protect: Option<kvswap::sched::ProtectConfig>,
-    /// How the interactive and batch tiers share a step (`kvswap::sched::TierSteps`): by
+    pub protect: Option<fastlane_sched::ProtectConfig>,
+    /// How the interactive and batch tiers share a step (`fastlane_sched::TierSteps`): by
     /// default a step with an interactive prefill carries no batch work (on a CPU every row
     /// lengthens the step), bounded by a 500 ms starvation limit.
-    pub tier_steps: kvswap::sched::TierSteps,
+    pub tier_steps: fastlane_sched::TierSteps,
     /// Preemptible steps: when an interactive-tier request is submitted while a step's
     /// forward pass runs, and that step holds no interactive-tier prefill, the pass is given
     /// up between two layers (its work discarded) and the next step is planned with the new
@@ -148,7 +148,7 @@ impl Default for EngineConfig {
             stream_ns_max: None,
             chaos: None,
             protect: None,
-            tier_steps: kvswap::sched::TierSteps::SEPARATE,
+            tier_steps: fastlane_sched::TierSteps::SEPARATE,
             prefix: PrefixConfig::default(),
             preemptible_steps: false,
             force_step_aborts: None,
@@ -933,7 +933,7 @@ fn measure_prefill_ns_per_token(
 
 /// The host tier's copy cost on this machine (kvswap's calibration, 8 blocks, 3 rounds).
 fn measure_swap_ns_per_byte(block_bytes: usize) -> f64 {
-    match kvswap::sim::calibrate_host_tier(block_bytes, 8, 3) {
+    match fastlane_sched::sim::calibrate_host_tier(block_bytes, 8, 3) {
         Ok(c) => c.ns_per_byte(),
         Err(e) => {
             log::warn!("engine: host tier calibration failed ({e}); assuming 0.1 ns/byte");

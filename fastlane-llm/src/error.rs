@@ -68,5 +68,5 @@ pub enum LlmError {
     },
     /// The scheduler refused a configuration or a request.
     #[error("scheduler: {0}")]
-    Sched(#[from] kvswap::sched::SchedError),
+    Sched(#[from] fastlane_sched::SchedError),
 }

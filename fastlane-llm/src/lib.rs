@@ -14,7 +14,7 @@
 //!   recompute and batching cannot change a sequence's tokens.
 //! - [`kv`]: the paged KV cache in kvswap's device pool, 16-token blocks, one block table per
 //!   sequence (the scheduler's).
-//! - [`engine`]: the loop that executes `kvswap::sched` plans — continuous batching, chunked
+//! - [`engine`]: the loop that executes `fastlane_sched` plans — continuous batching, chunked
 //!   prefill, policies `fifo`, `drr`, `drr+preempt` — with preemption by swap through a real
 //!   [`kvswap::SwapEngine`] ([`port`]) or by recompute, chosen with costs measured on this
 //!   engine. Greedy and sampled decoding, stop strings and ids, abort; optionally

@@ -16,7 +16,7 @@ use crate::tokenizer::Tokenizer;
 use crate::weights::{tensor_shapes, RandomPreset, RandomWeights, SafetensorsDir, TensorSource};
 
 /// Tokens per KV block (the scheduler's block size).
-pub const TOKENS_PER_BLOCK: usize = kvswap::sched::BLOCK_TOKENS as usize;
+pub const TOKENS_PER_BLOCK: usize = fastlane_sched::BLOCK_TOKENS as usize;
 
 struct Layer {
     attn_norm: Vec<f32>,

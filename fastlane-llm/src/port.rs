@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use kvswap::sched::{SwapDir, SwapDone, SwapPort, SwapPortError};
+use fastlane_sched::{SwapDir, SwapDone, SwapPort, SwapPortError};
 use kvswap::{BlockId, KvSwapError, SeqId, SeqPhase, SwapEngine, Ticket, TicketDone};
 
 /// What the port has moved.

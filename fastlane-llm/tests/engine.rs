@@ -13,7 +13,7 @@ use fastlane_llm::{
     Engine, EngineConfig, FinishReason, GenRequest, Model, PreemptChoice, SamplingParams,
     StreamEvent,
 };
-use kvswap::sched::{Overflow, Policy, TenantConfig, Tier, TierSteps};
+use fastlane_sched::{Overflow, Policy, TenantConfig, Tier, TierSteps};
 use kvswap::testing::MemTier;
 use kvswap::{CustomTiers, NvmeTierConfig, TierKind};
 
@@ -314,14 +314,14 @@ fn a_finished_request_holds_its_slot_until_its_stream_is_dropped() {
     // One slot for the only tenant: B cannot start while A's stream is alive, even after A
     // has finished generating; dropping A's stream (the front end does it after the last
     // token is written to the client) lets B run.
-    let tenant = kvswap::sched::TenantConfig {
+    let tenant = fastlane_sched::TenantConfig {
         name: "one".into(),
-        tier: kvswap::sched::Tier::Interactive,
+        tier: fastlane_sched::Tier::Interactive,
         bucket_capacity: 100.0,
         rpm: 6000.0,
         concurrency_max: 1,
         weight: 1,
-        overflow: kvswap::sched::Overflow::Gate { depth_max: 4 },
+        overflow: fastlane_sched::Overflow::Gate { depth_max: 4 },
     };
     let cfg = EngineConfig { policy: Policy::Drr, tenants: vec![tenant], ..ample() };
     let e = Engine::start(model(), cfg).unwrap();

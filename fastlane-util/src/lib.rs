@@ -4,15 +4,18 @@
 //! - [`parse_size`]: `64M`-style byte sizes (binary multiples), for specs and command lines;
 //! - [`SplitMix64`], [`splitmix64`], [`mix64`]: the seedable generator behind test data,
 //!   synthetic latencies, the simulator and the disk verification pattern;
-//! - [`tsc`]: the x86 time-stamp counter as a cheap clock for benchmarks.
+//! - [`tsc`]: the x86 time-stamp counter as a cheap clock for benchmarks;
+//! - [`SeqId`], [`BlockId`]: the ids the swap tier and the scheduler share.
 //!
 //! It holds no data path and depends on no other FastLane crate, so every crate can depend on
 //! it. It does not hold helpers that a maintained crate already provides (memory maps are
 //! `memmap2`, cache padding is `crossbeam-utils`, fd passing is `vmm-sys-util`).
 
+mod ids;
 mod rng;
 mod size;
 pub mod tsc;
 
+pub use ids::{BlockId, SeqId};
 pub use rng::{mix64, splitmix64, SplitMix64};
 pub use size::{parse_size, ParseSizeError};

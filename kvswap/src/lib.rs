@@ -86,7 +86,8 @@
 //! - The `cuda` feature compiles everywhere (cudarc, dynamic loading) but is run only where
 //!   a GPU is present.
 //!
-//! The preemptive multi-tenant scheduler (`sched`) and its simulator (`sim`) build on this.
+//! The preemptive multi-tenant scheduler and its simulator (crate `fastlane-sched`) build on
+//! this: the simulator swaps through [`SwapEngine`]'s host tier.
 
 pub mod cas;
 pub mod checksum;
@@ -99,9 +100,7 @@ pub mod error;
 pub mod geometry;
 pub mod prefix;
 pub mod proto;
-pub mod sched;
 pub mod server;
-pub mod sim;
 #[cfg(feature = "test-utils")]
 pub mod testing;
 pub mod tier;
@@ -119,13 +118,7 @@ pub use geometry::{DType, KvGeometry};
 pub use prefix::{Located, PrefixNvmeConfig, PrefixStats, PrefixStore, PrefixStoreConfig};
 pub use tier::{NvmeTierConfig, TierIo, TierKind};
 
-/// A sequence (request) of the inference engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SeqId(pub u64);
-
-/// A block of the device pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BlockId(pub u32);
+pub use fastlane_util::{BlockId, SeqId};
 
 /// A tenant, for quotas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -134,18 +127,6 @@ pub struct TenantId(pub u32);
 /// A transfer in flight; `poll`/`wait` report its outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Ticket(pub u64);
-
-impl std::fmt::Display for SeqId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-impl std::fmt::Display for BlockId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
 
 impl std::fmt::Display for TenantId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

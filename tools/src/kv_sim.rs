@@ -10,10 +10,10 @@ use std::time::{Duration, UNIX_EPOCH};
 use anyhow::Context;
 use clap::Args;
 use fastlane_hist::{format_ns, percentile_plot_svg, HlogWriter, PlotSeries};
-use kvswap::sched::{Policy, ProtectConfig, Tier};
-use kvswap::sim::{
+use fastlane_sched::sim::{
     run as run_sim, ScenarioId, SimConfig, SimReport, SwapTiming, PCIE_FACTOR_DEFAULT,
 };
+use fastlane_sched::{Policy, ProtectConfig, Tier};
 
 /// Arguments of `fastlane kv sim`.
 #[derive(Debug, Args)]

@@ -17,7 +17,7 @@ use fastlane_llm::{
     Engine, EngineConfig, FinishReason, Finished, GenRequest, Model, PreemptChoice, RandomPreset,
     RandomWeights, SamplingParams, StreamEvent,
 };
-use kvswap::sched::Policy;
+use fastlane_sched::Policy;
 use kvswap::{NvmeTierConfig, RemoteTierConfig};
 
 /// Arguments of `fastlane llm`.
@@ -271,7 +271,7 @@ impl EngineArgs {
             device_blocks: self.device_blocks,
             chunk_tokens: Some(self.chunk.unwrap_or(256)).filter(|&c| c > 0),
             batch_tokens_max: self.batch_tokens.unwrap_or(512).max(1),
-            protect: self.protect.then(kvswap::sched::ProtectConfig::default),
+            protect: self.protect.then(fastlane_sched::ProtectConfig::default),
             tier_steps: self.tier_steps.parse().map_err(|e| anyhow::anyhow!("--tier-steps {e}"))?,
             ..EngineConfig::default()
         };
@@ -363,7 +363,7 @@ mod tests {
 
     #[test]
     fn tier_steps_flag() {
-        use kvswap::sched::TierSteps;
+        use fastlane_sched::TierSteps;
         let cfg = |args: &[&str]| {
             let cli = Cli::try_parse_from(std::iter::once("fastlane").chain(args.iter().copied()));
             cli.unwrap().engine.engine_config()

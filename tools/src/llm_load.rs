@@ -2,7 +2,7 @@
 //! OpenAI-compatible server (ours, our router, or another behind `--url`).
 //!
 //! Per tenant: arrivals at its rate, Poisson or AR(1)-bursty (the simulator's processes,
-//! `kvswap::sim::ArrivalProcess`), prompt and output lengths fixed or log-normal, one
+//! `fastlane_sched::sim::ArrivalProcess`), prompt and output lengths fixed or log-normal, one
 //! connection per request, a streamed completion (`stream: true`) whose SSE events are read
 //! as they come. TTFT is the time from just before the connection is opened to the first
 //! token event read; inter-token gaps are between token events. Scenario (a), scaled to this
@@ -21,8 +21,8 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use fastlane_hist::{percentile_plot_svg, Histogram, HlogWriter, PlotSeries};
-use kvswap::sched::{new_histogram, record};
-use kvswap::sim::{ArrivalProcess, LenDist, SimRng};
+use fastlane_sched::sim::{ArrivalProcess, LenDist, SimRng};
+use fastlane_sched::{new_histogram, record};
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 

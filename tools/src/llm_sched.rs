@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use fastlane_llm::engine::PrefixConfig;
 use fastlane_llm::{Engine, EngineConfig, GenRequest, Model, PreemptChoice, Stream, StreamEvent};
-use kvswap::sched::{Overflow, Policy, TenantConfig, Tier};
+use fastlane_sched::{Overflow, Policy, TenantConfig, Tier};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 

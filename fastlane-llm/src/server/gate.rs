@@ -32,7 +32,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use kvswap::sched::{Drr, TokenBucket};
+use fastlane_sched::{Drr, TokenBucket};
 use tokio::sync::{oneshot, Notify};
 
 use super::tenants::Tenants;

@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use kvswap::sched::{Overflow, TenantConfig, Tier};
+use fastlane_sched::{Overflow, TenantConfig, Tier};
 use serde::Deserialize;
 
 use crate::error::LlmError;

@@ -4,8 +4,8 @@
 //! Swap cost is fixed here (25 GB/s, PCIe 4.0 x16) so the outcome does not depend on this
 //! machine's memory bandwidth; the swaps still run through the real kvswap engine.
 
-use kvswap::sched::{new_histogram, Policy, ProtectConfig};
-use kvswap::sim::{run, ScenarioId, SimConfig, SimReport, SwapTiming};
+use fastlane_sched::sim::{run, ScenarioId, SimConfig, SimReport, SwapTiming};
+use fastlane_sched::{new_histogram, Policy, ProtectConfig};
 
 const PCIE_NS_PER_BYTE: f64 = 1.0 / 25.0;
 

@@ -14,7 +14,7 @@
 //! Where every constant comes from is in `docs/scheduler.md` ("Cost model"); the short form
 //! is on each field of [`CostModel::a100_40gb_llama31_8b`].
 
-use crate::sched::{PreemptCosts, StepKind, StepPlan, BLOCK_TOKENS};
+use crate::{PreemptCosts, StepKind, StepPlan, BLOCK_TOKENS};
 
 /// The engine cost model. All rates in bytes/s and FLOP/s; times in ns.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -134,7 +134,7 @@ impl CostModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sched::{SeqId, StepItem};
+    use crate::{SeqId, StepItem};
 
     fn plan(items: &[(StepKind, u32)]) -> StepPlan {
         let mut p = StepPlan::default();

@@ -1,4 +1,4 @@
-//! A discrete-event simulator that drives the [scheduler](crate::sched) with synthetic
+//! A discrete-event simulator that drives the [scheduler](crate) with synthetic
 //! tenants, prices every step with an A100 cost model, and swaps through the real kvswap
 //! engine.
 //!
@@ -11,7 +11,7 @@
 //!   sine; lengths log-normal. One random stream per tenant under the seed, so a tenant's
 //!   requests are identical whatever the other tenants do (the "solo" baseline of scenario
 //!   (a) sees exactly the same quiet-tenant requests).
-//! - Swaps: [`EnginePort`] runs each one through a real [`SwapEngine`](crate::SwapEngine)
+//! - Swaps: [`EnginePort`] runs each one through a real [`SwapEngine`](kvswap::SwapEngine)
 //!   host tier (scaled-down blocks, data checked on the way back) and charges
 //!   `bytes × ns_per_byte` of simulated time, `ns_per_byte` being the host tier's measured
 //!   cost on this machine times a PCIe factor ([`SwapTiming`]).
@@ -40,12 +40,12 @@ pub use port::{
 };
 pub use scenario::{Load, Scenario, ScenarioId, TenantSpec};
 
-use crate::sched::{
+use crate::{
     new_histogram, record, Policy, ProtectConfig, ProtectStats, Request, SchedConfig, SchedError,
     SchedEvent, Scheduler, SeqId, TenantStats, Tier,
 };
-use crate::KvSwapError;
 use fastlane_hist::Histogram;
+use kvswap::KvSwapError;
 
 /// Errors of the simulator.
 #[derive(Debug, Error)]
@@ -291,7 +291,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, SimError> {
         protect: cfg.protect,
         // The simulator prices a GPU step, where batch rows beside an interactive prompt are
         // nearly free: the tiers share steps.
-        tier_steps: crate::sched::TierSteps::Shared,
+        tier_steps: crate::TierSteps::Shared,
     };
     let tenants = specs.iter().map(|(_, s)| s.config.clone()).collect();
     let mut sched = Scheduler::new(sched_cfg, tenants, port)?;
@@ -313,7 +313,7 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, SimError> {
                 window = Some((r.arrival_ns, None));
             }
             let adm = sched.submit(r.arrival_ns, r)?;
-            if !matches!(adm, crate::sched::Admission::Rejected(_)) {
+            if !matches!(adm, crate::Admission::Rejected(_)) {
                 arrived_unserved.insert(r.seq, (r.tenant, r.arrival_ns));
             }
         }

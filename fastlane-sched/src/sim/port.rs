@@ -8,11 +8,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::sched::{SwapDir, SwapDone, SwapPort, SwapPortError};
-use crate::{
-    BlockId, ChecksumMode, DeviceMemory, EngineConfig, HostDeviceMemory, KvSwapError, SeqId,
-    SwapEngine,
-};
+use crate::{BlockId, SeqId, SwapDir, SwapDone, SwapPort, SwapPortError};
+use kvswap::{ChecksumMode, DeviceMemory, EngineConfig, HostDeviceMemory, KvSwapError, SwapEngine};
 
 /// How long a real engine transfer may take before the port gives up on it.
 const ENGINE_WAIT: Duration = Duration::from_secs(30);

@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use super::arrivals::{ArrivalProcess, LenDist};
 use super::SimError;
-use crate::sched::{Overflow, TenantConfig, Tier};
+use crate::{Overflow, TenantConfig, Tier};
 
 /// Which scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,4 +1,5 @@
-//! The iteration-level, preemptive, multi-tenant scheduler.
+//! The iteration-level, preemptive, multi-tenant scheduler, and the discrete-event
+//! simulator (module `sim`, feature `sim`) that drives it.
 //!
 //! # What it does
 //!
@@ -69,6 +70,8 @@ mod fair;
 mod plan;
 mod port;
 mod preempt;
+#[cfg(feature = "sim")]
+pub mod sim;
 mod stats;
 #[cfg(test)]
 mod tests;
@@ -88,7 +91,7 @@ pub use port::{InstantPort, SwapDir, SwapDone, SwapPort, SwapPortError};
 pub use preempt::PreemptMode;
 pub use stats::{new_histogram, record, TenantStats, LATENCY_NS_MAX};
 
-pub use crate::{BlockId, SeqId};
+pub use fastlane_util::{BlockId, SeqId};
 
 /// Live sequences by state ([`Scheduler::seq_counts`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
