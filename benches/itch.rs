@@ -30,9 +30,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, BatchSize, Criterion, Throughput};
-use fastlane::fpga::book::{BookConfig, OrderBooks};
-use fastlane::fpga::gen::{generate, GenConfig};
-use fastlane::fpga::itch::{Body, FeedReader};
+use fastlane::market::book::{BookConfig, OrderBooks};
+use fastlane::market::gen::{generate, GenConfig};
+use fastlane::market::itch::{Body, FeedReader};
 
 const MESSAGES: u64 = 200_000;
 
@@ -70,7 +70,7 @@ fn itchy_decode(feed: &[u8]) -> u64 {
 /// (price, shares) of a best level.
 type Level = (u32, u64);
 
-/// The textbook book over itchy's messages: same semantics as `fastlane_fpga::reference`.
+/// The textbook book over itchy's messages: same semantics as `fastlane_market::reference`.
 #[derive(Default)]
 struct BTreeBook {
     orders: HashMap<u64, (u16, bool, u32, u32)>,

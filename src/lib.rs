@@ -20,6 +20,7 @@ pub use fastlane_block as block;
 pub use fastlane_fpga as fpga;
 pub use fastlane_hist as hist;
 pub use fastlane_journal as journal;
+pub use fastlane_market as market;
 pub use fastlane_nvme as nvme;
 pub use fastlane_rdma as rdma;
 pub use fastlane_ring as ring;

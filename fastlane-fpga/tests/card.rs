@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fastlane_fpga::abi::{self, cpl_status, reg, Completion, Descriptor};
-use fastlane_fpga::book::{BookConfig, OrderBooks};
 use fastlane_fpga::card::{Bar, Card, CardError, HostQueue, SoftBar, SoftCard, SoftCardConfig};
-use fastlane_fpga::event::{Event, KIND_TOP_OF_BOOK};
-use fastlane_fpga::filter::SymbolFilter;
-use fastlane_fpga::gen::{generate, GenConfig};
-use fastlane_fpga::itch::{stock_from_str, FeedReader};
+use fastlane_market::book::{BookConfig, OrderBooks};
+use fastlane_market::event::{Event, KIND_TOP_OF_BOOK};
+use fastlane_market::filter::SymbolFilter;
+use fastlane_market::gen::{generate, GenConfig};
+use fastlane_market::itch::{stock_from_str, FeedReader};
 
 fn small_card() -> SoftCard {
     card_with(3, 2)

@@ -9,16 +9,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use fastlane_fpga::abi;
-use fastlane_fpga::book::{BookConfig, BookStats, OrderBooks, TopOfBook};
 use fastlane_fpga::card::{CardError, SoftCard, SoftCardConfig};
-use fastlane_fpga::event::Event;
-use fastlane_fpga::filter::SymbolFilter;
-use fastlane_fpga::gen::{generate, GenConfig};
-use fastlane_fpga::itch::{
+use fastlane_hist::{format_ns, HlogWriter, LatencyRecorder, Summary};
+use fastlane_market::book::{BookConfig, BookStats, OrderBooks, TopOfBook};
+use fastlane_market::event::Event;
+use fastlane_market::filter::SymbolFilter;
+use fastlane_market::gen::{generate, GenConfig};
+use fastlane_market::itch::{
     price4_to_string, stock_from_str, stock_to_string, DecodeStats, FeedReader, Stock,
     MESSAGE_TYPES,
 };
-use fastlane_hist::{format_ns, HlogWriter, LatencyRecorder, Summary};
 use serde::Serialize;
 
 /// Arguments of `fastlane itch`.

@@ -4,10 +4,10 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use fastlane_fpga::book::{BookConfig, OrderBooks};
-use fastlane_fpga::filter::SymbolFilter;
-use fastlane_fpga::gen::{generate, GenConfig};
-use fastlane_fpga::itch::{price4_to_string, stock_from_str, FeedReader};
+use fastlane_market::book::{BookConfig, OrderBooks};
+use fastlane_market::filter::SymbolFilter;
+use fastlane_market::gen::{generate, GenConfig};
+use fastlane_market::itch::{price4_to_string, stock_from_str, FeedReader};
 use serde_json::Value;
 
 fn fastlane(args: &[&str]) -> Output {

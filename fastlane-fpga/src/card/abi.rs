@@ -106,7 +106,7 @@ pub const OP_CRC32C: u8 = 1;
 /// Stamp with the card clock; no memory. Completion `value`: the card clock in ns.
 pub const OP_TIMESTAMP: u8 = 2;
 /// ITCH 5.0: decode the length-prefixed messages in `src`, filter, update the books and write
-/// [`crate::market::event::Event`]s to `dst` per the `ITCH_*` flags. Completion `value`: bytes
+/// [`fastlane_market::event::Event`]s to `dst` per the `ITCH_*` flags. Completion `value`: bytes
 /// consumed, `events`: events written, `errors`: rejected messages plus book anomalies.
 pub const OP_ITCH: u8 = 3;
 

@@ -1,6 +1,6 @@
 //! The card: everything a host and an FPGA (or the software model) agree on, and the host's
 //! side of it. Nothing here knows what ITCH is except the engine's `OP_ITCH`, which calls into
-//! [`crate::market`].
+//! [`fastlane_market`].
 //!
 //! - [`abi`]: the register map, descriptor and completion layouts, op codes (the contract
 //!   with hardware; `docs/fpga-abi.md` is its prose form).

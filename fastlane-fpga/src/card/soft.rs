@@ -32,10 +32,10 @@ use std::time::{Duration, Instant};
 use super::abi::{self, cpl_status, ctrl, reg, status, CardFault, Completion, Descriptor};
 use super::clock::CardClock;
 use super::dma::DmaBuffer;
-use crate::market::book::{BookConfig, BookStats, OrderBooks};
-use crate::market::event::Event;
-use crate::market::filter::SymbolFilter;
-use crate::market::itch::{decode_at, DecodeStats, Stock};
+use fastlane_market::book::{BookConfig, BookStats, OrderBooks};
+use fastlane_market::event::Event;
+use fastlane_market::filter::SymbolFilter;
+use fastlane_market::itch::{decode_at, DecodeStats, Stock};
 
 use super::error::CardError;
 

@@ -7,8 +7,8 @@
 //! type's main one-byte field (event code, trading state, cross type, ...). For
 //! [`KIND_TOP_OF_BOOK`]: `price`/`shares` are the best bid, `price2`/`shares2` the best ask.
 
-use crate::market::book::TopOfBook;
-use crate::market::itch::{Body, Message, Stock};
+use crate::book::TopOfBook;
+use crate::itch::{Body, Message, Stock};
 
 /// `kind` of a top-of-book change (not an ITCH type byte).
 pub const KIND_TOP_OF_BOOK: u8 = 0x01;

@@ -1,8 +1,8 @@
 //! Cross-check against an independent decoder: `itchy` must decode every message of the
 //! generated feeds to the same fields as ours.
 
-use fastlane_fpga::gen::{generate, GenConfig};
-use fastlane_fpga::itch::{Body, FeedReader, Message, Side};
+use fastlane_market::gen::{generate, GenConfig};
+use fastlane_market::itch::{Body, FeedReader, Message, Side};
 use itchy::{
     Body as IB, CrossType, EventCode, FinancialStatus, ImbalanceDirection, InterestFlag,
     IpoReleaseQualifier, IssueClassification, LevelBreached, LuldRefPriceTier, MarketCategory,
@@ -364,7 +364,7 @@ fn itchy_agrees_message_by_message_on_full_feeds() {
     let (mut compared, mut skipped) = (0u64, 0u64);
     while let Some(frame) = r.next_frame() {
         let (offset, payload) = frame.expect("well framed");
-        let ours = fastlane_fpga::itch::decode(payload).expect("ours decodes");
+        let ours = fastlane_market::itch::decode(payload).expect("ours decodes");
         if matches!(payload[0], b'h' | b'O') {
             skipped += 1;
             continue;

@@ -4,4 +4,4 @@
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| fastlane_fpga::fuzzing::check_book(data));
+fuzz_target!(|data: &[u8]| fastlane_market::fuzzing::check_book(data));

@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use fastlane_fpga::fuzzing::{check_book, check_decoder};
-use fastlane_fpga::gen::{generate, GenConfig};
+use fastlane_market::fuzzing::{check_book, check_decoder};
+use fastlane_market::gen::{generate, GenConfig};
 
 fn dir(target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus").join(target)
@@ -64,7 +64,7 @@ fn book_corpus() {
 /// insertions, deletions, cuts) of small generated feeds through both checks.
 #[test]
 fn random_mutations_of_generated_feeds() {
-    let mut rng = fastlane_fpga::gen::Rng::new(0xf022);
+    let mut rng = fastlane_market::gen::Rng::new(0xf022);
     for round in 0..600u64 {
         let cfg = GenConfig { messages: 60, symbols: 3, seed: round % 50, itchy_compatible: false };
         let mut feed = generate(&cfg);

@@ -7,7 +7,7 @@
 //! book and level vectors are allocated the first time the locate is seen; after that the
 //! per-message path allocates only if a side outgrows its reserved levels.
 //!
-//! Semantics (the reference model in [`crate::market::reference`] implements the same ones, naively):
+//! Semantics (the reference model in [`crate::reference`] implements the same ones, naively):
 //! - `A`/`F` add an order; a reference already live is a [`BookAnomaly::DuplicateRef`], zero
 //!   shares a [`BookAnomaly::ZeroShares`]; both are ignored.
 //! - `E`/`C`/`X` take shares off an order (the order's resting price, not the `C` price); at
@@ -18,7 +18,7 @@
 //! - An order reference never added is [`BookAnomaly::UnknownRef`]; a message whose locate
 //!   is not the order's is [`BookAnomaly::LocateMismatch`]; both are ignored.
 
-use crate::market::itch::{Body, Message, Side};
+use crate::itch::{Body, Message, Side};
 
 /// Sizing of the order table and books.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -576,7 +576,7 @@ impl OrderBooks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::market::itch::stock_from_str;
+    use crate::itch::stock_from_str;
 
     fn msg(locate: u16, body: Body) -> Message {
         Message { msg_type: body.msg_type(), locate, tracking: 0, timestamp_ns: 0, body }

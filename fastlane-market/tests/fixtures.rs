@@ -1,7 +1,7 @@
 //! Hand-built messages from the ITCH 5.0 spec's field tables (each field written out with its
 //! offset and length, independently of our encoder), and bad input.
 
-use fastlane_fpga::itch::{
+use fastlane_market::itch::{
     decode, message_len, Body, DlcrPriceDiscovery, FeedReader, Imbalance, ItchError, Side,
     StockDirectory, MESSAGE_TYPES,
 };

@@ -1,11 +1,11 @@
 //! Checks shared by the cargo-fuzz targets (`fuzz/`) and the corpus replay test: what the
 //! decoder and the book promise for any input bytes.
 
-use crate::market::book::{BookConfig, OrderBooks};
-use crate::market::event::Event;
-use crate::market::itch::Side;
-use crate::market::itch::{decode, encode, FeedReader, MAX_MESSAGE_LEN};
-use crate::market::reference::ReferenceBooks;
+use crate::book::{BookConfig, OrderBooks};
+use crate::event::Event;
+use crate::itch::Side;
+use crate::itch::{decode, encode, FeedReader, MAX_MESSAGE_LEN};
+use crate::reference::ReferenceBooks;
 
 /// Decode `data` as a feed: never panics, accounts for every message, and every decoded
 /// message re-encodes to the exact bytes it came from.

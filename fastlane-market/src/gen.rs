@@ -12,8 +12,8 @@
 
 use fastlane_util::SplitMix64;
 
-use crate::market::book::{BookConfig, OrderBooks};
-use crate::market::itch::{
+use crate::book::{BookConfig, OrderBooks};
+use crate::itch::{
     encode_to_vec, stock_from_str, Body, DlcrPriceDiscovery, Imbalance, Message, Side, Stock,
     StockDirectory,
 };
@@ -483,17 +483,16 @@ mod tests {
         let a = generate(&cfg);
         assert_eq!(a, generate(&cfg));
         assert_ne!(a, generate(&GenConfig { seed: 8, ..cfg }));
-        let mut r = crate::market::itch::FeedReader::new(&a);
+        let mut r = crate::itch::FeedReader::new(&a);
         for m in &mut r {
             m.unwrap();
         }
         assert_eq!(r.stats().messages, 50_000);
-        for t in crate::market::itch::MESSAGE_TYPES {
+        for t in crate::itch::MESSAGE_TYPES {
             assert!(r.stats().by_type[usize::from(t)] > 0, "type {} missing", t as char);
         }
-        let mut books =
-            crate::market::book::OrderBooks::new(crate::market::book::BookConfig::default());
-        for m in crate::market::itch::FeedReader::new(&a) {
+        let mut books = crate::book::OrderBooks::new(crate::book::BookConfig::default());
+        for m in crate::itch::FeedReader::new(&a) {
             if let Some(t) = books.apply(&m.unwrap()) {
                 let crossed = t.bid_shares > 0 && t.ask_shares > 0 && t.bid_price >= t.ask_price;
                 assert!(!crossed, "crossed book {t:?}");
@@ -501,7 +500,7 @@ mod tests {
         }
         assert_eq!(books.stats().anomalies(), 0);
         let c = generate(&GenConfig { itchy_compatible: true, ..cfg });
-        let mut r = crate::market::itch::FeedReader::new(&c);
+        let mut r = crate::itch::FeedReader::new(&c);
         r.by_ref().for_each(|m| assert!(m.is_ok()));
         assert_eq!(r.stats().by_type[usize::from(b'h')] + r.stats().by_type[usize::from(b'O')], 0);
     }

@@ -1,10 +1,10 @@
 //! The book against the naive `BTreeMap` reference model, after every message: on generated
 //! (valid) feeds, and on feeds corrupted by a seeded random loop so every anomaly path runs.
 
-use fastlane_fpga::book::{BookConfig, OrderBooks};
-use fastlane_fpga::gen::{generate_messages, GenConfig, Rng};
-use fastlane_fpga::itch::{Body, Message, Side};
-use fastlane_fpga::reference::ReferenceBooks;
+use fastlane_market::book::{BookConfig, OrderBooks};
+use fastlane_market::gen::{generate_messages, GenConfig, Rng};
+use fastlane_market::itch::{Body, Message, Side};
+use fastlane_market::reference::ReferenceBooks;
 
 fn compare(book: &mut OrderBooks, model: &mut ReferenceBooks, m: &Message) {
     let a = book.apply(m);

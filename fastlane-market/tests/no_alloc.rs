@@ -5,11 +5,11 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use fastlane_fpga::book::{BookConfig, OrderBooks};
-use fastlane_fpga::event::Event;
-use fastlane_fpga::filter::SymbolFilter;
-use fastlane_fpga::gen::{generate, GenConfig};
-use fastlane_fpga::itch::{stock_from_str, FeedReader};
+use fastlane_market::book::{BookConfig, OrderBooks};
+use fastlane_market::event::Event;
+use fastlane_market::filter::SymbolFilter;
+use fastlane_market::gen::{generate, GenConfig};
+use fastlane_market::itch::{stock_from_str, FeedReader};
 
 struct Counting;
 

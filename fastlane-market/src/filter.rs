@@ -6,7 +6,7 @@
 //! those locates, plus market-wide messages (locate 0). Its state is a fixed bitmap: no
 //! allocation per message.
 
-use crate::market::itch::{Message, Stock};
+use crate::itch::{Message, Stock};
 
 /// Admits the messages of a set of symbols.
 #[derive(Debug, Clone)]
@@ -18,7 +18,7 @@ pub struct SymbolFilter {
 }
 
 impl SymbolFilter {
-    /// A filter for `symbols` (8-byte space-padded fields, see [`crate::market::itch::stock_from_str`]).
+    /// A filter for `symbols` (8-byte space-padded fields, see [`crate::itch::stock_from_str`]).
     pub fn new(symbols: &[Stock]) -> Self {
         Self { wanted: symbols.to_vec(), locates: Box::new([0; 1024]), admitted: 0, dropped: 0 }
     }
@@ -65,7 +65,7 @@ impl SymbolFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::market::itch::{stock_from_str, Body, Side};
+    use crate::itch::{stock_from_str, Body, Side};
 
     #[test]
     fn learns_locates_from_adds_and_passes_market_wide() {

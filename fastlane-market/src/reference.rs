@@ -1,11 +1,11 @@
 //! A naive order-book model (hash map of orders, `BTreeMap` of levels per side) with the same
-//! semantics as [`crate::market::book::OrderBooks`]: the oracle that property tests and the book fuzz
+//! semantics as [`crate::book::OrderBooks`]: the oracle that property tests and the book fuzz
 //! target compare the real book against after every message. Not for production use.
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::market::book::{BookStats, Level, Order, TopOfBook};
-use crate::market::itch::{Body, Message, Side};
+use crate::book::{BookStats, Level, Order, TopOfBook};
+use crate::itch::{Body, Message, Side};
 
 /// The reference books.
 #[derive(Debug, Default)]
