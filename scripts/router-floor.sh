@@ -50,8 +50,8 @@ echo "load before: $load_before"
 for run in solo loaded; do
   # A fresh upstream for each run: the quiet prompts repeat, and a prefix cache warmed by
   # the solo run would shorten the loaded run's prefills.
-  RUST_LOG=trace start up-$run llm serve --model random:small --device-blocks 4096 --policy fifo
-  RUST_LOG=trace start router-$run router --upstream "$url" --tenants "$tmp/tenants.toml" \
+  RUST_LOG=trace start up-$run llm serve --log-format json --model random:small --device-blocks 4096 --policy fifo
+  RUST_LOG=trace start router-$run router --log-format json --upstream "$url" --tenants "$tmp/tenants.toml" \
     --batch-prefills "$batch_prefills"
   echo "== $run"
   date +%s.%N >"$tmp/$run.from"
@@ -63,32 +63,33 @@ for run in solo loaded; do
 done
 python3 - "$tmp" "$out" "$seconds" "$command" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" \
   "$(date +%F)" "$(git rev-parse --short HEAD)" <<'PY'
-import bisect, json, re, sys
+import bisect, datetime, json, sys
 tmp, out, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3])
 command, load_before, load_after, date, commit = sys.argv[4:9]
-stamp = re.compile(r"^\[(\d+)\.(\d{6}) ")
-def lines(name, pattern):
-    # (wall-clock µs of the record, match) for every line of the log that matches
-    pat = re.compile(pattern)
+epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+def events(name, event):
+    # (wall-clock µs of the record, its fields) for every JSON log line with fields.event == event
     for l in open(f"{tmp}/{name}.log"):
-        s, m = stamp.match(l), pat.search(l)
-        if s and m:
-            yield int(s[1]) * 1_000_000 + int(s[2]), m
-steps = sorted((t - int(m[1]), t, int(m[2]) > 0) for t, m in
-               lines("up-loaded", r"engine: step of (\d+) us: (\d+) prefill items"))
+        if not l.startswith("{"):
+            continue
+        r = json.loads(l)
+        f = r.get("fields", {})
+        if f.get("event") == event:
+            t = datetime.datetime.fromisoformat(r["timestamp"].replace("Z", "+00:00"))
+            yield (t - epoch) // datetime.timedelta(microseconds=1), f
+steps = sorted((t - f["step_us"], t, f["prefill_items"] > 0) for t, f in events("up-loaded", "step"))
 starts = [s[0] for s in steps]
-# Submission to the engine (the record is written when the engine thread takes it, between
+# Submission to the engine (the event is written when the engine thread takes it, between
 # steps; it says how long before that the request was submitted).
-arrived = sorted(t - int(m[1]) for t, m in
-                 lines("up-loaded", r"engine: request \d+ taken in (\d+) us after its submission"))
+arrived = sorted(t - f["waited_us"] for t, f in events("up-loaded", "request_taken"))
 window = lambda run: tuple(int(float(open(f"{tmp}/{run}.{e}").read()) * 1e6) for e in ("from", "to"))
 lo, hi = window("loaded")
-# Both router records say how long after the request's arrival at the router they were written:
+# Both router events say how long after the request's arrival at the router they were written:
 # a dispatch and a first bytes with the same arrival (within 1 ms) are the same request.
-dispatched = {t - int(m[1]): t for t, m in
-              lines("router-loaded", r"router: quiet request dispatched after (\d+) us") if lo <= t <= hi}
-firsts = [(t - int(m[1]), t, int(m[1])) for t, m in
-          lines("router-loaded", r"router: quiet first bytes after (\d+) us") if lo <= t <= hi]
+dispatched = {t - f["after_us"]: t for t, f in events("router-loaded", "dispatched")
+              if f["tenant"] == "quiet" and lo <= t <= hi}
+firsts = [(t - f["after_us"], t, f["after_us"]) for t, f in events("router-loaded", "first_bytes")
+          if f["tenant"] == "quiet" and lo <= t <= hi]
 by_arrival = sorted(dispatched)
 pairs = []
 for arrival, f, ttft in firsts:

@@ -1064,10 +1064,13 @@ impl Loop {
             }
             Command::Submit { id, req, tx, at, prefix } => {
                 let tenant = req.tenant;
-                log::trace!(
-                    "engine: request {id} taken in {} us after its submission, {} prompt tokens",
-                    at.elapsed().as_micros(),
-                    req.prompt.len()
+                // `scripts/router-floor.sh` reads these events (`--log-format json`).
+                tracing::trace!(
+                    event = "request_taken",
+                    id,
+                    waited_us = at.elapsed().as_micros() as u64,
+                    prompt_tokens = req.prompt.len(),
+                    "engine: request taken in"
                 );
                 if self.arrivals.as_ref().is_some_and(|a| a.is_interactive(tenant)) {
                     self.interactive_seen += 1;
@@ -1247,22 +1250,24 @@ impl Loop {
             Forward::Done(self.model.forward(&items, &self.pool, &mut self.scratch)?)
         };
         let fwd_ns = t0.elapsed().as_nanos() as u64;
-        // One line per step at trace level (the record's timestamp is the step's end):
-        // `scripts/router-floor.sh` reads what the engine was doing when a request arrived.
-        // The arguments are only evaluated when trace is on.
-        log::trace!(
-            "engine: step of {} us: {} prefill items, {} prefill tokens, {} decodes{}",
-            fwd_ns / 1_000,
-            plan.items.iter().filter(|it| it.kind != StepKind::Decode).count(),
-            plan.items
+        // One event per step at trace level (the record's timestamp is the step's end):
+        // `scripts/router-floor.sh` reads what the engine was doing when a request arrived
+        // (`--log-format json`). The fields are only evaluated when trace is on.
+        tracing::trace!(
+            event = "step",
+            step_us = fwd_ns / 1_000,
+            prefill_items = plan.items.iter().filter(|it| it.kind != StepKind::Decode).count(),
+            prefill_tokens = plan
+                .items
                 .iter()
                 .map(|it| match it.kind {
                     StepKind::Prefill { tokens } => tokens,
                     StepKind::Decode => 0,
                 })
                 .sum::<u32>(),
-            plan.items.iter().filter(|it| it.kind == StepKind::Decode).count(),
-            if matches!(outcome, Forward::Aborted { .. }) { ", given up" } else { "" }
+            decodes = plan.items.iter().filter(|it| it.kind == StepKind::Decode).count(),
+            given_up = matches!(outcome, Forward::Aborted { .. }),
+            "engine: step"
         );
         if let Forward::Aborted { layer } = outcome {
             // The step did not happen: nothing was sampled or stored, no cost measured; the

@@ -34,8 +34,8 @@ use kvswap::{
 };
 use serde::Serialize;
 
-use crate::metrics_http::{self, counter, gauge, set_gauge, set_total, Families, Field, FieldSet};
-use crate::signals::StopSignals;
+use fastlane_daemon::metrics::{counter, gauge, set_gauge, set_total, Families, Field, FieldSet};
+use fastlane_daemon::signals::StopSignals;
 
 /// `fastlane kv`.
 #[derive(Debug, Args)]
@@ -364,7 +364,7 @@ fn serve(a: &ServeArgs) -> Result<()> {
     if let Some(s) = store.clone() {
         server = server.with_store(s)?;
     }
-    let exporter = metrics_http::start_if(a.metrics, |f| {
+    let exporter = fastlane_daemon::metrics::start_if(a.metrics, |f| {
         let m = KvMetrics::new(f, store.as_ref().map(|s| s.config().host_bytes as u64));
         let (counters, engine, store) = (server.counters(), server.engine(), server.store());
         move || m.update(&counters, &engine, store.as_deref())
@@ -543,16 +543,16 @@ const TIERS: [&str; 3] = ["host", "nvme", "remote"];
 /// The Prometheus families of `fastlane kv serve --metrics`.
 struct KvMetrics {
     server: FieldSet<ServerCounters>,
-    connections: prometheus::IntCounterVec,
-    device_blocks: prometheus::IntGaugeVec,
-    device_pinned: prometheus::IntGaugeVec,
-    tier_blocks: prometheus::IntGaugeVec,
-    swap_bytes: prometheus::IntCounterVec,
-    checksum_failures: prometheus::IntCounterVec,
-    spills: prometheus::IntCounterVec,
-    tickets: prometheus::IntGaugeVec,
+    connections: fastlane_daemon::metrics::IntCounterVec,
+    device_blocks: fastlane_daemon::metrics::IntGaugeVec,
+    device_pinned: fastlane_daemon::metrics::IntGaugeVec,
+    tier_blocks: fastlane_daemon::metrics::IntGaugeVec,
+    swap_bytes: fastlane_daemon::metrics::IntCounterVec,
+    checksum_failures: fastlane_daemon::metrics::IntCounterVec,
+    spills: fastlane_daemon::metrics::IntCounterVec,
+    tickets: fastlane_daemon::metrics::IntGaugeVec,
     /// The store's families, with its capacity; `None` without a store (`--cas-bytes 0`).
-    cas: Option<(FieldSet<PrefixStats>, prometheus::IntGaugeVec, u64)>,
+    cas: Option<(FieldSet<PrefixStats>, fastlane_daemon::metrics::IntGaugeVec, u64)>,
 }
 
 impl KvMetrics {

@@ -75,11 +75,11 @@ pub struct HttpArgs {
 
 impl HttpArgs {
     /// The listener options.
-    pub fn options(&self) -> Result<fastlane_llm::server::http::HttpOptions> {
+    pub fn options(&self) -> Result<fastlane_daemon::http::HttpOptions> {
         if !(self.header_timeout_seconds.is_finite() && self.header_timeout_seconds > 0.0) {
             bail!("--header-timeout-seconds must be positive");
         }
-        Ok(fastlane_llm::server::http::HttpOptions {
+        Ok(fastlane_daemon::http::HttpOptions {
             header_timeout: Duration::from_secs_f64(self.header_timeout_seconds),
             max_connections: self.max_connections,
             drain: Duration::from_secs(self.drain_seconds),
@@ -104,7 +104,7 @@ impl HttpArgs {
         what: &str,
         app: impl FnOnce() -> fastlane_llm::server::Router,
     ) -> Result<()> {
-        use fastlane_llm::server::http;
+        use fastlane_daemon::http;
         let opts = self.options()?;
         let fds = http::raise_fd_limit();
         let rt = tokio::runtime::Builder::new_multi_thread()

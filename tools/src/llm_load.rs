@@ -391,7 +391,7 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
         });
     }
     if o.slow_streams > 0 {
-        let fds = fastlane_llm::server::http::raise_fd_limit();
+        let fds = fastlane_daemon::http::raise_fd_limit();
         if fds < o.slow_streams as u64 + 256 {
             bail!(
                 "--slow-streams {} needs that many open files; the limit here is {fds}",

@@ -1,55 +1,20 @@
-//! The one logging setup of the `fastlane` commands: `log` records from every FastLane crate go
-//! to stderr with a wall-clock timestamp and the time since start, filtered by `RUST_LOG`
-//! (`trace`, `debug`, `info` (the default), `warn`, `error`, `off`).
-//!
-//! `serve`, `kv`, `rdma`, `journal` and `llm` install it at the start of their `run`.
+//! The log format chosen on the command line (`--log-format text|json`, global), for the
+//! commands that log. `serve`, `kv serve`, `rdma serve`,
+//! `journal`, `llm` and `router` call [`init`] at the start of their `run`; the logger itself
+//! is `fastlane_daemon::logging` (`RUST_LOG` per-module filters, RFC 3339 timestamps).
 
-use std::time::Instant;
+use std::sync::OnceLock;
 
-/// A minimal stderr logger with wall-clock timestamps; `RUST_LOG=debug|info|warn|error`.
-struct StderrLogger {
-    level: log::LevelFilter,
-    start: Instant,
+use fastlane_daemon::LogFormat;
+
+static FORMAT: OnceLock<LogFormat> = OnceLock::new();
+
+/// Remembers the format `main` parsed; the first call wins.
+pub(crate) fn set_format(format: LogFormat) {
+    let _ = FORMAT.set(format);
 }
 
-impl log::Log for StderrLogger {
-    fn enabled(&self, meta: &log::Metadata<'_>) -> bool {
-        meta.level() <= self.level
-    }
-
-    fn log(&self, record: &log::Record<'_>) {
-        if !self.enabled(record.metadata()) {
-            return;
-        }
-        let now =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        eprintln!(
-            "[{}.{:06} +{:.3}s {:5} {}] {}",
-            now.as_secs(),
-            now.subsec_micros(),
-            self.start.elapsed().as_secs_f64(),
-            record.level(),
-            record.target(),
-            record.args()
-        );
-    }
-
-    fn flush(&self) {}
-}
-
-/// Installs the stderr logger (`RUST_LOG` sets the level). Every daemon and command that
-/// logs calls it first thing in its `run`; a second call does nothing.
+/// Installs the logger in the chosen format; a second call does nothing.
 pub(crate) fn init() {
-    let level = match std::env::var("RUST_LOG").ok().as_deref() {
-        Some("trace") => log::LevelFilter::Trace,
-        Some("debug") => log::LevelFilter::Debug,
-        Some("warn") => log::LevelFilter::Warn,
-        Some("error") => log::LevelFilter::Error,
-        Some("off") => log::LevelFilter::Off,
-        _ => log::LevelFilter::Info,
-    };
-    let logger = Box::leak(Box::new(StderrLogger { level, start: Instant::now() }));
-    if log::set_logger(logger).is_ok() {
-        log::set_max_level(level);
-    }
+    fastlane_daemon::logging::init(FORMAT.get().copied().unwrap_or_default());
 }

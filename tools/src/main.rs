@@ -23,17 +23,26 @@ mod llm_load;
 mod llm_sched;
 mod logging;
 mod mem;
-mod metrics_http;
 mod rdma;
 mod router;
 mod serve;
-mod signals;
 
 #[derive(Debug, Parser)]
 #[command(name = "fastlane", version, about = "FastLane: a low-latency userspace data path")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+/// Logging options of every command (the daemons and the commands that log).
+#[derive(Debug, clap::Args)]
+struct LogArgs {
+    /// Log lines as `text` (RFC 3339 timestamp, level, module, message) or `json` (one object
+    /// per line). `RUST_LOG` filters: a level, or per module (`info,fastlane_vhost_blk=debug`).
+    #[arg(long, global = true, default_value = "text")]
+    log_format: fastlane_daemon::LogFormat,
 }
 
 #[derive(Debug, Subcommand)]
@@ -73,15 +82,21 @@ enum Command {
 struct BackendProgram {
     #[command(flatten)]
     args: serve::ServeArgs,
+    #[command(flatten)]
+    log: LogArgs,
 }
 
 fn main() -> ExitCode {
     let argv0 = std::env::args_os().next().unwrap_or_default();
     let invoked_as = std::path::Path::new(&argv0).file_name().unwrap_or_default().to_owned();
     let result = if invoked_as == serve::BACKEND_PROGRAM {
-        serve::run(&BackendProgram::parse().args)
+        let program = BackendProgram::parse();
+        logging::set_format(program.log.log_format);
+        serve::run(&program.args)
     } else {
-        dispatch(Cli::parse())
+        let cli = Cli::parse();
+        logging::set_format(cli.log.log_format);
+        dispatch(cli)
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

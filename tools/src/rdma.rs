@@ -33,8 +33,8 @@ use fastlane_util::parse_size;
 use fastlane_util::tsc::read_tsc as tsc;
 use serde::Serialize;
 
-use crate::metrics_http::{self, counter, gauge, Field};
-use crate::signals::StopSignals;
+use fastlane_daemon::metrics::{counter, gauge, Field};
+use fastlane_daemon::signals::StopSignals;
 
 /// Arguments of `fastlane rdma`.
 #[derive(Debug, Args)]
@@ -136,7 +136,7 @@ fn serve(a: &ServeArgs) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let dev = Device::open_with_gid(&a.device, a.gid_index)?;
     let pool = PoolServer::bind(&dev, a.listen, a.size)?;
-    let exporter = metrics_http::start_if(a.metrics, |f| {
+    let exporter = fastlane_daemon::metrics::start_if(a.metrics, |f| {
         let fields = f.fields(POOL_FIELDS);
         let monitor = pool.monitor();
         move || fields.update(&monitor.stats())
@@ -585,7 +585,7 @@ mod tests {
 
     #[test]
     fn pool_metrics_show_every_field() {
-        let f = metrics_http::Families::new();
+        let f = fastlane_daemon::metrics::Families::new();
         let fields = f.fields(POOL_FIELDS);
         let s = PoolStats {
             size_bytes: 1 << 30,

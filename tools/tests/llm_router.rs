@@ -473,3 +473,68 @@ fn a_whole_response_under_a_fence_is_collected_or_refused() {
     assert!(t0.elapsed() < Duration::from_secs(4), "closed at the fence, not at the body's end");
     server.join().unwrap();
 }
+
+/// The JSON log lines of `path` whose `fields.event` is `event`: their fields.
+fn events(path: &std::path::Path, event: &str) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{e}: {l}"))
+        })
+        .filter(|r| r["fields"]["event"] == event)
+        .map(|r| {
+            assert!(r["timestamp"].as_str().is_some_and(|t| t.ends_with('Z')), "{r}");
+            r["fields"].clone()
+        })
+        .collect()
+}
+
+#[test]
+fn engine_and_router_trace_events_are_json_lines_with_their_fields() {
+    // What `scripts/router-floor.sh` reads: with `--log-format json` and trace on for the LLM
+    // crate, one event per engine step and request taken in, one per router dispatch and
+    // first bytes, each with numeric fields.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (up_log, router_log) = (dir.path().join("up.log"), dir.path().join("router.log"));
+    let tenants = dir.path().join("tenants.toml");
+    std::fs::write(&tenants, TENANTS).unwrap();
+    let trace = Some("info,fastlane_llm=trace");
+    let upstream = Server::start_logging(
+        &["llm", "serve", "--log-format", "json", "--listen", "127.0.0.1:0", "--policy", "fifo"],
+        trace,
+        Some(&up_log),
+    );
+    let t = tenants.to_str().unwrap();
+    let router = Server::start_logging(
+        &["router", "--log-format", "json", "--upstream", &upstream.url]
+            .into_iter()
+            .chain(["--listen", "127.0.0.1:0", "--tenants", t])
+            .collect::<Vec<_>>(),
+        trace,
+        Some(&router_log),
+    );
+    let text = read_all(open_stream(router.addr(), "key-quiet", 4));
+    assert!(text.contains("data: [DONE]"), "{text}");
+    drop(router);
+    drop(upstream);
+
+    let steps = events(&up_log, "step");
+    assert!(!steps.is_empty(), "engine steps logged");
+    for s in &steps {
+        assert!(s["step_us"].is_u64() && s["prefill_items"].is_u64(), "{s}");
+        assert!(s["prefill_tokens"].is_u64() && s["decodes"].is_u64(), "{s}");
+        assert!(s["given_up"].is_boolean(), "{s}");
+    }
+    assert!(steps.iter().any(|s| s["prefill_items"].as_u64() > Some(0)), "a prefill step");
+    let taken = events(&up_log, "request_taken");
+    assert_eq!(taken.len(), 1, "{taken:?}");
+    assert!(taken[0]["waited_us"].is_u64() && taken[0]["prompt_tokens"].as_u64() > Some(0));
+    let dispatched = events(&router_log, "dispatched");
+    let first = events(&router_log, "first_bytes");
+    assert_eq!((dispatched.len(), first.len()), (1, 1), "{dispatched:?} {first:?}");
+    assert_eq!(dispatched[0]["tenant"], "quiet");
+    assert_eq!(first[0]["tenant"], "quiet");
+    let (d, f) = (dispatched[0]["after_us"].as_u64(), first[0]["after_us"].as_u64());
+    assert!(d.is_some() && f >= d, "first bytes after the dispatch: {d:?} {f:?}");
+}

@@ -1,8 +1,7 @@
 //! Prometheus metrics of the front end and the engine (`GET /metrics`).
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
 
 use crate::engine::{EngineCounters, EngineHistograms};
@@ -237,10 +236,7 @@ impl Metrics {
 
     /// The text exposition of the front end's families alone (the router has no engine).
     pub fn render_front(&self) -> String {
-        let mut buf = Vec::new();
-        // Writing text into a Vec cannot fail.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
-        String::from_utf8_lossy(&buf).into_owned()
+        fastlane_daemon::metrics::render(&self.registry)
     }
 
     /// The text exposition, with the engine's counters as of now; `tenants` names the
@@ -267,10 +263,7 @@ impl Metrics {
             self.blocks.with_label_values(&[tier]).set(n as i64);
         }
         // The engine's counters only grow: bring each Prometheus counter up to them.
-        let up = |v: &IntCounterVec, labels: &[&str], to: u64| {
-            let c = v.with_label_values(labels);
-            c.inc_by(to.saturating_sub(c.get()));
-        };
+        let up = fastlane_daemon::metrics::set_total;
         up(&self.preemptions, &["swap"], c.preempt_swap);
         up(&self.preemptions, &["recompute"], c.preempt_recompute);
         for (i, tier) in ["host", "nvme", "remote"].iter().enumerate() {

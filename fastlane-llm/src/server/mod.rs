@@ -10,7 +10,6 @@
 //! `<|ROLE|>\nCONTENT\n`, and `<|assistant|>\n` follows the last one.
 
 pub mod gate;
-pub mod http;
 pub mod metrics;
 pub mod proxy;
 pub mod tenants;
@@ -145,7 +144,7 @@ async fn health() -> impl IntoResponse {
 async fn metrics_text(State(st): State<Arc<AppState>>) -> impl IntoResponse {
     let names: Vec<&str> = st.tenants.entries().iter().map(|t| t.name.as_str()).collect();
     let text = st.metrics.render(&st.engine.counters(), &names);
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+    ([(header::CONTENT_TYPE, fastlane_daemon::metrics::TEXT_FORMAT)], text)
 }
 
 async fn models(State(st): State<Arc<AppState>>) -> impl IntoResponse {

@@ -106,7 +106,7 @@ pub fn router(state: Arc<ProxyState>) -> Router {
 }
 
 async fn metrics_text(State(st): State<Arc<ProxyState>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], st.metrics.render_front())
+    ([(header::CONTENT_TYPE, fastlane_daemon::metrics::TEXT_FORMAT)], st.metrics.render_front())
 }
 
 fn upstream_uri(st: &ProxyState, path: &str) -> Result<Uri, ApiError> {
@@ -216,9 +216,12 @@ async fn generate(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
             }
         };
         st.metrics.requests.with_label_values(&[&tname, "admitted"]).inc();
-        log::trace!(
-            "router: {tname} request dispatched after {} us",
-            arrived.elapsed().as_micros()
+        // `scripts/router-floor.sh` reads these events (`--log-format json`).
+        tracing::trace!(
+            event = "dispatched",
+            tenant = %tname,
+            after_us = arrived.elapsed().as_micros() as u64,
+            "router: request dispatched"
         );
         let fence = st.tenants.get(t).max_stream_seconds.map(Duration::from_secs_f64);
         let batch = st.tenants.get(t).is_batch();
@@ -321,10 +324,11 @@ impl Relay {
                     if self.last.is_none() {
                         // Batch dispatch no longer waits for this request.
                         self.permit.first_bytes();
-                        log::trace!(
-                            "router: {} first bytes after {} us",
-                            self.tenant,
-                            self.arrived.elapsed().as_micros()
+                        tracing::trace!(
+                            event = "first_bytes",
+                            tenant = %self.tenant,
+                            after_us = self.arrived.elapsed().as_micros() as u64,
+                            "router: first bytes"
                         );
                     }
                     if self.ok {

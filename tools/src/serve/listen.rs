@@ -39,7 +39,7 @@ impl SocketSource {
         if let Some(fd) = fd {
             return Ok(SocketSource::Fd(fd, "--fd"));
         }
-        let passed = sd_notify::listen_fds()
+        let passed = fastlane_daemon::notify::listen_fds()
             .context("LISTEN_PID/LISTEN_FDS are set but malformed (systemd socket activation)")?;
         let n = passed.len();
         // Not for our children (none are started, but the variables describe our fds only).

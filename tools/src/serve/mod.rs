@@ -19,12 +19,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use fastlane_block::{BlockDevice, BlockOp, BlockRequest, Completion};
+use fastlane_daemon::notify::{notify, NotifyState};
 use fastlane_vhost_blk::spec::{BackendSpec, IoEngine, SpecOptions};
 use fastlane_vhost_blk::{BlkStats, RejectReason, ServerEvent, VhostBlkOptions};
-use sd_notify::NotifyState;
 
-use crate::metrics_http::{self, set_gauge, set_total, Families, LatencyFamily};
-use crate::signals::StopSignals;
+use fastlane_daemon::metrics::{set_gauge, set_total, Families, LatencyFamily};
+use fastlane_daemon::signals::StopSignals;
 
 mod listen;
 
@@ -171,7 +171,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     };
     let mut server = source.serve(device.clone(), &options)?;
     let capacity_bytes = server.settings().geometry.capacity_bytes;
-    let exporter = metrics_http::start_if(args.metrics, |f| {
+    let exporter = fastlane_daemon::metrics::start_if(args.metrics, |f| {
         let m = BlkMetrics::new(f);
         let stats = server.stats();
         move || m.update(&stats, capacity_bytes)
@@ -246,13 +246,6 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         log::info!("latency histograms written to {}", path.display());
     }
     result.context("vhost-user-blk server failed")
-}
-
-/// Tell systemd (when it started us with `NOTIFY_SOCKET`); a failure is only logged.
-fn notify(state: &[NotifyState<'_>]) {
-    if let Err(e) = sd_notify::notify(state) {
-        log::warn!("sd_notify to $NOTIFY_SOCKET failed: {e}");
-    }
 }
 
 /// SIGUSR1: every queue's counters and latency since start.
@@ -380,21 +373,21 @@ impl IntervalTotals {
 
 /// The Prometheus families of `fastlane serve --metrics`, label `queue` = the virtqueue index.
 struct BlkMetrics {
-    requests: prometheus::IntCounterVec,
-    rejected: prometheus::IntCounterVec,
-    bytes: prometheus::IntCounterVec,
-    flushes: prometheus::IntCounterVec,
-    discards: prometheus::IntCounterVec,
-    sleeps: prometheus::IntCounterVec,
-    queues: prometheus::IntGaugeVec,
-    capacity: prometheus::IntGaugeVec,
+    requests: fastlane_daemon::metrics::IntCounterVec,
+    rejected: fastlane_daemon::metrics::IntCounterVec,
+    bytes: fastlane_daemon::metrics::IntCounterVec,
+    flushes: fastlane_daemon::metrics::IntCounterVec,
+    discards: fastlane_daemon::metrics::IntCounterVec,
+    sleeps: fastlane_daemon::metrics::IntCounterVec,
+    queues: fastlane_daemon::metrics::IntGaugeVec,
+    capacity: fastlane_daemon::metrics::IntGaugeVec,
     latency: LatencyFamily,
-    in_flight: prometheus::IntGaugeVec,
-    connections: prometheus::IntCounterVec,
-    connection_errors: prometheus::IntCounterVec,
-    resubmitted: prometheus::IntCounterVec,
-    torn: prometheus::IntCounterVec,
-    broken_avail: prometheus::IntCounterVec,
+    in_flight: fastlane_daemon::metrics::IntGaugeVec,
+    connections: fastlane_daemon::metrics::IntCounterVec,
+    connection_errors: fastlane_daemon::metrics::IntCounterVec,
+    resubmitted: fastlane_daemon::metrics::IntCounterVec,
+    torn: fastlane_daemon::metrics::IntCounterVec,
+    broken_avail: fastlane_daemon::metrics::IntCounterVec,
 }
 
 impl BlkMetrics {

@@ -25,12 +25,22 @@ impl Server {
     /// Runs `fastlane ARGS` (which must listen on `127.0.0.1:0` and print its address) and
     /// waits for the address.
     pub fn start(args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_fastlane"))
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start fastlane");
+        Server::start_logging(args, None, None)
+    }
+
+    /// As [`Server::start`], with `RUST_LOG` set to `rust_log` and stderr (the log) written
+    /// to `log` when given.
+    pub fn start_logging(args: &[&str], rust_log: Option<&str>, log: Option<&Path>) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fastlane"));
+        cmd.args(args).stdout(Stdio::piped());
+        match log {
+            Some(p) => cmd.stderr(std::fs::File::create(p).expect("create the log file")),
+            None => cmd.stderr(Stdio::null()),
+        };
+        if let Some(v) = rust_log {
+            cmd.env("RUST_LOG", v);
+        }
+        let mut child = cmd.spawn().expect("start fastlane");
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         let url = line

@@ -1,8 +1,10 @@
-//! `--metrics ADDR`: the Prometheus endpoint of the daemons that are not HTTP servers
+//! Prometheus metrics of every daemon: [`Families`] registers counters, gauges and latency
+//! histograms and renders them ([`Families::render`], [`render`] for a registry of one's own),
+//! and [`Exporter`] is `--metrics ADDR`, the endpoint of the daemons that are not HTTP servers
 //! themselves (`fastlane serve`, `fastlane kv serve`, `fastlane rdma serve`).
 //!
-//! One thread runs a current-thread tokio runtime with the listener of `fastlane llm serve`
-//! (`fastlane_llm::server::http`: a header-read timeout, a bound on open connections) and
+//! One thread runs a current-thread tokio runtime with the daemons' listener
+//! ([`crate::http`]: a header-read timeout, a bound on open connections) and
 //! answers `GET /metrics` with the text format 0.0.4; other paths get 404, other methods on
 //! `/metrics` 405, a request that is not HTTP a 400 from hyper.
 //!
@@ -17,18 +19,17 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::http::{serve, HttpOptions};
 use anyhow::{Context, Result};
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use fastlane_llm::server::http::{serve, HttpOptions};
 use hdrhistogram::Histogram;
 use prometheus::core::{Collector, Desc};
-use prometheus::{
-    proto, Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
-};
+use prometheus::{proto, Encoder, IntCounter, IntGauge, Opts, TextEncoder};
+pub use prometheus::{IntCounterVec, IntGaugeVec, Registry};
 
 /// The listener's settings: a scraper sends its headers at once and keeps one connection.
 const OPTIONS: HttpOptions = HttpOptions {
@@ -38,7 +39,7 @@ const OPTIONS: HttpOptions = HttpOptions {
 };
 
 /// The content type of the text exposition format.
-const TEXT_FORMAT: &str = "text/plain; version=0.0.4";
+pub const TEXT_FORMAT: &str = "text/plain; version=0.0.4";
 
 fn must<T>(r: prometheus::Result<T>) -> T {
     // Names, labels and the one registration of each are constants of this crate: a failure
@@ -116,11 +117,21 @@ impl Families {
 
     /// The text exposition of every family as set now.
     pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        // Encoding into a Vec cannot fail.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
-        String::from_utf8_lossy(&buf).into_owned()
+        render(&self.registry)
     }
+
+    /// The registry, for families a daemon builds itself (prometheus' own histograms).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+}
+
+/// The text exposition ([`TEXT_FORMAT`]) of every family in `registry` as set now.
+pub fn render(registry: &Registry) -> String {
+    let mut buf = Vec::new();
+    // Encoding into a Vec cannot fail.
+    let _ = TextEncoder::new().encode(&registry.gather(), &mut buf);
+    String::from_utf8_lossy(&buf).into_owned()
 }
 
 /// Upper bounds (seconds) of the buckets a [`LatencyFamily`] exports: 1 µs to 10 s, three

@@ -15,19 +15,19 @@ use anyhow::Context as _;
 /// thread that made this and in every thread it starts afterwards; [`StopSignals::on_stop`]
 /// hands them to a thread of their own.
 #[derive(Debug)]
-pub(crate) struct StopSignals {
+pub struct StopSignals {
     set: libc::sigset_t,
 }
 
 impl StopSignals {
     /// Blocks SIGINT and SIGTERM in the calling thread. Call it first thing, before the daemon
     /// starts any thread (threads inherit the mask from their creator).
-    pub(crate) fn block() -> anyhow::Result<StopSignals> {
+    pub fn block() -> anyhow::Result<StopSignals> {
         Self::block_signals(false)
     }
 
     /// [`StopSignals::block`], and SIGUSR1 too, for [`StopSignals::on_stop_or_report`].
-    pub(crate) fn block_with_report() -> anyhow::Result<StopSignals> {
+    pub fn block_with_report() -> anyhow::Result<StopSignals> {
         Self::block_signals(true)
     }
 
@@ -61,13 +61,13 @@ impl StopSignals {
 
     /// Starts the thread that waits for SIGINT or SIGTERM (one that arrived since
     /// [`StopSignals::block`] is taken at once) and then runs `stop`, once.
-    pub(crate) fn on_stop(self, stop: impl FnOnce() + Send + 'static) -> anyhow::Result<()> {
+    pub fn on_stop(self, stop: impl FnOnce() + Send + 'static) -> anyhow::Result<()> {
         self.on_stop_or_report(stop, || {})
     }
 
     /// [`StopSignals::on_stop`], and `report` on every SIGUSR1 (blocked only by
     /// [`StopSignals::block_with_report`]).
-    pub(crate) fn on_stop_or_report(
+    pub fn on_stop_or_report(
         self,
         stop: impl FnOnce() + Send + 'static,
         report: impl Fn() + Send + 'static,
