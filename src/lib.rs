@@ -1,28 +1,42 @@
 //! FastLane: a userspace low-latency data path.
 //!
-//! This facade re-exports the public surface of the workspace crates:
+//! This facade re-exports every library crate of the workspace:
 //!
+//! - [`util`]: sizes, the seedable generator, the TSC clock, the ids the swap tier and the
+//!   scheduler share.
+//! - [`daemon`]: what every daemon shares (HTTP listener, Prometheus, signals, `sd_notify`,
+//!   logging).
 //! - [`ring`]: lock-free SPSC rings, in-process and across processes in shared memory.
 //! - [`hist`]: latency recording into HdrHistograms and `.hlog` interval logs.
 //! - [`block`]: the block-queue seam and its backends (RAM, io_uring, inline file).
 //! - [`nvme`]: the userspace NVMe driver over VFIO.
-//! - [`journal`]: the record journal (durable, hash-chained, replicated records).
 //! - [`vhost_blk`]: the vhost-user-blk device and the backend factory of `fastlane serve`.
+//! - [`journal`]: the record journal (durable, hash-chained, replicated records).
+//! - [`market`]: ITCH 5.0 decoding, order books, the normalized event, the feed generator.
+//! - [`fpga`]: the preprocessing card (ring ABI, software model, CRC32C, card clock).
 //! - [`rdma`]: RDMA verbs, the remote memory pool and the write mirror.
-//! - [`fpga`]: the preprocessing card interface (ring ABI, software model), ITCH 5.0 decoding,
-//!   order books, CRC32C and the card clock.
-//! - [`kvswap`]: the KV-cache swap tier (host, NVMe and remote tiers, the swap engine), the
-//!   preemptive scheduler and its simulator.
+//! - [`kvswap`]: the KV-cache swap tiers (host, NVMe, remote, Redis Cluster), the swap engine,
+//!   the prefix store and the socket protocol.
+//! - [`sched`]: the preemptive multi-tenant scheduler and its simulator.
+//! - [`openai`]: the OpenAI-compatible front end without an engine (tenants, gate, errors,
+//!   metrics) and the router.
+//! - [`llm`]: the inference engine and `llm serve`'s server.
 //!
-//! It holds no code of its own; the root `tests/` and `benches/` live here.
+//! It holds no code of its own; the root `tests/` and `benches/` live here
+//! (`tests/crate_boundaries.rs` checks the dependency rules with `cargo tree`).
 
 pub use fastlane_block as block;
+pub use fastlane_daemon as daemon;
 pub use fastlane_fpga as fpga;
 pub use fastlane_hist as hist;
 pub use fastlane_journal as journal;
+pub use fastlane_llm as llm;
 pub use fastlane_market as market;
 pub use fastlane_nvme as nvme;
+pub use fastlane_openai as openai;
 pub use fastlane_rdma as rdma;
 pub use fastlane_ring as ring;
+pub use fastlane_sched as sched;
+pub use fastlane_util as util;
 pub use fastlane_vhost_blk as vhost_blk;
 pub use kvswap;

@@ -468,7 +468,7 @@ pub fn run(args: &LlmArgs) -> Result<()> {
 }
 
 fn serve(a: &ServeArgs) -> Result<()> {
-    use fastlane_llm::server::{AppState, Metrics, Tenants};
+    use fastlane_llm::server::{AppState, EngineMetrics, Metrics, Tenants};
     let tenants = match &a.tenants {
         Some(p) => Tenants::load(p)?,
         None => Tenants::open(),
@@ -488,13 +488,13 @@ fn serve(a: &ServeArgs) -> Result<()> {
     }
     cfg.tenants = tenants.sched_configs();
     let engine = Arc::new(Engine::start(model.clone(), cfg)?);
-    let metrics = Metrics::new()
-        .with_engine(engine.histograms())
-        .with_tenants(tenants.entries().iter().map(|e| e.name.as_str()));
+    let metrics = Metrics::new().with_tenants(tenants.entries().iter().map(|e| e.name.as_str()));
+    let engine_metrics = EngineMetrics::new(&metrics).with_engine(engine.histograms());
     let state = Arc::new(AppState {
         engine: engine.clone(),
         tenants,
         metrics,
+        engine_metrics,
         model_id: model.name().to_string(),
     });
     let what = format!("serving {} ({} tenants)", model.name(), state.tenants.entries().len());

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use fastlane_llm::server::proxy::{self, ProxyConfig, ProxyState};
-use fastlane_llm::server::{Metrics, Tenants};
+use fastlane_openai::router::{self as proxy, ProxyConfig, ProxyState};
+use fastlane_openai::{Metrics, Tenants};
 
 /// Arguments of `fastlane router`.
 #[derive(Debug, Args)]

@@ -492,14 +492,14 @@ fn events(path: &std::path::Path, event: &str) -> Vec<serde_json::Value> {
 
 #[test]
 fn engine_and_router_trace_events_are_json_lines_with_their_fields() {
-    // What `scripts/router-floor.sh` reads: with `--log-format json` and trace on for the LLM
-    // crate, one event per engine step and request taken in, one per router dispatch and
+    // What `scripts/router-floor.sh` reads: with `--log-format json` and trace on for the engine
+    // and the router, one event per engine step and request taken in, one per dispatch and
     // first bytes, each with numeric fields.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (up_log, router_log) = (dir.path().join("up.log"), dir.path().join("router.log"));
     let tenants = dir.path().join("tenants.toml");
     std::fs::write(&tenants, TENANTS).unwrap();
-    let trace = Some("info,fastlane_llm=trace");
+    let trace = Some("info,fastlane_llm=trace,fastlane_openai=trace");
     let upstream = Server::start_logging(
         &["llm", "serve", "--log-format", "json", "--listen", "127.0.0.1:0", "--policy", "fifo"],
         trace,

@@ -1,33 +1,15 @@
-//! Prometheus metrics of the front end and the engine (`GET /metrics`).
+//! The engine's Prometheus families (`GET /metrics` of `llm serve`), registered beside the front
+//! end's ([`fastlane_openai::metrics::Metrics`]) in its registry.
 
-use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
-};
+use fastlane_openai::metrics::Metrics;
+use prometheus::{IntCounterVec, IntGaugeVec, Opts};
 
 use crate::engine::{EngineCounters, EngineHistograms};
 
-/// Latency buckets, seconds: 1 ms … 120 s.
-const BUCKETS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-];
-
-/// The metric families.
+/// The engine's families.
 #[derive(Debug, Clone)]
-pub struct Metrics {
-    registry: Registry,
-    /// Request arrival at the server → first token's bytes handed to the connection.
-    pub ttft: HistogramVec,
-    /// Between consecutive tokens of a stream.
-    pub inter_token: HistogramVec,
-    /// Request arrival → last byte.
-    pub e2e: HistogramVec,
-    /// Requests by outcome: admitted, rejected_rate, rejected_queue_full, rejected_invalid,
-    /// unauthorized, aborted, fenced, finished, upstream_error (router).
-    pub requests: IntCounterVec,
-    /// Streams open now.
-    pub streams_open: IntGaugeVec,
-    /// Requests waiting at the router queue, per tenant.
-    pub queue_depth: IntGaugeVec,
+pub struct EngineMetrics {
+    front: Metrics,
     engine: IntGaugeVec,
     blocks: IntGaugeVec,
     preemptions: IntCounterVec,
@@ -49,89 +31,16 @@ fn must<T>(r: prometheus::Result<T>) -> T {
     r.expect("valid metric definition")
 }
 
-/// One tenant's latency histograms, looked up once per request rather than per token.
-#[derive(Debug, Clone)]
-pub struct TenantLatency {
-    /// See [`Metrics::ttft`].
-    pub ttft: Histogram,
-    /// See [`Metrics::inter_token`].
-    pub inter_token: Histogram,
-    /// See [`Metrics::e2e`].
-    pub e2e: Histogram,
-}
-
-impl Metrics {
-    /// `tenant`'s latency histograms.
-    pub fn tenant_latency(&self, tenant: &str) -> TenantLatency {
-        TenantLatency {
-            ttft: self.ttft.with_label_values(&[tenant]),
-            inter_token: self.inter_token.with_label_values(&[tenant]),
-            e2e: self.e2e.with_label_values(&[tenant]),
-        }
-    }
-
-    /// Every outcome of [`Metrics::requests`].
-    pub const OUTCOMES: [&'static str; 9] = [
-        "admitted",
-        "rejected_rate",
-        "rejected_queue_full",
-        "rejected_invalid",
-        "unauthorized",
-        "aborted",
-        "fenced",
-        "finished",
-        "upstream_error",
-    ];
-
-    /// The per-tenant series of these tenants exist from the start at 0 (requests by every
-    /// outcome, streams open, queue depth): a dashboard or a test reads 0, not "no data",
-    /// before the first request.
-    pub fn with_tenants<'a>(self, tenants: impl IntoIterator<Item = &'a str>) -> Metrics {
-        for t in tenants {
-            for o in Self::OUTCOMES {
-                let _ = self.requests.with_label_values(&[t, o]);
-            }
-            let _ = self.streams_open.with_label_values(&[t]);
-            let _ = self.queue_depth.with_label_values(&[t]);
-        }
-        self
-    }
-
-    /// All families, registered.
-    pub fn new() -> Metrics {
-        let registry = Registry::new();
-        let hist = |name: &str, help: &str| {
-            let h = must(HistogramVec::new(
-                HistogramOpts::new(name, help).buckets(BUCKETS.to_vec()),
-                &["tenant"],
-            ));
-            must(registry.register(Box::new(h.clone())));
-            h
-        };
-        let ttft = hist(
-            "fastlane_llm_ttft_seconds",
-            "Request arrival to the first token written, per tenant",
-        );
-        let inter_token =
-            hist("fastlane_llm_inter_token_seconds", "Gap between tokens of a stream, per tenant");
-        let e2e = hist("fastlane_llm_e2e_seconds", "Request arrival to its last byte, per tenant");
-        let requests = must(IntCounterVec::new(
-            Opts::new("fastlane_llm_requests_total", "Requests by tenant and outcome"),
-            &["tenant", "outcome"],
-        ));
-        must(registry.register(Box::new(requests.clone())));
+impl EngineMetrics {
+    /// The engine's families, registered in `front`'s registry; [`EngineMetrics::render`]
+    /// renders both.
+    pub fn new(front: &Metrics) -> EngineMetrics {
+        let registry = front.registry();
         let gauge = |name: &str, help: &str, labels: &[&str]| {
             let g = must(IntGaugeVec::new(Opts::new(name, help), labels));
             must(registry.register(Box::new(g.clone())));
             g
         };
-        let streams_open =
-            gauge("fastlane_llm_streams_open", "Streams open now, per tenant", &["tenant"]);
-        let queue_depth = gauge(
-            "fastlane_llm_queue_depth",
-            "Requests waiting at the router for a slot, per tenant",
-            &["tenant"],
-        );
         let engine = gauge(
             "fastlane_llm_sequences",
             "Sequences in the engine now, by state (queued, waiting, running, swapping, swapped_out)",
@@ -199,14 +108,8 @@ impl Metrics {
             "Cluster-tier lookups that failed (timeout, connection, cluster down); their blocks were misses",
             &[],
         );
-        Metrics {
-            registry,
-            ttft,
-            inter_token,
-            e2e,
-            requests,
-            streams_open,
-            queue_depth,
+        EngineMetrics {
+            front: front.clone(),
             engine,
             blocks,
             preemptions,
@@ -224,19 +127,14 @@ impl Metrics {
     }
 
     /// Registers the engine's histograms (step time, batch size, swap durations) too.
-    pub fn with_engine(self, h: &EngineHistograms) -> Metrics {
-        let reg = |c: Box<dyn prometheus::core::Collector>| must(self.registry.register(c));
+    pub fn with_engine(self, h: &EngineHistograms) -> EngineMetrics {
+        let reg = |c: Box<dyn prometheus::core::Collector>| must(self.front.registry().register(c));
         reg(Box::new(h.step_seconds.clone()));
         reg(Box::new(h.batch_tokens.clone()));
         reg(Box::new(h.batch_sequences.clone()));
         reg(Box::new(h.swap_seconds.clone()));
         reg(Box::new(h.prefix_lookup_seconds.clone()));
         self
-    }
-
-    /// The text exposition of the front end's families alone (the router has no engine).
-    pub fn render_front(&self) -> String {
-        fastlane_daemon::metrics::render(&self.registry)
     }
 
     /// The text exposition, with the engine's counters as of now; `tenants` names the
@@ -254,7 +152,7 @@ impl Metrics {
         }
         for (t, name) in tenants.iter().enumerate() {
             let q = c.queued_by_tenant.get(t).copied().unwrap_or(0);
-            self.queue_depth.with_label_values(&[name]).set(q as i64);
+            self.front.queue_depth.with_label_values(&[name]).set(q as i64);
         }
         self.blocks.with_label_values(&["free"]).set(i64::from(c.blocks_free));
         self.blocks.with_label_values(&["used"]).set(i64::from(c.blocks_total - c.blocks_free));
@@ -291,12 +189,6 @@ impl Metrics {
                 up(&self.prefix_cluster_errors, &[], p.cluster_errors);
             }
         }
-        self.render_front()
-    }
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Metrics::new()
+        self.front.render()
     }
 }

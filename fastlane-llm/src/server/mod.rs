@@ -9,10 +9,7 @@
 //! Chat template (the random models have none of their own): each message becomes
 //! `<|ROLE|>\nCONTENT\n`, and `<|assistant|>\n` follows the last one.
 
-pub mod gate;
 pub mod metrics;
-pub mod proxy;
-pub mod tenants;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,11 +26,11 @@ use serde_json::{json, Value};
 
 use crate::engine::{Engine, FinishReason, Finished, GenRequest, Stream, StreamEvent};
 use crate::sampling::SamplingParams;
-pub use metrics::{Metrics, TenantLatency};
-pub use tenants::Tenants;
-
-/// Largest request body accepted.
-const BODY_BYTES_MAX: usize = 1 << 20;
+use fastlane_openai::api::{
+    body_bytes, fence_event, parse, tenant_of_headers, ApiError, DEFAULT_MAX_TOKENS,
+};
+pub use fastlane_openai::{gate, tenants, Metrics, TenantLatency, Tenants};
+pub use metrics::EngineMetrics;
 
 /// What the handlers share.
 #[derive(Debug)]
@@ -42,8 +39,10 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     /// Tenants and keys.
     pub tenants: Tenants,
-    /// Metrics.
+    /// The front end's metrics.
     pub metrics: Metrics,
+    /// The engine's metrics, in the same registry.
+    pub engine_metrics: EngineMetrics,
     /// The model id `/v1/models` reports.
     pub model_id: String,
 }
@@ -62,88 +61,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// An error with its HTTP status, in OpenAI's shape.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    kind: &'static str,
-    message: String,
-    retry_after_s: Option<u64>,
-}
-
-impl ApiError {
-    pub(crate) fn new(
-        status: StatusCode,
-        kind: &'static str,
-        message: impl Into<String>,
-    ) -> ApiError {
-        ApiError { status, kind, message: message.into(), retry_after_s: None }
-    }
-
-    pub(crate) fn bad(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
-    }
-
-    /// 429: the tenant's bucket is empty; `Retry-After` is one refill (60 / rpm, rounded up).
-    pub(crate) fn rate_limited(tenant: &str, rpm: f64) -> ApiError {
-        let mut e = ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limit_error",
-            format!("tenant {tenant:?} is over its request rate (rpm)"),
-        );
-        e.retry_after_s = Some((60.0 / rpm).ceil().max(1.0) as u64);
-        e
-    }
-
-    /// 503: the tenant's router queue is full; try again in a second.
-    pub(crate) fn queue_full(tenant: &str) -> ApiError {
-        let mut e = ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_overloaded",
-            format!("tenant {tenant:?} has its router queue full (all slots busy)"),
-        );
-        e.retry_after_s = Some(1);
-        e
-    }
-
-    /// 504: a non-streamed request ran past its tenant's fence (`max_stream_seconds`).
-    pub(crate) fn fenced() -> ApiError {
-        ApiError::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            "timeout_error",
-            "the request ran past its tenant's max_stream_seconds",
-        )
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let code = match self.status {
-            StatusCode::UNAUTHORIZED => "invalid_api_key",
-            StatusCode::TOO_MANY_REQUESTS => "rate_limit_exceeded",
-            StatusCode::BAD_REQUEST => "invalid_request",
-            StatusCode::NOT_FOUND => "not_found",
-            StatusCode::SERVICE_UNAVAILABLE => "queue_full",
-            _ => "server_error",
-        };
-        let body = json!({"error": {"message": self.message, "type": self.kind, "code": code}});
-        let mut r = (self.status, axum::Json(body)).into_response();
-        if let Some(s) = self.retry_after_s {
-            if let Ok(v) = HeaderValue::from_str(&s.to_string()) {
-                r.headers_mut().insert(header::RETRY_AFTER, v);
-            }
-        }
-        r
-    }
-}
-
 async fn health() -> impl IntoResponse {
     axum::Json(json!({"status": "ok"}))
 }
 
 async fn metrics_text(State(st): State<Arc<AppState>>) -> impl IntoResponse {
     let names: Vec<&str> = st.tenants.entries().iter().map(|t| t.name.as_str()).collect();
-    let text = st.metrics.render(&st.engine.counters(), &names);
+    let text = st.engine_metrics.render(&st.engine.counters(), &names);
     ([(header::CONTENT_TYPE, fastlane_daemon::metrics::TEXT_FORMAT)], text)
 }
 
@@ -318,42 +242,8 @@ impl Common {
     }
 }
 
-/// Parses JSON into `T`; the 400's message names the field serde complained about.
-fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes).map_err(|e| ApiError::bad(format!("request body: {e}")))
-}
-
 fn tenant(st: &AppState, headers: &HeaderMap) -> Result<usize, ApiError> {
     tenant_of_headers(&st.tenants, &st.metrics, headers)
-}
-
-/// The tenant of a request's bearer key; 401 (counted) when there is none or it is unknown.
-pub(crate) fn tenant_of_headers(
-    tenants: &Tenants,
-    metrics: &Metrics,
-    headers: &HeaderMap,
-) -> Result<usize, ApiError> {
-    let key = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    tenants.tenant_of(key).ok_or_else(|| {
-        metrics.requests.with_label_values(&["unknown", "unauthorized"]).inc();
-        ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "authentication_error",
-            "unknown or missing API key",
-        )
-    })
-}
-
-pub(crate) async fn body_bytes(req: Request) -> Result<(HeaderMap, axum::body::Bytes), ApiError> {
-    let (parts, body) = req.into_parts();
-    let bytes = axum::body::to_bytes(body, BODY_BYTES_MAX).await.map_err(|_| {
-        ApiError::bad(format!("request body over {BODY_BYTES_MAX} bytes or unreadable"))
-    })?;
-    Ok((parts.headers, bytes))
 }
 
 async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response {
@@ -475,7 +365,7 @@ async fn run(
     let _ = &c.user;
     let req = GenRequest {
         prompt,
-        max_tokens: c.max_tokens.or(c.max_completion_tokens).unwrap_or(16),
+        max_tokens: c.max_tokens.or(c.max_completion_tokens).unwrap_or(DEFAULT_MAX_TOKENS),
         sampling: SamplingParams {
             temperature: c.temperature.unwrap_or(1.0),
             top_p: c.top_p.unwrap_or(1.0),
@@ -742,11 +632,7 @@ impl Sse {
                 // in the engine, which frees its slot and blocks.
                 self.ended = true;
                 self.ctx.record_end("fenced");
-                let e = json!({"error": {"message": "the stream ran past its tenant's max_stream_seconds",
-                                         "type": "timeout_error", "code": "max_stream_seconds"}});
-                let mut out = String::from_utf8_lossy(&chunk(&e)).into_owned();
-                out.push_str("data: [DONE]\n\n");
-                Some(axum::body::Bytes::from(out))
+                Some(axum::body::Bytes::from(fence_event()))
             }
         }
     }

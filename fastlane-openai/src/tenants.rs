@@ -22,8 +22,28 @@ use std::path::Path;
 
 use fastlane_sched::{Overflow, TenantConfig, Tier};
 use serde::Deserialize;
+use thiserror::Error;
 
-use crate::error::LlmError;
+/// A tenants file that cannot be used.
+#[derive(Debug, Error)]
+pub enum TenantsError {
+    /// The file cannot be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file's text is wrong.
+    #[error("{path}: {reason}")]
+    Config {
+        /// The file.
+        path: String,
+        /// What is wrong (names the tenant and field).
+        reason: String,
+    },
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -101,12 +121,13 @@ impl Tenants {
         }
     }
 
-    /// Reads a tenants file.
-    pub fn load(path: &Path) -> Result<Tenants, LlmError> {
+    /// Reads a tenants file; the error names the file, and the tenant and field when the
+    /// text is wrong.
+    pub fn load(path: &Path) -> Result<Tenants, TenantsError> {
         let text = std::fs::read_to_string(path)
-            .map_err(|e| LlmError::Io { path: path.display().to_string(), source: e })?;
+            .map_err(|e| TenantsError::Io { path: path.display().to_string(), source: e })?;
         Tenants::parse(&text)
-            .map_err(|reason| LlmError::Config { path: path.display().to_string(), reason })
+            .map_err(|reason| TenantsError::Config { path: path.display().to_string(), reason })
     }
 
     /// Parses and checks a tenants file's text; the error names the tenant and field.

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use fastlane_sched::{Drr, TokenBucket};
 use tokio::sync::{oneshot, Notify};
 
-use super::tenants::Tenants;
+use crate::tenants::Tenants;
 
 /// Longest the gate holds batch-tier dispatch back while interactive requests wait for their
 /// first bytes.

@@ -27,8 +27,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 
-use super::gate::{Gate, GateError, Permit};
-use super::{body_bytes, tenant_of_headers, ApiError, Metrics, Router, TenantLatency, Tenants};
+use crate::api::{body_bytes, fence_event, tenant_of_headers, ApiError, DEFAULT_MAX_TOKENS};
+use crate::gate::{Gate, GateError, Permit};
+use crate::{Metrics, Router, TenantLatency, Tenants};
 
 /// Router settings.
 #[derive(Debug, Clone)]
@@ -106,7 +107,7 @@ pub fn router(state: Arc<ProxyState>) -> Router {
 }
 
 async fn metrics_text(State(st): State<Arc<ProxyState>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, fastlane_daemon::metrics::TEXT_FORMAT)], st.metrics.render_front())
+    ([(header::CONTENT_TYPE, fastlane_daemon::metrics::TEXT_FORMAT)], st.metrics.render())
 }
 
 fn upstream_uri(st: &ProxyState, path: &str) -> Result<Uri, ApiError> {
@@ -176,7 +177,8 @@ fn estimate_tokens(v: &Value) -> u64 {
         }
         _ => 0,
     };
-    let max_tokens = v.get("max_tokens").and_then(Value::as_u64).unwrap_or(16);
+    let max_tokens =
+        v.get("max_tokens").and_then(Value::as_u64).unwrap_or(u64::from(DEFAULT_MAX_TOKENS));
     (prompt as u64).div_ceil(4) + max_tokens
 }
 
@@ -206,9 +208,8 @@ async fn generate(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
             Ok(p) => p,
             Err(GateError::RateLimited { retry_after_s }) => {
                 st.metrics.requests.with_label_values(&[&tname, "rejected_rate"]).inc();
-                let mut e = ApiError::rate_limited(&tname, st.tenants.get(t).rpm);
-                e.retry_after_s = Some(retry_after_s);
-                return Err(e);
+                let e = ApiError::rate_limited(&tname, st.tenants.get(t).rpm);
+                return Err(e.retry_after(retry_after_s));
             }
             Err(GateError::QueueFull) => {
                 st.metrics.requests.with_label_values(&[&tname, "rejected_queue_full"]).inc();
@@ -296,13 +297,7 @@ impl Relay {
                     Err(_) => {
                         self.end("fenced");
                         self.fenced = true;
-                        let msg = if self.streaming {
-                            let e = json!({"error": {"message": "the stream ran past its tenant's max_stream_seconds",
-                                                     "type": "timeout_error", "code": "max_stream_seconds"}});
-                            format!("data: {e}\n\ndata: [DONE]\n\n")
-                        } else {
-                            String::new()
-                        };
+                        let msg = if self.streaming { fence_event() } else { String::new() };
                         return Some(Ok(Bytes::from(msg)));
                     }
                 },
