@@ -20,7 +20,7 @@ PKGS=(
     ibverbs-providers   # the rxe provider (librxe-rdmav34.so + rxe.driver) copied into the guest
     iproute2            # /usr/bin/rdma: creates rxe0 inside the guest
     perftest            # ib_write_lat / ib_write_bw: the peer of `fastlane rdma bench`
-    python3             # /usr/bin/python3: the fastlane_kv client's tests (tools/tests/kv_python.rs)
+    python3             # /usr/bin/python3: the fastlane_kv client's tests (fastlane-cli/tests/kv_python.rs)
     python3-numpy       # fastlane-llm: the independent reference forward pass (/usr/bin/python3)
     libopenblas0-pthread # numpy's BLAS: the GEMM peer of `fastlane llm bench` (not reference BLAS)
     binutils            # strip: guest binaries go into the initramfs without debug info
@@ -28,7 +28,7 @@ PKGS=(
     prometheus          # a real scrape of `fastlane llm serve` checks every dashboard query
     redis-server        # kvswap's cluster tier tests: six redis-server processes form a real Redis Cluster
     redis-tools         # redis-cli --cluster create forms that cluster (the packaged service on 6379 is unused)
-    systemd             # systemd-socket-activate: tools/tests/serve_systemd.rs and vm_blk.rs start
+    systemd             # systemd-socket-activate: fastlane-cli/tests/serve_systemd.rs and vm_blk.rs start
                         # `fastlane serve` with a socket passed as systemd passes it (LISTEN_FDS)
     fio                 # the guest-side load generator and verifier of the vhost-user-blk guest tests
 )

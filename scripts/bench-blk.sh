@@ -50,7 +50,7 @@ command -v qemu-storage-daemon >/dev/null || {
 if [ -n "${FASTLANE_BIN:-}" ]; then
     bin=$FASTLANE_BIN
 else
-    (cd "$root" && cargo build --release -p fastlane-tools)
+    (cd "$root" && cargo build --release -p fastlane-cli)
     bin=$target/release/fastlane
 fi
 

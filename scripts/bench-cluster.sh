@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-cargo build --release --locked -p fastlane-tools
+cargo build --release --locked -p fastlane-cli
 bin=${CARGO_TARGET_DIR:-target}/release/fastlane
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -58,7 +58,7 @@ fi
 file=${file:-$out/bench.journal}
 mkdir -p "$out" "$(dirname "$file")"
 if [ -z "$bin" ]; then
-    cargo build --release --locked -p fastlane-tools >&2
+    cargo build --release --locked -p fastlane-cli >&2
     bin="${CARGO_TARGET_DIR:-target}/release/fastlane"
 fi
 

@@ -33,7 +33,7 @@ done
 mkdir -p "$out"
 
 if [ -z "$bin" ]; then
-    cargo build --release -p fastlane-tools >&2
+    cargo build --release -p fastlane-cli >&2
     bin="${CARGO_TARGET_DIR:-target}/release/fastlane"
 fi
 provider=/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so

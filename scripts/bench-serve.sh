@@ -45,7 +45,7 @@ for r in ${runs//,/ }; do
   esac
 done
 want() { case ",$runs," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
-cargo build --release --locked -p fastlane-tools
+cargo build --release --locked -p fastlane-cli
 bin=target/release/fastlane
 tmp=$(mktemp -d)
 dir=${BENCH_RESULTS_DIR:-benches/results}/llm

@@ -17,7 +17,7 @@ SECS=${SECONDS_PER_CASE:-3}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${FASTLANE_BIN:-$TARGET/release/fastlane}
 if [ -z "${FASTLANE_BIN:-}" ]; then
-    (cd "$ROOT" && cargo build --release -p fastlane-tools)
+    (cd "$ROOT" && cargo build --release -p fastlane-cli)
 fi
 mkdir -p "$OUT"
 DISK=$(mktemp "${TMPDIR:-/tmp}/fl-vfio-bench.XXXXXX")

@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-cargo build --release --locked -p fastlane-tools
+cargo build --release --locked -p fastlane-cli
 bin=target/release/fastlane
 tmp=$(mktemp -d)
 dir=${BENCH_RESULTS_DIR:-benches/results}/llm

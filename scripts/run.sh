@@ -36,7 +36,7 @@ if ! command -v cargo >/dev/null; then
   echo "run.sh: cargo not found; FastLane needs a Rust toolchain (1.89 or newer) on PATH" >&2
   exit 1
 fi
-cargo build --release --locked -p fastlane-tools
+cargo build --release --locked -p fastlane-cli
 target_dir=${CARGO_TARGET_DIR:-$PWD/target}
 bin=$target_dir/release/fastlane
 out=$PWD/target/run

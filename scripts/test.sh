@@ -5,7 +5,7 @@
 #   2. cargo clippy --workspace --all-targets -- -D warnings
 #   3. cargo test --workspace --all-targets  (unit, integration, QEMU-guest tests; criterion
 #      benches run once in test mode so they keep compiling)
-#   4. cargo check -p kvswap --features cuda, doc tests, rustdoc with -D warnings (no broken
+#   4. cargo check -p fastlane-kvswap --features cuda, doc tests, rustdoc with -D warnings (no broken
 #      or private intra-doc links)
 #   5. the loom models of fastlane-ring (RUSTFLAGS="--cfg loom", own target dir)
 #   6. every fuzz target builds (each */fuzz crate, plain `cargo build` on stable, own target
@@ -49,17 +49,17 @@ step "cargo test"
 cargo test --workspace --all-targets --locked
 
 step "kvswap cuda feature compiles (no GPU here; it is exercised only where one exists)"
-cargo check -p kvswap --features cuda --locked
+cargo check -p fastlane-kvswap --features cuda --locked
 
 step "doc tests"
 cargo test --workspace --doc --locked
 
 step "rustdoc (-D warnings)"
-# Two invocations: the `fastlane` binary (fastlane-tools) and the `fastlane` library write the
+# Two invocations: the `fastlane` binary (fastlane-cli) and the `fastlane` library write the
 # same target/doc/fastlane, and documenting both in one invocation races on removing it (a
 # known cargo bug, issue 6313: it failed a run here). One after the other, both are checked.
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --exclude fastlane-tools --no-deps --locked
-RUSTDOCFLAGS="-D warnings" cargo doc -p fastlane-tools --no-deps --locked
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --exclude fastlane-cli --no-deps --locked
+RUSTDOCFLAGS="-D warnings" cargo doc -p fastlane-cli --no-deps --locked
 
 step "loom models of fastlane-ring"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \

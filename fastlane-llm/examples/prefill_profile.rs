@@ -1,9 +1,9 @@
 //! Times one prefill of random:small split into its phases (a quick look).
 use std::time::Instant;
 
+use fastlane_kvswap::BlockId;
 use fastlane_llm::kv::KvPool;
 use fastlane_llm::{BatchItem, Model, Scratch, TOKENS_PER_BLOCK};
-use kvswap::BlockId;
 
 fn main() {
     let name = std::env::args().nth(1).unwrap_or_else(|| "random:small".into());

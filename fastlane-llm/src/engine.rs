@@ -1,7 +1,7 @@
 //! The engine loop: one thread runs `Scheduler::schedule` → one batched forward pass over
 //! the plan's decodes and prefill chunks → sampling → `complete_step`, on the wall clock.
 //! Requests come in and tokens go out over channels; preemption goes through a real
-//! [`kvswap::SwapEngine`] on the model's KV pool ([`crate::port::EnginePort`]) or by
+//! [`fastlane_kvswap::SwapEngine`] on the model's KV pool ([`crate::port::EnginePort`]) or by
 //! recompute, chosen with costs measured on this engine. With preemptible steps
 //! ([`EngineConfig::preemptible_steps`]) a forward pass is given up between layers when an
 //! interactive-tier request arrives, and the step is planned again with it.
@@ -13,11 +13,13 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use fastlane_kvswap::{
+    BlockKey, ChecksumMode, ModelDigest, PrefixStats, PrefixStore, SeqId, SwapEngine,
+};
 use fastlane_sched::{
     Admission, Overflow, Policy, PreemptCosts, PreemptMode, RejectReason, Request, SchedConfig,
     SchedEvent, Scheduler, SeqCounts, StepKind, StepPlan, TenantConfig, Tier,
 };
-use kvswap::{BlockKey, ChecksumMode, ModelDigest, PrefixStats, PrefixStore, SeqId, SwapEngine};
 use rand::{Rng, SeedableRng};
 
 use crate::error::LlmError;
@@ -68,7 +70,7 @@ pub struct EngineConfig {
     /// Blocks kept free when a sequence starts.
     pub watermark_blocks: u32,
     /// The swap tiers (host bytes, NVMe file, remote pool); its checksum mode guards blocks.
-    pub swap: kvswap::EngineConfig,
+    pub swap: fastlane_kvswap::EngineConfig,
     /// Tenants; empty: one interactive tenant `default` with no rate limit.
     pub tenants: Vec<TenantConfig>,
     /// Swap, recompute, or measured choice.
@@ -113,7 +115,7 @@ pub struct PrefixConfig {
     pub cluster_timeout: Duration,
     /// The NVMe tier under the host cache (a file of block slots; blocks the host cache
     /// evicts are written there in the background); `None`: none.
-    pub nvme: Option<kvswap::PrefixNvmeConfig>,
+    pub nvme: Option<fastlane_kvswap::PrefixNvmeConfig>,
 }
 
 impl Default for PrefixConfig {
@@ -138,10 +140,10 @@ impl Default for EngineConfig {
             batch_tokens_max: 512,
             batch_seqs_max: 256,
             watermark_blocks: 1,
-            swap: kvswap::EngineConfig {
+            swap: fastlane_kvswap::EngineConfig {
                 host_bytes: 256 << 20,
                 checksum: ChecksumMode::Fast,
-                ..kvswap::EngineConfig::default()
+                ..fastlane_kvswap::EngineConfig::default()
             },
             tenants: Vec::new(),
             preempt: PreemptChoice::Auto,
@@ -560,7 +562,7 @@ impl Engine {
     pub fn start_with_tiers(
         model: Arc<Model>,
         cfg: EngineConfig,
-        tiers: kvswap::CustomTiers,
+        tiers: fastlane_kvswap::CustomTiers,
     ) -> Result<Engine, LlmError> {
         Engine::start_inner(model, cfg, Some(tiers))
     }
@@ -568,11 +570,11 @@ impl Engine {
     fn start_inner(
         model: Arc<Model>,
         cfg: EngineConfig,
-        tiers: Option<kvswap::CustomTiers>,
+        tiers: Option<fastlane_kvswap::CustomTiers>,
     ) -> Result<Engine, LlmError> {
         let geom = model.kv_geometry();
         let pool = KvPool::new(&geom, cfg.device_blocks)?;
-        let device: Arc<dyn kvswap::DeviceMemory> = pool.memory().clone();
+        let device: Arc<dyn fastlane_kvswap::DeviceMemory> = pool.memory().clone();
         let swap = match tiers {
             Some(t) => SwapEngine::with_tiers(cfg.swap.clone(), device, t)?,
             None => SwapEngine::new(cfg.swap.clone(), device)?,
@@ -826,35 +828,38 @@ fn costs_for(
 pub fn prefix_keys(model: &Model, prompt: &[u32]) -> Vec<BlockKey> {
     let geom = model.kv_geometry();
     let digest = ModelDigest::new(&model.model_id(), &geom);
-    kvswap::prefix_keys(&digest, prompt, geom.tokens_per_block)
+    fastlane_kvswap::prefix_keys(&digest, prompt, geom.tokens_per_block)
 }
 
 /// The engine's block store: a host cache, the NVMe tier when one is configured (an error
 /// opening it fails the engine's start), and the cluster tier when one is configured and
 /// reachable (when it is not, a warning, and the local tiers alone).
-fn prefix_store(cfg: &EngineConfig, geom: &kvswap::KvGeometry) -> Result<PrefixStore, LlmError> {
+fn prefix_store(
+    cfg: &EngineConfig,
+    geom: &fastlane_kvswap::KvGeometry,
+) -> Result<PrefixStore, LlmError> {
     let pc = &cfg.prefix;
-    let scfg = kvswap::PrefixStoreConfig {
+    let scfg = fastlane_kvswap::PrefixStoreConfig {
         host_bytes: pc.host_bytes,
         block_bytes: crate::kv::block_bytes(geom),
-        put_queue_max: kvswap::prefix::PUT_QUEUE_MAX,
+        put_queue_max: fastlane_kvswap::prefix::PUT_QUEUE_MAX,
         nvme: pc.nvme.clone(),
     };
-    let local = |scfg: kvswap::PrefixStoreConfig| {
+    let local = |scfg: fastlane_kvswap::PrefixStoreConfig| {
         PrefixStore::open(scfg).map_err(|e| LlmError::PrefixCache { reason: e.to_string() })
     };
     if pc.cluster.is_empty() {
         return local(scfg);
     }
     let t = pc.cluster_timeout.max(Duration::from_millis(4));
-    let ccfg = kvswap::cluster::ClusterTierConfig {
+    let ccfg = fastlane_kvswap::cluster::ClusterTierConfig {
         namespace: pc.cluster_namespace.clone(),
         timeout: t,
         connect_timeout: t / 4,
         response_timeout: t / 2,
-        ..kvswap::cluster::ClusterTierConfig::default()
+        ..fastlane_kvswap::cluster::ClusterTierConfig::default()
     };
-    let tier = match kvswap::cluster::ClusterTier::connect(&pc.cluster, ccfg) {
+    let tier = match fastlane_kvswap::cluster::ClusterTier::connect(&pc.cluster, ccfg) {
         Ok(t) => t,
         Err(e) => {
             log::warn!(
@@ -893,7 +898,8 @@ fn lookup_loop(
         let shutdown = matches!(c, Command::Shutdown);
         let submitted = if let Command::Submit { req, .. } = &c { Some(req.tenant) } else { None };
         if let Command::Submit { req, prefix, .. } = &mut c {
-            prefix.keys = kvswap::prefix_keys(digest, &req.prompt, TOKENS_PER_BLOCK as u32);
+            prefix.keys =
+                fastlane_kvswap::prefix_keys(digest, &req.prompt, TOKENS_PER_BLOCK as u32);
             let usable =
                 (req.prompt.len().saturating_sub(1) / TOKENS_PER_BLOCK).min(prefix.keys.len());
             if usable > 0 {
@@ -918,10 +924,10 @@ fn measure_prefill_ns_per_token(
     s: &mut Scratch,
 ) -> Result<f64, LlmError> {
     let n = 64usize.min(model.max_positions());
-    let blocks: Vec<kvswap::BlockId> = (0
-        ..n.div_ceil(TOKENS_PER_BLOCK).min(pool.blocks() as usize) as u32)
-        .map(kvswap::BlockId)
-        .collect();
+    let blocks: Vec<fastlane_kvswap::BlockId> =
+        (0..n.div_ceil(TOKENS_PER_BLOCK).min(pool.blocks() as usize) as u32)
+            .map(fastlane_kvswap::BlockId)
+            .collect();
     let n = n.min(blocks.len() * TOKENS_PER_BLOCK);
     let tokens: Vec<u32> = (0..n as u32).map(|i| i % model.vocab() as u32).collect();
     let item = [BatchItem { tokens: &tokens, start_pos: 0, blocks: &blocks, want_logits: true }];
@@ -1192,7 +1198,7 @@ impl Loop {
             };
             inputs.push((id, toks, ctx, want));
         }
-        let mut tables: Vec<Vec<kvswap::BlockId>> = inputs
+        let mut tables: Vec<Vec<fastlane_kvswap::BlockId>> = inputs
             .iter()
             .map(|(id, ..)| {
                 self.sched.blocks().table(SeqId(*id)).map(<[_]>::to_vec).unwrap_or_default()
@@ -1402,7 +1408,7 @@ impl Loop {
     fn load_prefixes(
         &mut self,
         inputs: &[(u64, Vec<u32>, usize, bool)],
-        tables: &[Vec<kvswap::BlockId>],
+        tables: &[Vec<fastlane_kvswap::BlockId>],
     ) {
         for ((id, _, ctx, _), table) in inputs.iter().zip(tables) {
             let Some(live) = self.live.get_mut(id) else { continue };
@@ -1427,7 +1433,7 @@ impl Loop {
     fn store_prefixes(
         &mut self,
         inputs: &[(u64, Vec<u32>, usize, bool)],
-        tables: &[Vec<kvswap::BlockId>],
+        tables: &[Vec<fastlane_kvswap::BlockId>],
     ) {
         let Some(store) = &self.prefix else { return };
         for ((id, toks, ctx, _), table) in inputs.iter().zip(tables) {

@@ -59,7 +59,7 @@ pub enum LlmError {
     },
     /// The swap engine or the KV pool failed.
     #[error("kvswap: {0}")]
-    KvSwap(#[from] kvswap::KvSwapError),
+    KvSwap(#[from] fastlane_kvswap::KvSwapError),
     /// The prefix cache could not be set up (its NVMe tier: the file, its size).
     #[error("prefix cache: {reason}")]
     PrefixCache {

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use kvswap::{BlockId, DeviceMemory, HostDeviceMemory, KvGeometry};
+use fastlane_kvswap::{BlockId, DeviceMemory, HostDeviceMemory, KvGeometry};
 
 use crate::error::LlmError;
 use crate::model::TOKENS_PER_BLOCK;
@@ -39,7 +39,7 @@ impl KvPool {
 
     /// The pool over existing device memory.
     pub fn over(mem: Arc<HostDeviceMemory>, g: &KvGeometry) -> KvPool {
-        assert_eq!(g.dtype, kvswap::DType::F32, "the CPU engine keeps K and V in f32");
+        assert_eq!(g.dtype, fastlane_kvswap::DType::F32, "the CPU engine keeps K and V in f32");
         assert!(mem.block_bytes() >= g.block_bytes() as usize);
         KvPool {
             base: mem.base() as usize,

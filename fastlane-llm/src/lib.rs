@@ -16,7 +16,7 @@
 //!   sequence (the scheduler's).
 //! - [`engine`]: the loop that executes `fastlane_sched` plans — continuous batching, chunked
 //!   prefill, policies `fifo`, `drr`, `drr+preempt` — with preemption by swap through a real
-//!   [`kvswap::SwapEngine`] ([`port`]) or by recompute, chosen with costs measured on this
+//!   [`fastlane_kvswap::SwapEngine`] ([`port`]) or by recompute, chosen with costs measured on this
 //!   engine. Greedy and sampled decoding, stop strings and ids, abort; optionally
 //!   preemptible steps (a forward pass given up between layers for an interactive arrival).
 //!

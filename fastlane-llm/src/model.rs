@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 use std::path::Path;
 
-use kvswap::{BlockId, DType, KvGeometry};
+use fastlane_kvswap::{BlockId, DType, KvGeometry};
 use rayon::prelude::*;
 
 use crate::config::LlamaConfig;

@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use fastlane_kvswap::{BlockId, KvSwapError, SeqId, SeqPhase, SwapEngine, Ticket, TicketDone};
 use fastlane_sched::{SwapDir, SwapDone, SwapPort, SwapPortError};
-use kvswap::{BlockId, KvSwapError, SeqId, SeqPhase, SwapEngine, Ticket, TicketDone};
 
 /// What the port has moved.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -8,14 +8,14 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use fastlane_kvswap::testing::MemTier;
+use fastlane_kvswap::{CustomTiers, NvmeTierConfig, TierKind};
 use fastlane_llm::engine::{EngineCounters, PrefixConfig};
 use fastlane_llm::{
     Engine, EngineConfig, FinishReason, GenRequest, Model, PreemptChoice, SamplingParams,
     StreamEvent,
 };
 use fastlane_sched::{Overflow, Policy, TenantConfig, Tier, TierSteps};
-use kvswap::testing::MemTier;
-use kvswap::{CustomTiers, NvmeTierConfig, TierKind};
 
 const WAIT: Duration = Duration::from_secs(300);
 const MAX_TOKENS: u32 = 20;

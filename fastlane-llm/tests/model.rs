@@ -6,10 +6,10 @@
 use std::path::Path;
 use std::process::Command;
 
+use fastlane_kvswap::BlockId;
 use fastlane_llm::kv::KvPool;
 use fastlane_llm::weights::RandomWeights;
 use fastlane_llm::{BatchItem, Forward, LlmError, Model, RandomPreset, Scratch, TOKENS_PER_BLOCK};
-use kvswap::BlockId;
 
 const PROMPT: usize = 300;
 const CHUNK: usize = 64;

@@ -7,9 +7,9 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use fastlane_kvswap::testing::RedisCluster;
 use fastlane_llm::engine::{prefix_keys, PrefixConfig};
 use fastlane_llm::{Engine, EngineConfig, EngineCounters, FinishReason, GenRequest, Model};
-use kvswap::testing::RedisCluster;
 
 const WAIT: Duration = Duration::from_secs(120);
 const MAX_TOKENS: u32 = 12;
@@ -166,7 +166,7 @@ fn blocks_evicted_to_the_nvme_tier_are_reused_bit_for_bit() {
     let a = prompt(7, 10, 0);
     let b = prompt(7, 13, 1);
     let want = reference(&[a.clone(), b.clone()]);
-    let nvme = |path| Some(kvswap::PrefixNvmeConfig::new(path, 1 << 20));
+    let nvme = |path| Some(fastlane_kvswap::PrefixNvmeConfig::new(path, 1 << 20));
     let cfg = config(PrefixConfig {
         host_bytes: 64 * 1024,
         nvme: nvme(dir.path().join("prefix.nvme")),

@@ -71,7 +71,7 @@
 //!
 //! The block seam and the other backends (`fastlane_block`), the vhost-user-blk device that
 //! serves this driver to a guest and the `nvme:BDF` backend spec (`fastlane_vhost_blk`), and
-//! `fastlane bench nvme` (`tools/`). The guest-side checks of the driver are the binary
+//! `fastlane bench nvme` (`fastlane-cli/`). The guest-side checks of the driver are the binary
 //! `vfio_guest` (in the `fastlane-guest-tests` crate, `tests/guest/src/bin/vfio_guest`), run by `tests/guest/tests/vfio_guest.rs` in a QEMU guest.
 
 use std::time::Duration;

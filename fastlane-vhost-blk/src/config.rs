@@ -68,7 +68,7 @@ impl BlkGeometry {
     /// (QEMU's default BIOS, which drives every virtio-blk disk at boot) truncates the request
     /// size it derives from `size_max` to 16 bits. With `size_max` = 1 MiB that came out 0: it
     /// sent the same zero-length read forever and the guest never booted (found by
-    /// tools/tests/vm_blk.rs with SeaBIOS 1.16.2; 0xFE00 booted). QEMU's own virtio-blk and
+    /// fastlane-cli/tests/vm_blk.rs with SeaBIOS 1.16.2; 0xFE00 booted). QEMU's own virtio-blk and
     /// qemu-storage-daemon do not offer the feature either.
     pub fn features(&self) -> u64 {
         let mut f = (1u64 << VIRTIO_F_VERSION_1)

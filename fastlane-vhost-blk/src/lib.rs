@@ -14,8 +14,8 @@
 //!   the VFIO driver).
 //!
 //! Not here: the backends themselves (io_uring, inline file and RAM in `fastlane_block`, the
-//! VFIO NVMe driver in `fastlane_nvme`), the `fastlane serve` command (`tools/`) and the QEMU
-//! guest test (`tools/tests/vm_blk.rs`, `tests/vm/`).
+//! VFIO NVMe driver in `fastlane_nvme`), the `fastlane serve` command (`fastlane-cli/`) and the QEMU
+//! guest test (`fastlane-cli/tests/vm_blk.rs`, `tests/vm/`).
 // Guest input: a panic here is a guest taking the device down; errors instead.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 

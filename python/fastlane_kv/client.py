@@ -29,7 +29,7 @@ _HELLO_RECV = proto.HEADER_LEN + 256
 _FDS_MAX = 4
 """Room for this many fds in the control buffer: more than one is refused, not truncated."""
 COMPLETE_WAIT_MAX_S: float = 60.0
-"""The longest ``COMPLETE`` wait the server grants (``kvswap::server::COMPLETE_WAIT_MAX``)."""
+"""The longest ``COMPLETE`` wait the server grants (``fastlane_kvswap::server::COMPLETE_WAIT_MAX``)."""
 
 
 class KvError(Exception):

@@ -1,6 +1,6 @@
 """The `fastlane kv serve` wire protocol, version 2, in Python.
 
-Mirrors ``kvswap/src/proto.rs`` (spec: ``docs/kvswap.md``). Every message is a 16-byte
+Mirrors ``fastlane-kvswap/src/proto.rs`` (spec: ``docs/kvswap.md``). Every message is a 16-byte
 header then ``len`` payload bytes, all little endian::
 
     magic u32 = "KVSW"  version u16 = 2  op u16  req_id u32  len u32
@@ -57,7 +57,7 @@ _NAMESPACE_BYTES = frozenset(
 
 
 class Op(enum.IntEnum):
-    """Operation codes (``kvswap::proto::op``); the vLLM name is in brackets."""
+    """Operation codes (``fastlane_kvswap::proto::op``); the vLLM name is in brackets."""
 
     HELLO = 1
     """Handshake; the reply carries the memfd of the client's own slab."""
@@ -96,7 +96,7 @@ class Op(enum.IntEnum):
 
 
 class ErrorCode(enum.IntEnum):
-    """Reply status codes (``kvswap::proto::ErrorCode``)."""
+    """Reply status codes (``fastlane_kvswap::proto::ErrorCode``)."""
 
     OK = 0
     UNKNOWN_SEQUENCE = 1

@@ -51,7 +51,7 @@ def fastlane_bin() -> Path:
             return c.resolve()
     raise RuntimeError(
         f"no fastlane binary at {', '.join(map(str, candidates))}: build it with "
-        "`cargo build -p fastlane-tools` or set FASTLANE_BIN"
+        "`cargo build -p fastlane-cli` or set FASTLANE_BIN"
     )
 
 

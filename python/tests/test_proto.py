@@ -1,4 +1,4 @@
-"""fastlane_kv.proto without a server: frames byte for byte as ``kvswap::proto`` writes
+"""fastlane_kv.proto without a server: frames byte for byte as ``fastlane_kvswap::proto`` writes
 them, and hostile ``HELLO`` replies refused."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def hello_reply(block_bytes: int, first: int, blocks: int, map_len: int, ns: byt
 
 class FrameTest(unittest.TestCase):
     def test_frames_match_the_rust_encoding(self) -> None:
-        # kvswap::proto::Request::Stats.encode(7) and PrepareStore { seq: 3, [5, 6] }.
+        # fastlane_kvswap::proto::Request::Stats.encode(7) and PrepareStore { seq: 3, [5, 6] }.
         self.assertEqual(
             proto.frame(Op.STATS, 7, b""),
             b"KVSW" + bytes([2, 0, 11, 0, 7, 0, 0, 0, 0, 0, 0, 0]),
@@ -41,7 +41,7 @@ class FrameTest(unittest.TestCase):
 
     def test_content_addressed_frames_match_the_rust_encoding(self) -> None:
         k1, k2 = b"\x01" * 32, b"\x02" * 32
-        # kvswap::proto::Request::Put { items: [(k1, 4), (k2, 5)] } and Exists { [k1, k2] }.
+        # fastlane_kvswap::proto::Request::Put { items: [(k1, 4), (k2, 5)] } and Exists { [k1, k2] }.
         self.assertEqual(
             proto.key_blocks([(k1, 4), (k2, 5)]),
             struct.pack("<I", 2) + k1 + struct.pack("<I", 4) + k2 + struct.pack("<I", 5),

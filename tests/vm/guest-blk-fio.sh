@@ -1,5 +1,5 @@
 #!/bin/sh
-# Guest side of the vhost-user-blk crash test (tools/tests/vm_blk_crash.rs): Debian's fio writes
+# Guest side of the vhost-user-blk crash test (fastlane-cli/tests/vm_blk_crash.rs): Debian's fio writes
 # and verifies /dev/vda for fl_fio_seconds seconds (kernel command line) while the host
 # SIGKILLs and restarts the backend. Two jobs, one per vCPU (so both virtqueues carry
 # requests), each on its own half of the disk, O_DIRECT through libaio at QD32, random writes

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Guest side of the vhost-user-blk integration test (tools/tests/vm_blk.rs); runs as root in a
+# Guest side of the vhost-user-blk integration test (fastlane-cli/tests/vm_blk.rs); runs as root in a
 # tests/vm/run-guest.sh guest (busybox sh) with the disk at /dev/vda. The phase comes from the
 # kernel command line, fl_blk_phase=PHASE (run-guest.sh --append):
 #

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Guest side of tools/tests/journal_rdma_guest.rs: the record journal replicated over RDMA
+# Guest side of fastlane-cli/tests/journal_rdma_guest.rs: the record journal replicated over RDMA
 # (soft-RoCE, rxe0 on dummy0, both ends on 127.0.0.1). Runs as root in a
 # tests/vm/run-guest.sh guest (busybox sh) with the rxe modules loaded.
 #

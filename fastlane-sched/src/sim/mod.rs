@@ -11,7 +11,7 @@
 //!   sine; lengths log-normal. One random stream per tenant under the seed, so a tenant's
 //!   requests are identical whatever the other tenants do (the "solo" baseline of scenario
 //!   (a) sees exactly the same quiet-tenant requests).
-//! - Swaps: [`EnginePort`] runs each one through a real [`SwapEngine`](kvswap::SwapEngine)
+//! - Swaps: [`EnginePort`] runs each one through a real [`SwapEngine`](fastlane_kvswap::SwapEngine)
 //!   host tier (scaled-down blocks, data checked on the way back) and charges
 //!   `bytes × ns_per_byte` of simulated time, `ns_per_byte` being the host tier's measured
 //!   cost on this machine times a PCIe factor ([`SwapTiming`]).
@@ -45,7 +45,7 @@ use crate::{
     SchedEvent, Scheduler, SeqId, TenantStats, Tier,
 };
 use fastlane_hist::Histogram;
-use kvswap::KvSwapError;
+use fastlane_kvswap::KvSwapError;
 
 /// Errors of the simulator.
 #[derive(Debug, Error)]

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::{BlockId, SeqId, SwapDir, SwapDone, SwapPort, SwapPortError};
-use kvswap::{ChecksumMode, DeviceMemory, EngineConfig, HostDeviceMemory, KvSwapError, SwapEngine};
+use fastlane_kvswap::{
+    ChecksumMode, DeviceMemory, EngineConfig, HostDeviceMemory, KvSwapError, SwapEngine,
+};
 
 /// How long a real engine transfer may take before the port gives up on it.
 const ENGINE_WAIT: Duration = Duration::from_secs(30);

@@ -40,7 +40,7 @@ fn vfio_driver_in_guest() {
         .unwrap_or_else(|| Path::new(env!("CARGO_BIN_EXE_vfio_guest")).with_file_name("fastlane"));
     assert!(
         fastlane.is_file(),
-        "{} is missing: build it first (cargo build -p fastlane-tools, same profile) or set \
+        "{} is missing: build it first (cargo build -p fastlane-cli, same profile) or set \
          FASTLANE_BIN",
         fastlane.display()
     );

@@ -14,9 +14,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fastlane_kvswap::{RemoteTierConfig, SpillPolicy};
 use fastlane_llm::weights::RandomWeights;
 use fastlane_llm::{Engine, EngineConfig, GenRequest, Model, PreemptChoice, RandomPreset};
-use kvswap::{RemoteTierConfig, SpillPolicy};
 
 use fastlane_guest_tests::driver::{check, remote_main, R};
 

@@ -1,5 +1,5 @@
-//! Guest-side driver of kvswap's remote-tier test (kvswap/tests/remote_guest.rs): runs inside
-//! a soft-RoCE QEMU guest (kvswap/tests/vm/guest-kvswap.sh).
+//! Guest-side driver of kvswap's remote-tier test (fastlane-kvswap/tests/remote_guest.rs): runs inside
+//! a soft-RoCE QEMU guest (fastlane-kvswap/tests/vm/guest-kvswap.sh).
 //!
 //! - `pool-server ADDR BYTES`: a `fastlane_rdma::PoolServer` (prints `READY`).
 //! - `client ADDR`: a swap engine whose spill tier is a range of that pool: spills cold
@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvswap::{
+use fastlane_kvswap::{
     BlockId, DeviceMemory, EngineConfig, HostDeviceMemory, KvSwapError, RemoteTierConfig, SeqId,
     SeqPhase, SpillPolicy, SwapEngine, TierKind,
 };

@@ -1,5 +1,5 @@
 //! Two `fastlane llm serve` processes sharing a real Redis Cluster (six `redis-server`s on
-//! free loopback ports, `kvswap::testing::RedisCluster`) through `--kv-cluster`, as two
+//! free loopback ports, `fastlane_kvswap::testing::RedisCluster`) through `--kv-cluster`, as two
 //! machines would: the first computes a long prompt and its blocks reach the cluster (its
 //! `fastlane_llm_prefix_cluster_puts_total`); the second, whose host cache never saw the
 //! prompt, loads them from the cluster (`fastlane_llm_prefix_blocks_total{result="cluster_hit"}`,
@@ -11,7 +11,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kvswap::testing::RedisCluster;
+use fastlane_kvswap::testing::RedisCluster;
 
 mod common;
 

@@ -1,7 +1,7 @@
 //! `fastlane kv`: the KV-cache swap tier.
 //!
 //! - `fastlane kv serve --socket PATH`: the swap engine behind the versioned Unix-socket
-//!   protocol of `kvswap::proto` (docs/kvswap.md), until SIGINT/SIGTERM. Each connection gets
+//!   protocol of `fastlane_kvswap::proto` (docs/kvswap.md), until SIGINT/SIGTERM. Each connection gets
 //!   its own slab of the device pool (its own memfd); peers are checked against
 //!   `--allow-uid`/`--allow-gid` (default: the server's own uid). Content-addressed ops
 //!   (`PUT`/`GET`/`EXISTS`/`PIN`/`UNPIN`/`EVICT`) go to one `PrefixStore` of `--cas-bytes`,
@@ -25,13 +25,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use fastlane_hist::{HlogWriter, LatencyRecorder, Summary};
-use fastlane_util::parse_size;
-use kvswap::server::{Server, ServerConfig, ServerCounters};
-use kvswap::{
+use fastlane_kvswap::server::{Server, ServerConfig, ServerCounters};
+use fastlane_kvswap::{
     BlockId, ChecksumMode, EngineConfig, HostDeviceMemory, KvGeometry, NvmeTierConfig, PrefixStats,
     PrefixStore, PrefixStoreConfig, RemoteTierConfig, SeqId, SlabDeviceMemory, SpillPolicy,
     SwapEngine,
 };
+use fastlane_util::parse_size;
 use serde::Serialize;
 
 use fastlane_daemon::metrics::{counter, gauge, set_gauge, set_total, Families, Field, FieldSet};
@@ -195,11 +195,11 @@ fn cas_store(a: &ServeArgs, block_bytes: usize) -> Result<Option<Arc<PrefixStore
     let cfg = PrefixStoreConfig {
         host_bytes: usize::try_from(a.cas_bytes).context("--cas-bytes: too large")?,
         block_bytes,
-        put_queue_max: kvswap::prefix::PUT_QUEUE_MAX,
+        put_queue_max: fastlane_kvswap::prefix::PUT_QUEUE_MAX,
         nvme: a
             .cas_nvme
             .as_ref()
-            .map(|p| kvswap::prefix::PrefixNvmeConfig::new(p.clone(), a.cas_nvme_bytes)),
+            .map(|p| fastlane_kvswap::prefix::PrefixNvmeConfig::new(p.clone(), a.cas_nvme_bytes)),
     };
     let Some(urls) = urls else {
         let store = PrefixStore::open(cfg).context("--cas-nvme: opening the NVMe tier")?;
@@ -213,11 +213,11 @@ fn cas_store(a: &ServeArgs, block_bytes: usize) -> Result<Option<Arc<PrefixStore
         }
         return Ok(Some(Arc::new(store)));
     };
-    let ccfg = kvswap::cluster::ClusterTierConfig {
+    let ccfg = fastlane_kvswap::cluster::ClusterTierConfig {
         namespace: CLUSTER_KEY_PREFIX.into(),
-        ..kvswap::cluster::ClusterTierConfig::default()
+        ..fastlane_kvswap::cluster::ClusterTierConfig::default()
     };
-    let tier = kvswap::cluster::ClusterTier::connect(&urls, ccfg)
+    let tier = fastlane_kvswap::cluster::ClusterTier::connect(&urls, ccfg)
         .with_context(|| format!("--kv-cluster: connecting to {urls:?}"))?;
     let store = PrefixStore::with_cluster(cfg, tier)
         .context("--kv-cluster / --cas-nvme: starting the store")?;
@@ -228,13 +228,13 @@ fn cas_store(a: &ServeArgs, block_bytes: usize) -> Result<Option<Arc<PrefixStore
 fn parse_namespace(s: &str) -> Result<(String, Vec<u32>)> {
     let (name, uids) = s.split_once('=').context("--namespace wants NAME=UID[:UID...]")?;
     if name.is_empty()
-        || name.len() > kvswap::proto::NAMESPACE_MAX
+        || name.len() > fastlane_kvswap::proto::NAMESPACE_MAX
         || name.starts_with("uid:")
-        || !name.bytes().all(kvswap::proto::namespace_byte)
+        || !name.bytes().all(fastlane_kvswap::proto::namespace_byte)
     {
         bail!(
             "namespace name {name:?}: 1 to {} bytes of [A-Za-z0-9._:-], not starting with uid:",
-            kvswap::proto::NAMESPACE_MAX
+            fastlane_kvswap::proto::NAMESPACE_MAX
         );
     }
     let uids = uids
@@ -384,7 +384,7 @@ fn serve(a: &ServeArgs) -> Result<()> {
         a.host_bytes,
         if locked { " (mlocked)" } else { " (NOT mlocked: raise RLIMIT_MEMLOCK)" },
         a.socket,
-        kvswap::proto::VERSION
+        fastlane_kvswap::proto::VERSION
     );
     server.serve(&stop)?;
     drop(exporter);

@@ -44,7 +44,10 @@ const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 const GUEST_MEM: &str = "512M";
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tools/ has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("fastlane-cli/ has a parent")
+        .to_path_buf()
 }
 
 fn have_qemu() -> bool {

@@ -316,7 +316,7 @@ fn socket_activated_with_notify_metrics_stats_and_sigusr1() {
 }
 
 fn repo_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tools/ has a parent")
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("fastlane-cli/ has a parent")
 }
 
 /// The shipped units pass `systemd-analyze verify` (as an instance, with the built binary in

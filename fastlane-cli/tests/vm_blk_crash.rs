@@ -28,7 +28,10 @@ const KILLS_DEFAULT: u32 = 20;
 const REATTACH_WAIT: Duration = Duration::from_secs(20);
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tools/ has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("fastlane-cli/ has a parent")
+        .to_path_buf()
 }
 
 fn have(cmd: &str, arg: &str) -> bool {

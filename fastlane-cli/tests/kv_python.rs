@@ -12,7 +12,10 @@ const PYTHON: &str = "/usr/bin/python3";
 const SUITE_WAIT_MAX: Duration = Duration::from_secs(300);
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tools/ has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("fastlane-cli/ has a parent")
+        .to_path_buf()
 }
 
 #[test]

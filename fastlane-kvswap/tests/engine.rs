@@ -4,8 +4,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvswap::testing::MemTier;
-use kvswap::{
+use fastlane_kvswap::testing::MemTier;
+use fastlane_kvswap::{
     BlockId, ChecksumMode, CustomTiers, DeviceMemory, EngineConfig, HostDeviceMemory, KvSwapError,
     NvmeTierConfig, SeqId, SeqPhase, SpillPolicy, SwapEngine, TenantId, TierIo, TierKind,
 };
@@ -172,7 +172,7 @@ fn spill_engine(
     kind: TierKind,
     policy: SpillPolicy,
     mode: ChecksumMode,
-) -> (Arc<HostDeviceMemory>, SwapEngine, Arc<kvswap::testing::MemTierFaults>) {
+) -> (Arc<HostDeviceMemory>, SwapEngine, Arc<fastlane_kvswap::testing::MemTierFaults>) {
     let dev = device(64);
     let (tier, faults) = MemTier::new(kind, spill_blocks * BB);
     let tier: Box<dyn TierIo> = Box::new(tier);

@@ -1,5 +1,5 @@
 //! `fastlane kv bench-cluster`: batch put and batch get throughput of kvswap's Redis Cluster
-//! tier (`kvswap::cluster::ClusterTier`) against `redis-benchmark` on the same cluster, with
+//! tier (`fastlane_kvswap::cluster::ClusterTier`) against `redis-benchmark` on the same cluster, with
 //! values of the same size, interleaved round by round.
 //!
 //! Ours: passes over `--batches` pipelined batches of `--blocks` distinct blocks of
@@ -19,7 +19,7 @@
 //! its 250 ms progress tick, so short peer runs under-report it.
 //!
 //! Without `--kv-cluster` a private six-node cluster is started on loopback
-//! (`kvswap::testing::RedisCluster`) and each node's `maxmemory` raised so that the working
+//! (`fastlane_kvswap::testing::RedisCluster`) and each node's `maxmemory` raised so that the working
 //! set (`blocks × batches × block bytes`, and the peer's keys) fits without eviction; every
 //! get must hit, or the run fails (a miss means the cluster evicted blocks).
 
@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use fastlane_kvswap::cluster::{ClusterTier, ClusterTierConfig};
+use fastlane_kvswap::testing::RedisCluster;
+use fastlane_kvswap::{BlockKey, KvGeometry, ModelDigest};
 use fastlane_util::parse_size;
-use kvswap::cluster::{ClusterTier, ClusterTierConfig};
-use kvswap::testing::RedisCluster;
-use kvswap::{BlockKey, KvGeometry, ModelDigest};
 use serde::Serialize;
 
 /// Arguments of `fastlane kv bench-cluster`.
@@ -456,7 +456,7 @@ pub fn run(a: &BenchClusterArgs) -> Result<()> {
     {
         let v = serde_json::json!({
             "bench": "kv bench-cluster",
-            "cluster": if cluster.is_private() { "private (kvswap::testing::RedisCluster, 3 primaries + 3 replicas, loopback)".to_string() } else { cluster.flag() },
+            "cluster": if cluster.is_private() { "private (fastlane_kvswap::testing::RedisCluster, 3 primaries + 3 replicas, loopback)".to_string() } else { cluster.flag() },
             "block_bytes": a.block_bytes,
             "blocks_per_batch": a.blocks,
             "batches": a.batches,

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvswap::client::{HelloOptions, KvClient, KvClientError, Where};
-use kvswap::proto::{ErrorCode, Key, Request};
-use kvswap::server::{Server, ServerConfig};
-use kvswap::{EngineConfig, PrefixStore, PrefixStoreConfig, SlabDeviceMemory, SwapEngine};
+use fastlane_kvswap::client::{HelloOptions, KvClient, KvClientError, Where};
+use fastlane_kvswap::proto::{ErrorCode, Key, Request};
+use fastlane_kvswap::server::{Server, ServerConfig};
+use fastlane_kvswap::{EngineConfig, PrefixStore, PrefixStoreConfig, SlabDeviceMemory, SwapEngine};
 
 const BB: usize = 64 * 1024;
 
@@ -33,7 +33,7 @@ fn store_cfg(blocks: usize) -> PrefixStoreConfig {
     PrefixStoreConfig {
         host_bytes: blocks * BB,
         block_bytes: BB,
-        put_queue_max: kvswap::prefix::PUT_QUEUE_MAX,
+        put_queue_max: fastlane_kvswap::prefix::PUT_QUEUE_MAX,
         nvme: None,
     }
 }
@@ -188,7 +188,7 @@ fn hostile_frames_close_only_their_connection() {
     assert_eq!(server.counters().protocol_errors.load(Ordering::Relaxed), 4);
 }
 
-/// Replays the fuzz target's seed corpus (kvswap/fuzz/corpus/proto) through the same oracle.
+/// Replays the fuzz target's seed corpus (fastlane-kvswap/fuzz/corpus/proto) through the same oracle.
 #[test]
 fn fuzz_seed_corpus_replays() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/proto");
@@ -196,7 +196,7 @@ fn fuzz_seed_corpus_replays() {
     let mut frames = 0;
     for e in std::fs::read_dir(&dir).unwrap() {
         let data = std::fs::read(e.unwrap().path()).unwrap();
-        frames += kvswap::proto::check_frame_model(&data);
+        frames += fastlane_kvswap::proto::check_frame_model(&data);
         files += 1;
     }
     assert!(files >= 10, "seed corpus missing ({files} files)");
@@ -217,7 +217,7 @@ fn fuzz_seed_corpus_replays() {
                 let i = (x as usize) % d.len();
                 d[i] ^= (x >> 32) as u8;
             }
-            kvswap::proto::check_frame_model(&d);
+            fastlane_kvswap::proto::check_frame_model(&d);
         }
     }
 }
@@ -557,8 +557,10 @@ fn cas_blocks_evicted_from_host_are_served_from_the_nvme_tier() {
     let dir = tempfile::tempdir().unwrap();
     // Host memory for 2 blocks, an NVMe file for 8: the third put spills the oldest.
     let mut cfg = store_cfg(2);
-    cfg.nvme =
-        Some(kvswap::prefix::PrefixNvmeConfig::new(dir.path().join("cas.nvme"), 8 * BB as u64));
+    cfg.nvme = Some(fastlane_kvswap::prefix::PrefixNvmeConfig::new(
+        dir.path().join("cas.nvme"),
+        8 * BB as u64,
+    ));
     let store = Arc::new(PrefixStore::open(cfg).unwrap());
     let (path, stop, h) = start_full(dir.path(), "kv.sock", |_| {}, Some(store.clone()));
     let mut c = KvClient::connect(&path).unwrap();
@@ -755,8 +757,8 @@ fn hostile_cas_frames_close_only_their_connection() {
 #[cfg(feature = "cluster")]
 #[test]
 fn two_servers_share_blocks_through_the_cluster() {
-    use kvswap::cluster::{ClusterTier, ClusterTierConfig};
-    let cluster = kvswap::testing::RedisCluster::start().unwrap_or_else(|e| panic!("{e}"));
+    use fastlane_kvswap::cluster::{ClusterTier, ClusterTierConfig};
+    let cluster = fastlane_kvswap::testing::RedisCluster::start().unwrap_or_else(|e| panic!("{e}"));
     let store = || {
         let cfg = ClusterTierConfig {
             namespace: "kv-serve-test".into(),

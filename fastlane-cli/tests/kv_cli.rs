@@ -4,7 +4,7 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kvswap::client::KvClient;
+use fastlane_kvswap::client::KvClient;
 
 fn fastlane() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fastlane"))
@@ -162,8 +162,8 @@ fn serve_round_trip_then_sigterm() {
 /// message, the server logs it and keeps running until SIGTERM.
 #[test]
 fn serve_refuses_a_uid_off_the_allow_list() {
-    use kvswap::client::KvClientError;
-    use kvswap::proto::ErrorCode;
+    use fastlane_kvswap::client::KvClientError;
+    use fastlane_kvswap::proto::ErrorCode;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     let other = me.wrapping_add(4242);
@@ -241,8 +241,8 @@ fn stop(mut child: std::process::Child) -> String {
 
 #[test]
 fn two_kv_servers_share_blocks_through_a_redis_cluster() {
-    use kvswap::client::Where;
-    let cluster = kvswap::testing::RedisCluster::start().unwrap_or_else(|e| panic!("{e}"));
+    use fastlane_kvswap::client::Where;
+    let cluster = fastlane_kvswap::testing::RedisCluster::start().unwrap_or_else(|e| panic!("{e}"));
     let url = format!("redis://127.0.0.1:{},127.0.0.1:{}", cluster.port(0), cluster.port(1));
     let dir = tempfile::tempdir().unwrap();
     let (sa, sb) = (dir.path().join("a.sock"), dir.path().join("b.sock"));

@@ -21,7 +21,7 @@
 //!   same settings otherwise, interleaved; TTFT medians and their ratio.
 //!
 //! The cluster scenarios use the cluster `--kv-cluster` names, or start a private six-node one
-//! on loopback (`kvswap::testing::RedisCluster`, maxmemory raised to hold the run's blocks).
+//! on loopback (`fastlane_kvswap::testing::RedisCluster`, maxmemory raised to hold the run's blocks).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

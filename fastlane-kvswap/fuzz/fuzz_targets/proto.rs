@@ -5,5 +5,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    kvswap::proto::check_frame_model(data);
+    fastlane_kvswap::proto::check_frame_model(data);
 });

@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use fastlane_kvswap::{NvmeTierConfig, RemoteTierConfig};
 use fastlane_llm::{
     Engine, EngineConfig, FinishReason, Finished, GenRequest, Model, PreemptChoice, RandomPreset,
     RandomWeights, SamplingParams, StreamEvent,
 };
 use fastlane_sched::Policy;
-use kvswap::{NvmeTierConfig, RemoteTierConfig};
 
 /// Arguments of `fastlane llm`.
 #[derive(Debug, Args)]
@@ -318,7 +318,7 @@ impl EngineArgs {
             if bytes == 0 {
                 bail!("--prefix-cache-nvme-bytes must be more than 0");
             }
-            cfg.prefix.nvme = Some(kvswap::PrefixNvmeConfig::new(path.clone(), bytes));
+            cfg.prefix.nvme = Some(fastlane_kvswap::PrefixNvmeConfig::new(path.clone(), bytes));
         }
         if let Some(urls) = &self.kv_cluster {
             cfg.prefix.cluster = crate::cluster_urls::parse_cluster_urls(urls)?;

@@ -2,7 +2,7 @@
 //! serve` started with `--metrics 127.0.0.1:0`, driven by real clients (the kvswap client;
 //! `fastlane bench blk --verify`), scraped with curl; the counters must have moved by exactly
 //! what the clients did. `fastlane rdma serve` needs an RDMA device: its families are checked
-//! by the unit tests in tools/src/rdma.rs.
+//! by the unit tests in fastlane-cli/src/rdma.rs.
 
 mod common;
 
@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::http::curl;
-use kvswap::client::{KvClient, Where};
+use fastlane_kvswap::client::{KvClient, Where};
 
 /// A daemon started with `--metrics 127.0.0.1:0`: its stderr is collected, the metrics
 /// address read from its log line. SIGKILLed on drop if still running.
@@ -128,8 +128,8 @@ fn refuses_other_requests(d: &Daemon) {
     drop(slow);
 }
 
-fn key(i: u8) -> [u8; kvswap::proto::KEY_BYTES] {
-    [i; kvswap::proto::KEY_BYTES]
+fn key(i: u8) -> [u8; fastlane_kvswap::proto::KEY_BYTES] {
+    [i; fastlane_kvswap::proto::KEY_BYTES]
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! `--kv-cluster redis://HOST:PORT[,HOST:PORT...]`, as `fastlane llm` and `fastlane kv serve`
-//! both take it: the Redis Cluster nodes `kvswap::cluster::ClusterTier::connect` starts from.
+//! both take it: the Redis Cluster nodes `fastlane_kvswap::cluster::ClusterTier::connect` starts from.
 
 use anyhow::{bail, Context, Result};
 

@@ -6,12 +6,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use kvswap::cas::{prefix_keys, BlockKey, ModelDigest};
-use kvswap::cluster::{
+use fastlane_kvswap::cas::{prefix_keys, BlockKey, ModelDigest};
+use fastlane_kvswap::cluster::{
     encode_value, BlockGet, ClusterTier, ClusterTierConfig, ClusterTierError, MissReason,
 };
-use kvswap::testing::RedisCluster;
-use kvswap::KvGeometry;
+use fastlane_kvswap::testing::RedisCluster;
+use fastlane_kvswap::KvGeometry;
 
 const BLOCK: usize = 64 * 1024;
 /// Scheduling noise allowed over the configured timeout (two shared cores).

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use fastlane_kvswap::{BlockId, ChecksumMode, DeviceMemory, SeqId, SwapEngine};
 use fastlane_llm::kv::KvPool;
 use fastlane_llm::{BatchItem, Model, Scratch, TOKENS_PER_BLOCK};
-use kvswap::{BlockId, ChecksumMode, DeviceMemory, SeqId, SwapEngine};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -327,10 +327,10 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     // The swap engine over the same pool, for the overlap measurement.
     let dev: Arc<dyn DeviceMemory> = f.pool.memory().clone();
     let mut swap = SwapEngine::new(
-        kvswap::EngineConfig {
+        fastlane_kvswap::EngineConfig {
             host_bytes: (swap_blocks * f.pool.memory().block_bytes()) as u64,
             checksum: ChecksumMode::Fast,
-            ..kvswap::EngineConfig::default()
+            ..fastlane_kvswap::EngineConfig::default()
         },
         dev,
     )?;
