@@ -1,0 +1,147 @@
+//! What the engine sets up before its loop runs: the preemption cost model, the prefix store
+//! and its lookup thread, and the start-up calibration of prefill and swap costs.
+
+use super::*;
+
+pub(super) fn costs_for(
+    choice: PreemptChoice,
+    prefill_ns: f64,
+    swap_ns: f64,
+    block_bytes: usize,
+) -> PreemptCosts {
+    let kv_bytes_per_token = (block_bytes / TOKENS_PER_BLOCK) as u64;
+    let (prefill, swap) = match choice {
+        PreemptChoice::Auto => (prefill_ns, swap_ns),
+        // A recompute that costs "forever" / a swap that does.
+        PreemptChoice::Swap => (1e15, swap_ns),
+        PreemptChoice::Recompute => (0.0, 1e15),
+    };
+    PreemptCosts {
+        prefill_ns_per_token: prefill,
+        swap_ns_per_byte: swap,
+        swap_fixed_ns: 20_000,
+        kv_bytes_per_token,
+    }
+}
+
+/// The keys of the full blocks of `prompt` for `model`, as the prefix cache names them.
+pub fn prefix_keys(model: &Model, prompt: &[u32]) -> Vec<BlockKey> {
+    let geom = model.kv_geometry();
+    let digest = ModelDigest::new(&model.model_id(), &geom);
+    fastlane_kvswap::prefix_keys(&digest, prompt, geom.tokens_per_block)
+}
+
+/// The engine's block store: a host cache, the NVMe tier when one is configured (an error
+/// opening it fails the engine's start), and the cluster tier when one is configured and
+/// reachable (when it is not, a warning, and the local tiers alone).
+pub(super) fn prefix_store(
+    cfg: &EngineConfig,
+    geom: &fastlane_kvswap::KvGeometry,
+) -> Result<PrefixStore, LlmError> {
+    let pc = &cfg.prefix;
+    let scfg = fastlane_kvswap::PrefixStoreConfig {
+        host_bytes: pc.host_bytes,
+        block_bytes: crate::kv::block_bytes(geom),
+        put_queue_max: fastlane_kvswap::prefix::PUT_QUEUE_MAX,
+        nvme: pc.nvme.clone(),
+    };
+    let local = |scfg: fastlane_kvswap::PrefixStoreConfig| {
+        PrefixStore::open(scfg).map_err(|e| LlmError::PrefixCache { reason: e.to_string() })
+    };
+    if pc.cluster.is_empty() {
+        return local(scfg);
+    }
+    let t = pc.cluster_timeout.max(Duration::from_millis(4));
+    let ccfg = fastlane_kvswap::cluster::ClusterTierConfig {
+        namespace: pc.cluster_namespace.clone(),
+        timeout: t,
+        connect_timeout: t / 4,
+        response_timeout: t / 2,
+        ..fastlane_kvswap::cluster::ClusterTierConfig::default()
+    };
+    let tier = match fastlane_kvswap::cluster::ClusterTier::connect(&pc.cluster, ccfg) {
+        Ok(t) => t,
+        Err(e) => {
+            log::warn!(
+                "prefix cache: cluster {:?} unreachable ({e}); local tiers only",
+                pc.cluster
+            );
+            return local(scfg);
+        }
+    };
+    match PrefixStore::with_cluster(scfg.clone(), tier) {
+        Ok(s) => Ok(s),
+        Err(e) => {
+            // The NVMe tier failing again is the engine's error; else the cluster's writer
+            // thread was the trouble.
+            let s = local(scfg)?;
+            log::warn!("prefix cache: cluster not used ({e}); local tiers only");
+            Ok(s)
+        }
+    }
+}
+
+/// The lookup thread: a new request's full prompt blocks are keyed and the longest run of
+/// leading cached blocks found (never the block of the last prompt token: it is always
+/// computed, so its logits exist); every command goes on to the engine in order. With
+/// preemptible steps it counts the interactive submissions it forwards (`arrivals`).
+pub(super) fn lookup_loop(
+    rx: &Receiver<Command>,
+    tx: &Sender<Command>,
+    store: &PrefixStore,
+    digest: &ModelDigest,
+    seconds: &prometheus::Histogram,
+    arrivals: Option<&Arrivals>,
+) {
+    // Ends when the engine handle is gone or after forwarding a shutdown.
+    while let Ok(mut c) = rx.recv() {
+        let shutdown = matches!(c, Command::Shutdown);
+        let submitted = if let Command::Submit { req, .. } = &c { Some(req.tenant) } else { None };
+        if let Command::Submit { req, prefix, .. } = &mut c {
+            prefix.keys =
+                fastlane_kvswap::prefix_keys(digest, &req.prompt, TOKENS_PER_BLOCK as u32);
+            let usable =
+                (req.prompt.len().saturating_sub(1) / TOKENS_PER_BLOCK).min(prefix.keys.len());
+            if usable > 0 {
+                let t0 = Instant::now();
+                prefix.blocks = store.lookup(&prefix.keys[..usable]);
+                seconds.observe(t0.elapsed().as_secs_f64());
+            }
+        }
+        if tx.send(c).is_err() || shutdown {
+            return;
+        }
+        if let (Some(a), Some(tenant)) = (arrivals, submitted) {
+            a.sent(tenant);
+        }
+    }
+}
+
+/// One 64-token prefill (after a warm-up) into scratch blocks of the pool, timed.
+pub(super) fn measure_prefill_ns_per_token(
+    model: &Model,
+    pool: &KvPool,
+    s: &mut Scratch,
+) -> Result<f64, LlmError> {
+    let n = 64usize.min(model.max_positions());
+    let blocks: Vec<BlockId> =
+        (0..n.div_ceil(TOKENS_PER_BLOCK).min(pool.blocks() as usize) as u32).map(BlockId).collect();
+    let n = n.min(blocks.len() * TOKENS_PER_BLOCK);
+    let tokens: Vec<u32> = (0..n as u32).map(|i| i % model.vocab() as u32).collect();
+    let item = [BatchItem { tokens: &tokens, start_pos: 0, blocks: &blocks, want_logits: true }];
+    model.forward(&item, pool, s)?;
+    let t0 = Instant::now();
+    model.forward(&item, pool, s)?;
+    Ok(t0.elapsed().as_nanos() as f64 / n as f64)
+}
+
+/// The host tier's copy cost on this machine (kvswap's calibration, 8 blocks, 3 rounds).
+pub(super) fn measure_swap_ns_per_byte(block_bytes: usize) -> f64 {
+    match fastlane_sched::sim::calibrate_host_tier(block_bytes, 8, 3) {
+        Ok(c) => c.ns_per_byte(),
+        Err(e) => {
+            log::warn!("engine: host tier calibration failed ({e}); assuming 0.1 ns/byte");
+            0.1
+        }
+    }
+}
