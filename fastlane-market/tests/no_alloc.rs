@@ -2,42 +2,19 @@
 //! normalization over the second half of a feed, after the first half has created every
 //! locate's book, run under a counting allocator.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use fastlane_market::book::{BookConfig, OrderBooks};
 use fastlane_market::event::Event;
 use fastlane_market::filter::SymbolFilter;
 use fastlane_market::gen::{generate, GenConfig};
 use fastlane_market::itch::{stock_from_str, FeedReader};
-
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use fastlane_util::CountingAlloc;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 #[test]
 fn steady_state_decode_and_book_do_not_allocate() {
+    CountingAlloc::count_this_thread();
     let feed =
         generate(&GenConfig { messages: 100_000, symbols: 8, seed: 3, itchy_compatible: false });
     let mut books = OrderBooks::new(BookConfig { orders_max: 1 << 17, levels_reserved: 256 });
@@ -54,9 +31,10 @@ fn steady_state_decode_and_book_do_not_allocate() {
         }
     };
     run(&mut reader, 50_000);
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = CountingAlloc::allocations();
+    assert!(before > 0, "the counter sees this thread's allocations (the feed, the books)");
     run(&mut reader, 50_000);
-    let after = ALLOCS.load(Ordering::Relaxed);
+    let after = CountingAlloc::allocations();
     assert_eq!(reader.stats().messages, 100_000);
     assert_eq!(after - before, 0, "allocations on the per-message path");
     assert_ne!(sink, 0);

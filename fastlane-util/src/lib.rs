@@ -5,17 +5,20 @@
 //! - [`SplitMix64`], [`splitmix64`], [`mix64`]: the seedable generator behind test data,
 //!   synthetic latencies, the simulator and the disk verification pattern;
 //! - [`tsc`]: the x86 time-stamp counter as a cheap clock for benchmarks;
-//! - [`SeqId`], [`BlockId`]: the ids the swap tier and the scheduler share.
+//! - [`SeqId`], [`BlockId`]: the ids the swap tier and the scheduler share;
+//! - [`CountingAlloc`]: the global allocator of the "allocates nothing" tests.
 //!
 //! It holds no data path and depends on no other FastLane crate, so every crate can depend on
 //! it. It does not hold helpers that a maintained crate already provides (memory maps are
 //! `memmap2`, cache padding is `crossbeam-utils`, fd passing is `vmm-sys-util`).
 
+mod alloc_count;
 mod ids;
 mod rng;
 mod size;
 pub mod tsc;
 
+pub use alloc_count::CountingAlloc;
 pub use ids::{BlockId, SeqId};
 pub use rng::{mix64, splitmix64, SplitMix64};
 pub use size::{parse_size, ParseSizeError};
