@@ -4,14 +4,14 @@
 
 use std::os::unix::fs::FileTypeExt as _;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-fn fastlane(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fastlane")).args(args).output().expect("run fastlane")
-}
+mod common;
+
+use common::cli::fastlane;
 
 /// `fastlane serve` on `socket`; SIGTERM (then SIGKILL) when dropped.
 struct Serve(Child);

@@ -1,13 +1,11 @@
 //! End-to-end test of `fastlane bench nvme` on a RAM disk (`--backend mem:SIZE`, which needs
 //! neither VFIO nor a disk): the JSON of `--json` and the table without it.
 
-use std::process::{Command, Output};
-
 use serde_json::Value;
 
-fn fastlane(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fastlane")).args(args).output().expect("run fastlane")
-}
+mod common;
+
+use common::cli::fastlane;
 
 fn u(v: &Value, key: &str) -> u64 {
     v[key].as_u64().unwrap_or_else(|| panic!("{key} missing or not an integer in {v}"))

@@ -2,24 +2,13 @@
 //! `fastlane_hist::synth`, checked against the library's own reading of the same files.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use fastlane_hist::synth::{write_synthetic_hlog, Distribution, SyntheticStream};
 use fastlane_hist::{format_ns, read_hlog, Summary};
 
-fn fastlane(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fastlane")).args(args).output().expect("run fastlane")
-}
+mod common;
 
-fn stdout_of(args: &[&str]) -> String {
-    let out = fastlane(args);
-    assert!(
-        out.status.success(),
-        "fastlane {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
+use common::cli::{fastlane, ok as stdout_of};
 
 /// 100 000 samples: 98 % at `low_ns`, 2 % at `high_ns`, over 5 intervals.
 fn two_point(dir: &Path, name: &str, low_ns: u64, high_ns: u64) -> PathBuf {

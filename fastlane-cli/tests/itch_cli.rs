@@ -2,7 +2,6 @@
 //! the same generated feeds.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
 use fastlane_market::book::{BookConfig, OrderBooks};
 use fastlane_market::filter::SymbolFilter;
@@ -10,9 +9,9 @@ use fastlane_market::gen::{generate, GenConfig};
 use fastlane_market::itch::{price4_to_string, stock_from_str, FeedReader};
 use serde_json::Value;
 
-fn fastlane(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fastlane")).args(args).output().expect("run fastlane")
-}
+mod common;
+
+use common::cli::fastlane;
 
 fn json_of(args: &[&str]) -> Value {
     let out = fastlane(args);

@@ -2,9 +2,9 @@
 
 use std::process::Command;
 
-fn fastlane() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fastlane"))
-}
+mod common;
+
+use common::cli::command as fastlane;
 
 fn run_ok(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap();

@@ -1,14 +1,14 @@
 //! `fastlane kv serve|bench` end to end.
 
 use std::io::Read;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use fastlane_kvswap::client::KvClient;
 
-fn fastlane() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fastlane"))
-}
+mod common;
+
+use common::cli::command as fastlane;
 
 /// `fastlane kv bench` on 8 MiB, one round, two swap-in samples, its file and `swapin.hlog`
 /// in `dir`.

@@ -2,21 +2,10 @@
 //! fields, the `.hlog` (read back by `fastlane hist`) and the SVG.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-fn fastlane(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fastlane")).args(args).output().expect("run fastlane")
-}
+mod common;
 
-fn ok(args: &[&str]) -> String {
-    let out = fastlane(args);
-    assert!(
-        out.status.success(),
-        "fastlane {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
+use common::cli::{fastlane, ok};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()

@@ -2,21 +2,9 @@
 //! loads; `generate --json` on a pool small enough to preempt gives the same token ids as
 //! with an ample pool; bad models and flags are clear errors.
 
-use std::process::{Command, Output};
+mod common;
 
-fn fastlane(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fastlane")).args(args).output().expect("run fastlane")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = fastlane(args);
-    assert!(
-        out.status.success(),
-        "fastlane {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
+use common::cli::{fastlane, ok};
 
 fn json(args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&ok(args)).expect("--json prints one JSON object")

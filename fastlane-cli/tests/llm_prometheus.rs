@@ -1,34 +1,15 @@
 //! The dashboard is code: a real Prometheus (Debian's `prometheus`, on loopback, started and
 //! stopped here) scrapes a running `fastlane llm serve`, and every PromQL expression of
-//! `deploy/grafana/fastlane-llm.json` must return data. Skips, with a message, only when the
-//! `prometheus` binary is missing (`.ci/install-deps.sh` installs it).
+//! `deploy/grafana/fastlane-llm.json` must return data. A missing `prometheus` binary fails the
+//! test (`.ci/install-deps.sh` installs it).
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn curl(args: &[&str]) -> String {
-    let out = Command::new("curl")
-        .args(["-s", "--max-time", "30"])
-        .args(args)
-        .output()
-        .expect("curl runs");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::http::{curl, free_port, json_body, KillOnDrop, Server};
 
 fn exprs(dashboard: &serde_json::Value) -> Vec<String> {
     let mut out = Vec::new();
@@ -42,10 +23,10 @@ fn exprs(dashboard: &serde_json::Value) -> Vec<String> {
 
 #[test]
 fn every_dashboard_query_returns_data_from_a_real_scrape() {
-    if Command::new("prometheus").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: prometheus is not installed (run .ci/install-deps.sh)");
-        return;
-    }
+    assert!(
+        Command::new("prometheus").arg("--version").output().is_ok(),
+        "prometheus is not installed (run .ci/install-deps.sh)"
+    );
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
     let dashboard: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(root.join("deploy/grafana/fastlane-llm.json")).unwrap(),
@@ -62,17 +43,8 @@ fn every_dashboard_query_returns_data_from_a_real_scrape() {
          [[tenant]]\nname = \"flood\"\nkeys = [\"kf\"]\nrpm = 1\nburst = 1\nmax_concurrent = 1\ntier = \"batch\"\nqueue = 0\n",
     )
     .unwrap();
-    let mut server = Command::new(env!("CARGO_BIN_EXE_fastlane"))
-        .args(["llm", "serve", "--listen", "127.0.0.1:0", "--device-blocks", "64", "--tenants"])
-        .arg(&tenants)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let _server = Kill(server);
-    let url = line.trim().strip_prefix("listening on ").unwrap().to_string();
+    let server = Server::llm(&tenants, &["--device-blocks", "64"]);
+    let url = server.url.clone();
     let target = url.strip_prefix("http://").unwrap().to_string();
 
     let prom_port = free_port();
@@ -92,7 +64,7 @@ fn every_dashboard_query_returns_data_from_a_real_scrape() {
         .stderr(Stdio::null())
         .spawn()
         .expect("start prometheus");
-    let _prom = Kill(prom);
+    let _prom = KillOnDrop(prom);
     let api = format!("http://127.0.0.1:{prom_port}/api/v1/query");
 
     // Traffic while Prometheus scrapes: both tenants, a 429, streams.
@@ -117,8 +89,8 @@ fn every_dashboard_query_returns_data_from_a_real_scrape() {
     let mut missing: Vec<String> = queries.clone();
     while !missing.is_empty() && Instant::now() < deadline {
         missing.retain(|q| {
-            let out = curl(&["--data-urlencode", &format!("query={q}"), &api]);
-            let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+            let (status, out) = curl(&["--data-urlencode", &format!("query={q}"), &api]);
+            let v = if status == 200 { json_body(&out) } else { serde_json::Value::Null };
             !(v["status"] == "success"
                 && v["data"]["result"].as_array().is_some_and(|r| !r.is_empty()))
         });
@@ -128,7 +100,7 @@ fn every_dashboard_query_returns_data_from_a_real_scrape() {
     }
     assert!(missing.is_empty(), "dashboard queries without data after a real scrape: {missing:#?}");
     // And the scrape saw the rejected requests by outcome.
-    let out = curl(&[
+    let (_, out) = curl(&[
         "--data-urlencode",
         "query=fastlane_llm_requests_total{outcome=\"rejected_rate\"}",
         &api,

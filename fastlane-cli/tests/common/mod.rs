@@ -1,3 +1,4 @@
 //! Helpers shared by the integration tests (`mod common;` in each test file).
 
+pub mod cli;
 pub mod http;
