@@ -3,8 +3,8 @@
 # tiers (`llm serve --policy fifo`), and the floor a router cannot go below there.
 #
 # Starts `llm serve --model random:small --policy fifo` and the router in front of it, both with
-# RUST_LOG=trace (one log line per engine step and per request arrival at the engine; one per
-# dispatch and per first bytes at the router), then runs scenario (a) twice through the router:
+# RUST_LOG=trace --log-format json (one JSON event per engine step and per request arrival at
+# the engine; one per dispatch and per first bytes at the router), then runs scenario (a) twice through the router:
 # the quiet tenant alone (solo) and beside the flood. For every quiet request of the loaded run
 # it splits the router's TTFT into
 #   in flight  the rest of the upstream's step that was running when the request arrived there

@@ -18,8 +18,7 @@
 //!    (`LISTEN_FDS`) when QEMU connects; READY=1 arrives on the test's `NOTIFY_SOCKET`; a
 //!    fourth guest reads the ranges back.
 //!
-//! Skipped (with a `skipped:` line, not failed) only when `qemu-system-x86_64` is missing;
-//! `.ci/install-deps.sh` installs it. Every wait is bounded, and children are killed on any
+//! QEMU missing fails the test (`.ci/install-deps.sh` installs it). Every wait is bounded, and children are killed on any
 //! failure (drop guards). `FASTLANE_VM_BLK_BACKEND=qsd` runs the same guests against
 //! qemu-storage-daemon instead, to tell a guest-script problem from a `serve` problem (the
 //! checks specific to `fastlane serve` are then skipped).
@@ -32,32 +31,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use fastlane_guest_tests::Guest;
+
 /// Size of the exported disk.
 const DISK_BYTES: u64 = 64 << 20;
 /// Bound on one guest run (boot, script, power-off); run-guest.sh kills QEMU after it.
-const GUEST_TIMEOUT_S: u32 = 90;
+const GUEST_TIMEOUT_S: u64 = 90;
 /// Bound on the daemon creating its socket.
 const SOCKET_WAIT: Duration = Duration::from_secs(20);
 /// Bound on the daemon exiting after SIGTERM.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 /// Guest memory; the memfd backend must have the same size.
 const GUEST_MEM: &str = "512M";
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("fastlane-cli/ has a parent")
-        .to_path_buf()
-}
-
-fn have_qemu() -> bool {
-    Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
 
 /// Which vhost-user-blk backend the guests talk to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -291,24 +276,14 @@ impl GuestRun {
 
 /// Boot a guest running `tests/vm/guest-blk.sh` in `phase` against the socket.
 fn run_guest(phase: &str, smp: u32, num_queues: u32, socket: &Path) -> GuestRun {
-    let root = repo_root();
     let t0 = Instant::now();
-    let out = Command::new(root.join("tests/vm/run-guest.sh"))
-        .arg("--script")
-        .arg(root.join("tests/vm/guest-blk.sh"))
-        .args(["--modules", "virtio_pci virtio_blk"])
-        .args(["--smp", &smp.to_string()])
-        .args(["--mem", GUEST_MEM])
-        .args(["--timeout", &GUEST_TIMEOUT_S.to_string()])
-        .args(["--append", &format!("fl_blk_phase={phase}")])
-        .arg("--")
-        .args(["-object", &format!("memory-backend-memfd,id=mem,size={GUEST_MEM},share=on")])
-        .args(["-machine", "memory-backend=mem"])
-        .args(["-chardev", &format!("socket,id=c0,path={}", socket.display())])
-        .args(["-device", &format!("vhost-user-blk-pci,chardev=c0,num-queues={num_queues}")])
-        .stdin(Stdio::null())
-        .output()
-        .expect("run tests/vm/run-guest.sh");
+    let out = Guest::new(env!("CARGO_MANIFEST_DIR"), "tests/vm/guest-blk.sh")
+        .smp(smp)
+        .mem(GUEST_MEM)
+        .timeout_s(GUEST_TIMEOUT_S)
+        .append(&format!("fl_blk_phase={phase}"))
+        .vhost_user_blk(socket, num_queues, false)
+        .output();
     let run = GuestRun {
         label: phase.to_string(),
         status: out.status.code(),
@@ -436,13 +411,7 @@ fn daemon_totals(log: &str) -> Option<(u64, u64)> {
 
 #[test]
 fn vhost_user_blk_serve_with_a_real_guest() {
-    if !have_qemu() {
-        eprintln!(
-            "skipped: qemu-system-x86_64 is not installed (.ci/install-deps.sh installs it); \
-             the vhost-user-blk guest test did not run"
-        );
-        return;
-    }
+    fastlane_guest_tests::guest::require_qemu();
     let backend = match std::env::var("FASTLANE_VM_BLK_BACKEND").as_deref() {
         Ok("qsd") => Backend::Qsd,
         _ => Backend::Fastlane,

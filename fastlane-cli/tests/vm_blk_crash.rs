@@ -20,19 +20,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use fastlane_guest_tests::Guest;
+
 /// Disk size: two fio jobs of 24 MiB each.
 const DISK_BYTES: u64 = 48 << 20;
 const GUEST_MEM: &str = "512M";
 const KILLS_DEFAULT: u32 = 20;
 /// How long a restarted backend may take to be reattached by QEMU (it retries every second).
 const REATTACH_WAIT: Duration = Duration::from_secs(20);
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("fastlane-cli/ has a parent")
-        .to_path_buf()
-}
 
 fn have(cmd: &str, arg: &str) -> bool {
     Command::new(cmd).arg(arg).output().is_ok_and(|o| o.status.success())
@@ -189,21 +184,14 @@ fn backend_sigkilled_under_fio_verify_loses_no_request() {
     // Time for the kills (each: up to 1.5 s of I/O, the reattach, about a second) and 10 s
     // after the last one.
     let fio_seconds = u64::from(kills) * 5 / 2 + 10;
-    let root = repo_root();
-    let mut guest = Command::new(root.join("tests/vm/run-guest.sh"))
-        .arg("--script")
-        .arg(root.join("tests/vm/guest-blk-fio.sh"))
-        .args(["--bin", "/usr/bin/fio"])
-        .args(["--modules", "virtio_pci virtio_blk"])
-        .args(["--smp", "2", "--mem", GUEST_MEM])
-        .args(["--timeout", &(fio_seconds + 150).to_string()])
-        .args(["--append", &format!("fl_fio_seconds={fio_seconds}")])
-        .arg("--")
-        .args(["-object", &format!("memory-backend-memfd,id=mem,size={GUEST_MEM},share=on")])
-        .args(["-machine", "memory-backend=mem"])
-        .args(["-chardev", &format!("socket,id=c0,path={},reconnect=1", socket.display())])
-        .args(["-device", "vhost-user-blk-pci,chardev=c0,num-queues=2"])
-        .stdin(Stdio::null())
+    let mut guest = Guest::new(env!("CARGO_MANIFEST_DIR"), "tests/vm/guest-blk-fio.sh")
+        .bin("/usr/bin/fio")
+        .smp(2)
+        .mem(GUEST_MEM)
+        .timeout_s(fio_seconds + 150)
+        .append(&format!("fl_fio_seconds={fio_seconds}"))
+        .vhost_user_blk(&socket, 2, true)
+        .command()
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

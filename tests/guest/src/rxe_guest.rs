@@ -2,12 +2,13 @@
 //! tests/vm/run-guest.sh, bring up `rxe0` on `dummy0`, run a guest script that prints
 //! `CHECK <name> ok|FAIL …` lines, and assert that every expected check passed.
 //!
-//! A test skips, with a message, only when QEMU is not installed; the RDMA userspace pieces are
-//! required (`.ci/install-deps.sh` installs both).
+//! QEMU and the RDMA userspace pieces are required (`.ci/install-deps.sh` installs both).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
+
+pub use crate::guest::workspace_root;
+use crate::guest::Guest;
 
 /// The rxe provider library, copied into the guest.
 pub const RXE_PROVIDER: &str = "/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so";
@@ -16,25 +17,6 @@ pub const RXE_DRIVER: &str = "/etc/libibverbs.d/rxe.driver";
 /// Kernel modules soft-RoCE needs in the guest, in load order.
 pub const RXE_MODULES: &str =
     "crc32_generic ib_core ib_uverbs udp_tunnel ip6_udp_tunnel rdma_rxe dummy";
-
-/// The workspace root: the nearest directory above `manifest_dir` (canonical, so a symlinked
-/// checkout still finds tests/vm) that holds `tests/vm/run-guest.sh`.
-pub fn workspace_root(manifest_dir: &str) -> PathBuf {
-    let dir = Path::new(manifest_dir);
-    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    dir.ancestors()
-        .find(|d| d.join("tests/vm/run-guest.sh").is_file())
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| panic!("no tests/vm/run-guest.sh above {}", dir.display()))
-}
-
-fn have(cmd: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {cmd} >/dev/null 2>&1")])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
 
 /// One guest run.
 #[derive(Debug)]
@@ -55,13 +37,8 @@ pub struct RxeGuest<'a> {
 
 impl RxeGuest<'_> {
     /// Boots the guest, runs the script and asserts: the guest exited 0, no check failed, no
-    /// `ERROR` line, and every expected check passed. Returns without running (and says so) when
-    /// QEMU is not installed.
+    /// `ERROR` line, and every expected check passed. Panics when QEMU is not installed.
     pub fn run_and_check(&self) {
-        if !have("qemu-system-x86_64") {
-            eprintln!("SKIPPED: qemu-system-x86_64 is not installed (run .ci/install-deps.sh)");
-            return;
-        }
         for f in [RXE_PROVIDER, RXE_DRIVER, "/usr/bin/rdma"] {
             assert!(
                 Path::new(f).exists(),
@@ -69,15 +46,22 @@ impl RxeGuest<'_> {
             );
         }
         let t = Instant::now();
-        let mut cmd = Command::new(self.root.join("tests/vm/run-guest.sh"));
-        cmd.arg("--script").arg(&self.script);
+        let script = self.script.strip_prefix(&self.root).unwrap_or(&self.script);
+        let mut guest = Guest::new(
+            self.root.to_str().expect("utf-8 root"),
+            script.to_str().expect("utf-8 path"),
+        );
         for b in self.bins {
-            cmd.args(["--bin", b]);
+            guest = guest.bin(b);
         }
-        cmd.args(["--bin", "/usr/bin/rdma", "--lib", RXE_PROVIDER]);
-        cmd.args(["--file", &format!("{RXE_DRIVER}:{RXE_DRIVER}")]);
-        cmd.args(["--modules", RXE_MODULES, "--smp", "2"]);
-        cmd.args(["--timeout", &self.timeout_s.to_string()]);
+        guest = guest
+            .bin("/usr/bin/rdma")
+            .lib(RXE_PROVIDER)
+            .file(RXE_DRIVER, RXE_DRIVER)
+            .modules(RXE_MODULES)
+            .smp(2)
+            .timeout_s(u64::from(self.timeout_s));
+        let mut cmd = guest.command();
         cmd.args(self.extra);
         let out = cmd.output().expect("run tests/vm/run-guest.sh");
         let stdout = String::from_utf8_lossy(&out.stdout);

@@ -12,11 +12,12 @@
 //! The `fastlane` binary is taken from next to `vfio_guest` (the same target directory and
 //! profile; `cargo test --workspace` builds it) or from `$FASTLANE_BIN`.
 //!
-//! Skipped (with a message) only when `qemu-system-x86_64` is not installed.
+//! QEMU missing fails the test (`.ci/install-deps.sh` installs it).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
+
+use fastlane_guest_tests::Guest;
 
 #[path = "../src/bin/vfio_guest/pattern.rs"]
 mod pattern;
@@ -24,17 +25,9 @@ mod pattern;
 const DISK_BYTES: u64 = 128 << 20;
 const VFIO_MODULES: &str = "vfio vfio_iommu_type1 vfio_virqfd irqbypass vfio-pci-core vfio-pci";
 
-fn have_qemu() -> bool {
-    Command::new("qemu-system-x86_64").arg("--version").output().is_ok_and(|o| o.status.success())
-}
-
 #[test]
 fn vfio_driver_in_guest() {
-    if !have_qemu() {
-        eprintln!("SKIPPED vfio_driver_in_guest: qemu-system-x86_64 is not installed");
-        return;
-    }
-    let root = &fastlane_guest_tests::rxe_guest::workspace_root(env!("CARGO_MANIFEST_DIR"));
+    let guest = Guest::new(env!("CARGO_MANIFEST_DIR"), "tests/vm/guest-vfio.sh");
     let fastlane = std::env::var_os("FASTLANE_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_BIN_EXE_vfio_guest")).with_file_name("fastlane"));
@@ -51,19 +44,17 @@ fn vfio_driver_in_guest() {
         disk.path().display()
     );
     let start = Instant::now();
-    let out = Command::new(root.join("tests/vm/run-guest.sh"))
-        .args(["--script", root.join("tests/vm/guest-vfio.sh").to_str().unwrap()])
-        .args(["--bin", env!("CARGO_BIN_EXE_vfio_guest")])
-        .arg("--bin")
-        .arg(&fastlane)
-        .args(["--modules", VFIO_MODULES])
-        .args(["--append", "intel_iommu=on fl_vfio_mode=check"])
-        .args(["--smp", "2", "--timeout", "150"])
-        .args(["--", "-machine", "q35,kernel-irqchip=split"])
-        .args(["-device", "intel-iommu,intremap=on,caching-mode=on"])
-        .args(["-drive", &drive, "-device", "nvme,serial=fl0vfio,drive=nv0"])
-        .output()
-        .expect("run tests/vm/run-guest.sh");
+    let out = guest
+        .bin(env!("CARGO_BIN_EXE_vfio_guest"))
+        .bin(&fastlane)
+        .modules(VFIO_MODULES)
+        .append("intel_iommu=on fl_vfio_mode=check")
+        .smp(2)
+        .timeout_s(150)
+        .qemu(["-machine", "q35,kernel-irqchip=split"])
+        .qemu(["-device", "intel-iommu,intremap=on,caching-mode=on"])
+        .qemu(["-drive", &drive, "-device", "nvme,serial=fl0vfio,drive=nv0"])
+        .output();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let results: Vec<&str> =
