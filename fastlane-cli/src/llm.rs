@@ -34,7 +34,7 @@ enum LlmCmd {
     /// Write a seeded random model as a Hugging Face directory (config.json + safetensors).
     MakeRandom(MakeRandomArgs),
     /// Measure decode, prefill, batching and swap overlap against floors of the same run.
-    Bench(Box<crate::llm_bench::BenchArgs>),
+    Bench(Box<fastlane_bench::llm_bench::BenchArgs>),
     /// Serve the engine over HTTP: the OpenAI API (/v1/completions, /v1/chat/completions,
     /// /v1/models), /health and /metrics, tenants from --tenants.
     Serve(Box<ServeArgs>),
@@ -321,7 +321,7 @@ impl EngineArgs {
             cfg.prefix.nvme = Some(fastlane_kvswap::PrefixNvmeConfig::new(path.clone(), bytes));
         }
         if let Some(urls) = &self.kv_cluster {
-            cfg.prefix.cluster = crate::cluster_urls::parse_cluster_urls(urls)?;
+            cfg.prefix.cluster = fastlane_bench::cluster_urls::parse_cluster_urls(urls)?;
             if !cfg.prefix.enabled {
                 bail!("--kv-cluster needs --prefix-cache on");
             }
@@ -462,7 +462,7 @@ pub fn run(args: &LlmArgs) -> Result<()> {
     match &args.cmd {
         LlmCmd::Generate(a) => generate(a),
         LlmCmd::MakeRandom(a) => make_random(a),
-        LlmCmd::Bench(a) => crate::llm_bench::run(a),
+        LlmCmd::Bench(a) => fastlane_bench::llm_bench::run(a),
         LlmCmd::Serve(a) => serve(a),
     }
 }

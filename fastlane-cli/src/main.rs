@@ -7,22 +7,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-mod bench;
-mod bench_blk;
-mod bench_nvme;
-mod cluster_urls;
 mod hist;
 mod itch;
 mod journal;
 mod kv;
-mod kv_cluster_bench;
-mod kv_sim;
 mod llm;
-mod llm_bench;
-mod llm_load;
-mod llm_sched;
 mod logging;
-mod mem;
 mod rdma;
 mod router;
 mod serve;
@@ -48,7 +38,7 @@ struct LogArgs {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Measure FastLane's paths against their floor or peer, in one run.
-    Bench(bench::BenchArgs),
+    Bench(fastlane_bench::suite::BenchArgs),
     /// Latency percentiles, comparisons and plots from HdrHistogram interval logs (.hlog).
     Hist(hist::HistArgs),
     /// ITCH 5.0 feeds: generate a deterministic one, or replay one into order books.
@@ -109,7 +99,7 @@ fn main() -> ExitCode {
 
 fn dispatch(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Bench(args) => bench::run(&args),
+        Command::Bench(args) => fastlane_bench::suite::run(&args),
         Command::Hist(args) => hist::run(&args),
         Command::Itch(args) => itch::run(&args),
         Command::Journal(args) => journal::run(&args),

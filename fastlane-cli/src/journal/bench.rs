@@ -28,19 +28,7 @@ pub(super) fn pin(core: Option<usize>) {
     }
 }
 
-/// Lets the calling thread run on every CPU again (a thread inherits its creator's mask).
-pub(super) fn unpin() {
-    // SAFETY: `cpu_set_t` is a plain bit array; all zeroes is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for cpu in 0..libc::CPU_SETSIZE as usize {
-        // SAFETY: `cpu < CPU_SETSIZE`, so the bit lies inside `set`.
-        unsafe { libc::CPU_SET(cpu, &mut set) };
-    }
-    // Best effort: CPUs that do not exist are ignored by the kernel.
-    // SAFETY: sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of `set`, which lives on
-    // our stack across the call, and touches nothing else.
-    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-}
+pub(super) use fastlane_bench::pin::unpin;
 
 pub(super) fn fresh_journal(a: &BenchArgs, wait: WaitStrategy, size: u64) -> Result<Journal> {
     let _ = std::fs::remove_file(&a.file);

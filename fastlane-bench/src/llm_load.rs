@@ -401,7 +401,7 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let (res, held) = rt.block_on(run(o, addr, loads))?;
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string();
+    let load = crate::load::loadavg();
     let what = format!(
         "scenario a over HTTP ({}), {} s, {} arrivals, quiet at {}/s{}{}",
         o.url,

@@ -259,12 +259,7 @@ pub fn run(args: &BlkArgs) -> Result<()> {
     anyhow::ensure!(!args.qd.is_empty(), "--qd needs at least one queue depth");
     anyhow::ensure!(!args.pattern.is_empty(), "--pattern needs at least one pattern");
     if let Some(core) = args.pin_core {
-        let ids = core_affinity::get_core_ids().unwrap_or_default();
-        let id = ids.iter().find(|c| c.id == core).copied();
-        let id = id.with_context(|| {
-            format!("--pin-core {core}: not a CPU this process may run on ({} CPUs)", ids.len())
-        })?;
-        anyhow::ensure!(core_affinity::set_for_current(id), "pinning to CPU {core} failed");
+        crate::pin::pin_to(core, "--pin-core")?;
     }
     let clock = Clock::new(args.clock)?;
     let qd_max = *args.qd.iter().max().unwrap_or(&1);

@@ -130,12 +130,6 @@ impl BenchCluster {
     }
 }
 
-/// `/proc/loadavg`'s first three fields.
-pub(crate) fn loadavg() -> String {
-    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    text.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-}
-
 /// Primaries serving slots in `CLUSTER NODES` output.
 fn count_primaries(nodes: &str) -> usize {
     nodes
@@ -242,15 +236,6 @@ struct OpResult {
     met: bool,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 /// A payload of `len` bytes from a seed (xorshift: not compressible, distinct per block).
 fn payload(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -322,7 +307,7 @@ pub fn run(a: &BenchClusterArgs) -> Result<()> {
         (0..values as u32).map(|i| BlockKey::chain(&digest, None, &[i])).collect();
     let payloads: Vec<Vec<u8>> = (0..a.blocks).map(|i| payload(block, i as u64 + 1)).collect();
     let mut outs: Vec<Vec<u8>> = (0..a.blocks).map(|_| vec![0u8; block]).collect();
-    let load_before = loadavg();
+    let load_before = crate::load::loadavg();
     // `passes` passes of put over every batch, then as many of get: values per second.
     let ours = |outs: &mut Vec<Vec<u8>>, passes: usize| -> Result<(f64, f64)> {
         let t0 = Instant::now();
@@ -417,11 +402,11 @@ pub fn run(a: &BenchClusterArgs) -> Result<()> {
             round.ours_get_per_s,
             round.peer_get_per_s,
             round.ours_get_per_s / round.peer_get_per_s,
-            loadavg()
+            crate::load::loadavg()
         );
         rounds.push(round);
     }
-    let load_after = loadavg();
+    let load_after = crate::load::loadavg();
     let stats = tier.stats();
     drop(tier);
     if !cluster.is_private() {
@@ -432,9 +417,9 @@ pub fn run(a: &BenchClusterArgs) -> Result<()> {
     let gb = a.block_bytes as f64 / 1e9;
     let op = |op, peer_op, ours: &dyn Fn(&Round) -> f64, theirs: &dyn Fn(&Round) -> f64| {
         let ratios: Vec<f64> = rounds.iter().map(|r| ours(r) / theirs(r)).collect();
-        let o = median(rounds.iter().map(ours).collect());
-        let p = median(rounds.iter().map(theirs).collect());
-        let ratio = median(ratios.clone());
+        let o = crate::stats::median(rounds.iter().map(ours).collect());
+        let p = crate::stats::median(rounds.iter().map(theirs).collect());
+        let ratio = crate::stats::median(ratios.clone());
         OpResult {
             op,
             peer_op,

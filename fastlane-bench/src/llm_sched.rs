@@ -362,15 +362,6 @@ fn flush(e: &Engine, what: &str) -> Result<()> {
     Ok(())
 }
 
-fn median_of(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 /// A cluster key namespace no earlier run used (a shared cluster may hold old blocks).
 fn fresh_namespace(what: &str) -> String {
     let nanos = std::time::SystemTime::now()
@@ -510,8 +501,8 @@ pub(crate) fn scenario_prefix_cluster(
     reader.shutdown()?;
     let bytes_in: u64 = from_cluster.iter().map(|c| c.bytes_in).sum();
     let lookup_s: f64 = from_cluster.iter().map(|c| c.lookup_s).sum();
-    let c_ms = median_of(from_cluster.iter().map(|c| c.ttft_ms).collect());
-    let n_ms = median_of(computed.iter().map(|c| c.ttft_ms).collect());
+    let c_ms = crate::stats::median(from_cluster.iter().map(|c| c.ttft_ms).collect());
+    let n_ms = crate::stats::median(computed.iter().map(|c| c.ttft_ms).collect());
     Ok(PrefixClusterRun {
         shared_tokens: shared,
         suffix_tokens: suffix,
@@ -522,18 +513,18 @@ pub(crate) fn scenario_prefix_cluster(
         cluster_ttft_ms: c_ms,
         computed_ttft_ms: n_ms,
         ratio: c_ms / n_ms,
-        cluster_prefill_tokens: median_of(
+        cluster_prefill_tokens: crate::stats::median(
             from_cluster.iter().map(|c| c.prefill_tokens as f64).collect(),
         ) as u64,
-        computed_prefill_tokens: median_of(
+        computed_prefill_tokens: crate::stats::median(
             computed.iter().map(|c| c.prefill_tokens as f64).collect(),
         ) as u64,
         cluster_blocks_min: from_cluster.iter().map(|c| c.cluster_hits).min().unwrap_or(0),
-        lookup_ms: median_of(from_cluster.iter().map(|c| c.lookup_s * 1e3).collect()),
+        lookup_ms: crate::stats::median(from_cluster.iter().map(|c| c.lookup_s * 1e3).collect()),
         tier_bytes_in: bytes_in,
         tier_lookup_seconds: lookup_s,
         tier_bytes_per_s: bytes_in as f64 / lookup_s,
-        writer_ttft_ms: median_of(wrote),
+        writer_ttft_ms: crate::stats::median(wrote),
     })
 }
 
@@ -618,7 +609,7 @@ pub(crate) fn scenario_prefix_miss(
     let s = on.prefix_stats().unwrap_or_default();
     on.shutdown()?;
     off.shutdown()?;
-    let (a, b) = (median_of(on_ms), median_of(off_ms));
+    let (a, b) = (crate::stats::median(on_ms), crate::stats::median(off_ms));
     Ok(PrefixMissRun {
         shared_tokens: shared,
         suffix_tokens: suffix,
@@ -626,8 +617,8 @@ pub(crate) fn scenario_prefix_miss(
         on_ttft_ms: a,
         off_ttft_ms: b,
         ratio: a / b,
-        ratio_median_of_rounds: median_of(ratios),
-        lookup_ms: median_of(lookups),
+        ratio_median_of_rounds: crate::stats::median(ratios),
+        lookup_ms: crate::stats::median(lookups),
         hits: (s.host_hits + s.cluster_hits) - (warm.host_hits + warm.cluster_hits),
         cluster_puts: s.cluster_puts - warm.cluster_puts,
     })
@@ -653,7 +644,7 @@ pub(crate) fn run(
     opts: &ScenarioOpts,
 ) -> Result<serde_json::Value> {
     let (seconds, json) = (opts.seconds, opts.json);
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string();
+    let load = crate::load::loadavg();
     match scenario {
         "d" => {
             let long = 2048.min(model.max_positions() - 8);
@@ -766,7 +757,7 @@ pub(crate) fn run(
             // Blocks the run stores: two prompts per round and the warm-ups, each at most
             // (shared + suffix) / 16 blocks; an upper bound for each node of a private cluster.
             let blocks = (2 * rounds as u64 + 4) * (shared + suffix).div_ceil(16) as u64;
-            let cluster = crate::kv_cluster_bench::BenchCluster::open(
+            let cluster = crate::kv_cluster::BenchCluster::open(
                 opts.kv_cluster.as_deref(),
                 blocks * (bb + 128) + (64 << 20),
             )?;
@@ -780,7 +771,7 @@ pub(crate) fn run(
                 let r = scenario_prefix_cluster(model, &cluster.urls, shared, suffix, rounds)?;
                 let v = serde_json::json!({
                     "scenario": "prefix-cluster", "model": model.name(), "load": load,
-                    "load_after": crate::kv_cluster_bench::loadavg(), "cluster": where_, "result": &r,
+                    "load_after": crate::load::loadavg(), "cluster": where_, "result": &r,
                 });
                 if !json {
                     println!("scenario prefix-cluster on the CPU engine ({}), load {load}: TTFT with a {shared}-token prefix from the cluster tier ({where_}) vs computed, {suffix}-token suffixes, {rounds} rounds", model.name());
@@ -823,7 +814,7 @@ pub(crate) fn run(
                 let r = scenario_prefix_miss(model, &cluster.urls, shared, suffix, rounds)?;
                 let v = serde_json::json!({
                     "scenario": "prefix-miss", "model": model.name(), "load": load,
-                    "load_after": crate::kv_cluster_bench::loadavg(), "cluster": where_, "result": &r,
+                    "load_after": crate::load::loadavg(), "cluster": where_, "result": &r,
                 });
                 if !json {
                     println!("scenario prefix-miss on the CPU engine ({}), load {load}: TTFT of {shared}+{suffix}-token prompts whose prefix is on no tier, {rounds} rounds interleaved", model.name());

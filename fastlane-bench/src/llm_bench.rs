@@ -130,19 +130,6 @@ struct Report {
     rows: Vec<Row>,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 /// Read bandwidth: best of three parallel sums over 1 GiB (bytes/s). Integer adds, so the
 /// sum vectorises and the loop is bound by memory, not by an add chain.
 fn read_bandwidth() -> f64 {
@@ -362,11 +349,11 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             over.push(during / base);
         }
     }
-    let d1 = median(dec1);
-    let d16 = median(dec16);
-    let pre_tps = a.prefill_tokens as f64 / median(pre);
-    let peer_tps = a.prefill_tokens as f64 / median(peer);
-    let ov = median(over);
+    let d1 = crate::stats::median(dec1);
+    let d16 = crate::stats::median(dec16);
+    let pre_tps = a.prefill_tokens as f64 / crate::stats::median(pre);
+    let peer_tps = a.prefill_tokens as f64 / crate::stats::median(peer);
+    let ov = crate::stats::median(over);
     let rows = vec![
         Row {
             name: "decode batch 1: ms/token vs weight-streaming floor",
@@ -412,9 +399,9 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         kernels: fastlane_llm::kernels::isa().to_string(),
         threads,
         read_bandwidth_gbs: bw / 1e9,
-        swap_out_2048_tokens_ms: median(swap_s) * 1e3,
+        swap_out_2048_tokens_ms: crate::stats::median(swap_s) * 1e3,
         batch16_step_ms: d16 * 1e3,
-        loadavg: std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string(),
+        loadavg: crate::load::loadavg(),
         rows,
     };
     emit(a, &serde_json::to_value(&report)?)?;

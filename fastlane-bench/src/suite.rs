@@ -36,10 +36,10 @@ enum BenchWhat {
     Ring(RingArgs),
     /// A vhost-user-blk backend on a Unix socket (ours or qemu-storage-daemon's): QD1
     /// latency and QD32 IOPS of 4 KiB random reads and writes, busy-polled.
-    Blk(crate::bench_blk::BlkArgs),
+    Blk(crate::blk::BlkArgs),
     /// An NVMe block backend through the block seam: the userspace VFIO driver
     /// (`nvme:BDF`) or the kernel's (`file:/dev/nvme0n1 --direct`); QD1 latency and QD32 IOPS.
-    Nvme(crate::bench_nvme::NvmeArgs),
+    Nvme(crate::nvme::NvmeArgs),
 }
 
 /// Arguments of `fastlane bench ring`.
@@ -75,8 +75,8 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
 pub fn run(args: &BenchArgs) -> Result<()> {
     match &args.what {
         BenchWhat::Ring(a) => ring(a),
-        BenchWhat::Nvme(a) => crate::bench_nvme::run(a),
-        BenchWhat::Blk(a) => crate::bench_blk::run(a),
+        BenchWhat::Nvme(a) => crate::nvme::run(a),
+        BenchWhat::Blk(a) => crate::blk::run(a),
     }
 }
 
