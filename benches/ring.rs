@@ -67,6 +67,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
+use fastlane::bench::stats::median;
 
 const CAPACITY: usize = 4096;
 /// Every peer here spins (none of them can put a waiter to sleep), so fastlane's channels are
@@ -713,16 +714,6 @@ fn criterion_groups(c: &mut Criterion) {
     }
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    }
-}
-
 /// `RING_BENCH_INTERLEAVED=R`: every peer once per round, R rounds, ratios per round.
 fn interleaved(rounds: usize, filter: Option<&str>) {
     let mut json = Vec::new();
@@ -778,14 +769,14 @@ fn interleaved(rounds: usize, filter: Option<&str>) {
             if grp.throughput { "median ratio (thr.)" } else { "median ratio (time)" }
         );
         for (i, (peer, _)) in grp.cases.iter().enumerate() {
-            let mut ratios: Vec<f64> = times[i]
+            let ratios: Vec<f64> = times[i]
                 .iter()
                 .zip(&times[reference])
                 .map(|(t, r)| if grp.throughput { r / t } else { t / r })
                 .collect();
-            let ratio = median(&mut ratios);
+            let ratio = median(ratios);
             let best = times[i].iter().copied().fold(f64::INFINITY, f64::min);
-            let med = median(&mut times[i].clone());
+            let med = median(times[i].clone());
             println!("{peer:<18} {best:>14.3} {med:>14.3} {ratio:>21.3}x");
             json.push(format!(
                 "{{\"group\":\"{}\",\"peer\":\"{peer}\",\"reference\":\"{}\",\"rounds\":{rounds},\
