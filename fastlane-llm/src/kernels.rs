@@ -7,7 +7,8 @@
 //! "Preemption is invisible"). BLAS-style GEMMs pick their reduction order by the shape of
 //! the whole batch (split-K, different micro-kernels for the edge rows, a GEMV path for one
 //! row), so a row's result changes in the last bits with the batch size; candle 0.11 on this
-//! CPU differs in 93–95 % of outputs (`shared/FACTS.md`). Here every output element of a
+//! CPU differed in 93–95 % of outputs (measured before this engine was written; no script in
+//! the repository reproduces it, docs/llm.md "Why our own kernels"). Here every output element of a
 //! matrix multiply is accumulated by **one fused multiply-add per k, in ascending k**, in
 //! every code path: the AVX-512 micro-kernel (8 rows × 32 columns), its edge variants for
 //! fewer rows, and the scalar fallback (`f32::mul_add`, which rounds exactly as `vfmadd`).
