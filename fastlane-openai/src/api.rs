@@ -7,9 +7,9 @@ use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::json;
 
 use crate::metrics::Metrics;
+use crate::protocol::{ErrorBody, ErrorDetail};
 use crate::tenants::Tenants;
 
 /// Request bodies larger than this are refused.
@@ -22,9 +22,14 @@ pub const DEFAULT_MAX_TOKENS: u32 = 16;
 /// The last events of a stream the fence (`max_stream_seconds`) ended: an error event, then
 /// `[DONE]`.
 pub fn fence_event() -> String {
-    let e = json!({"error": {"message": "the stream ran past its tenant's max_stream_seconds",
-                             "type": "timeout_error", "code": "max_stream_seconds"}});
-    format!("data: {e}\n\ndata: [DONE]\n\n")
+    let e = ErrorBody {
+        error: ErrorDetail {
+            message: "the stream ran past its tenant's max_stream_seconds",
+            kind: "timeout_error",
+            code: "max_stream_seconds",
+        },
+    };
+    format!("{}data: [DONE]\n\n", e.sse())
 }
 
 /// An error with its HTTP status, in OpenAI's shape.
@@ -95,7 +100,8 @@ impl IntoResponse for ApiError {
             StatusCode::SERVICE_UNAVAILABLE => "queue_full",
             _ => "server_error",
         };
-        let body = json!({"error": {"message": self.message, "type": self.kind, "code": code}});
+        let body =
+            ErrorBody { error: ErrorDetail { message: &self.message, kind: self.kind, code } };
         let mut r = (self.status, axum::Json(body)).into_response();
         if let Some(s) = self.retry_after_s {
             if let Ok(v) = HeaderValue::from_str(&s.to_string()) {

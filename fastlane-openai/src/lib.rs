@@ -5,6 +5,7 @@
 //! - [`api`]: errors in OpenAI's shape (`{"error": {"message", "type", "code"}}`) with their
 //!   status and `Retry-After`, the tenant of a bearer key, the body limit, the default
 //!   `max_tokens` and the fence's final stream event.
+//! - [`protocol`]: every request, response, stream chunk, usage and error as a type.
 //! - [`tenants`]: the tenants file (keys, rate, burst, slots, tier, fence).
 //! - [`gate`]: admission before dispatch: per-tenant token bucket and slots, a bounded wait,
 //!   dispatch by deficit round robin with the interactive tier first.
@@ -18,6 +19,7 @@
 pub mod api;
 pub mod gate;
 pub mod metrics;
+pub mod protocol;
 pub mod router;
 pub mod tenants;
 

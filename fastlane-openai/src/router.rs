@@ -25,10 +25,11 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::api::{body_bytes, fence_event, tenant_of_headers, ApiError, DEFAULT_MAX_TOKENS};
 use crate::gate::{Gate, GateError, Permit};
+use crate::protocol::Health;
 use crate::{Metrics, Router, TenantLatency, Tenants};
 
 /// Router settings.
@@ -95,7 +96,7 @@ impl ProxyState {
 /// proxied, `/health` and `/metrics` its own.
 pub fn router(state: Arc<ProxyState>) -> Router {
     Router::new()
-        .route("/health", get(|| async { axum::Json(json!({"status": "ok"})) }))
+        .route("/health", get(|| async { axum::Json(Health { status: "ok" }) }))
         .route("/metrics", get(metrics_text))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(generate))

@@ -21,13 +21,16 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 pub use axum::Router;
-use serde::Deserialize;
-use serde_json::{json, Value};
 
 use crate::engine::{Engine, FinishReason, Finished, GenRequest, Stream, StreamEvent};
 use crate::sampling::SamplingParams;
 use fastlane_openai::api::{
     body_bytes, fence_event, parse, tenant_of_headers, ApiError, DEFAULT_MAX_TOKENS,
+};
+use fastlane_openai::protocol::{
+    json_text, sse_event, ChatChoice, ChatChunkChoice, ChatMessage, ChatRequest, Completion,
+    CompletionRequest, Delta, ErrorBody, ErrorDetail, Health, ModelList, OneOrMany, Prompt,
+    SamplingFields, TextChoice, Usage,
 };
 pub use fastlane_openai::{gate, tenants, Metrics, TenantLatency, Tenants};
 pub use metrics::EngineMetrics;
@@ -62,7 +65,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 }
 
 async fn health() -> impl IntoResponse {
-    axum::Json(json!({"status": "ok"}))
+    axum::Json(Health { status: "ok" })
 }
 
 async fn metrics_text(State(st): State<Arc<AppState>>) -> impl IntoResponse {
@@ -72,174 +75,7 @@ async fn metrics_text(State(st): State<Arc<AppState>>) -> impl IntoResponse {
 }
 
 async fn models(State(st): State<Arc<AppState>>) -> impl IntoResponse {
-    axum::Json(
-        json!({"object": "list", "data": [{"id": st.model_id, "object": "model", "owned_by": "fastlane"}]}),
-    )
-}
-
-/// A string or a list of strings (`stop`).
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum OneOrMany {
-    One(String),
-    Many(Vec<String>),
-}
-
-/// A prompt: text, or token ids.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum Prompt {
-    Text(String),
-    Ids(Vec<u32>),
-}
-
-/// Fields both endpoints share (OpenAI's names; vLLM's extensions `top_k`, `ignore_eos`,
-/// `stop_token_ids`, `return_token_ids`).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CompletionBody {
-    #[serde(default)]
-    model: Option<String>,
-    prompt: Prompt,
-    #[serde(flatten)]
-    common: Common,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ChatBody {
-    #[serde(default)]
-    model: Option<String>,
-    messages: Vec<Message>,
-    #[serde(flatten)]
-    common: Common,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Message {
-    role: String,
-    content: String,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct Common {
-    #[serde(default)]
-    max_tokens: Option<u32>,
-    #[serde(default)]
-    temperature: Option<f32>,
-    #[serde(default)]
-    top_p: Option<f32>,
-    #[serde(default)]
-    top_k: Option<usize>,
-    #[serde(default)]
-    seed: Option<u64>,
-    #[serde(default)]
-    stop: Option<OneOrMany>,
-    #[serde(default)]
-    stop_token_ids: Option<Vec<u32>>,
-    #[serde(default)]
-    ignore_eos: Option<bool>,
-    #[serde(default)]
-    stream: Option<bool>,
-    #[serde(default)]
-    return_token_ids: Option<bool>,
-    #[serde(default)]
-    n: Option<u32>,
-    #[serde(default)]
-    user: Option<String>,
-    // What OpenAI's SDKs and the tooling built on them (LangChain, LlamaIndex) send by default.
-    // Accepted as long as they ask for nothing we do not do (`refuse_unsupported`): the neutral
-    // value passes, anything else is a 400 that names the field.
-    /// `{"include_usage": true}`: the last chunk of a stream carries `usage` (it always does
-    /// here).
-    #[serde(default)]
-    stream_options: Option<StreamOptions>,
-    /// The chat API's newer name for `max_tokens`.
-    #[serde(default)]
-    max_completion_tokens: Option<u32>,
-    #[serde(default)]
-    frequency_penalty: Option<f32>,
-    #[serde(default)]
-    presence_penalty: Option<f32>,
-    /// Chat: a bool; completions: a count. Only off (false, 0, null) is served.
-    #[serde(default)]
-    logprobs: Option<Value>,
-    #[serde(default)]
-    top_logprobs: Option<u32>,
-    #[serde(default)]
-    logit_bias: Option<serde_json::Map<String, Value>>,
-    #[serde(default)]
-    response_format: Option<Value>,
-    #[serde(default)]
-    echo: Option<bool>,
-    #[serde(default)]
-    best_of: Option<u32>,
-    #[serde(default)]
-    suffix: Option<String>,
-}
-
-/// `stream_options`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StreamOptions {
-    // Accepted and not read: the final event of a stream always carries `usage`.
-    #[allow(dead_code)]
-    #[serde(default)]
-    include_usage: Option<bool>,
-    #[serde(default)]
-    continuous_usage_stats: Option<bool>,
-}
-
-impl Common {
-    /// A 400 naming the first field that asks for something this server does not do.
-    fn refuse_unsupported(&self) -> Result<(), ApiError> {
-        let unsupported = |field: &str, what: &str| {
-            Err(ApiError::bad(format!("{field}: {what} is not supported by this server")))
-        };
-        if self.frequency_penalty.is_some_and(|p| p != 0.0) {
-            return unsupported("frequency_penalty", "a value other than 0");
-        }
-        if self.presence_penalty.is_some_and(|p| p != 0.0) {
-            return unsupported("presence_penalty", "a value other than 0");
-        }
-        match &self.logprobs {
-            None | Some(Value::Null) | Some(Value::Bool(false)) => {}
-            Some(Value::Number(n)) if n.as_u64() == Some(0) => {}
-            Some(_) => return unsupported("logprobs", "returning log probabilities"),
-        }
-        if self.top_logprobs.is_some_and(|n| n != 0) {
-            return unsupported("top_logprobs", "returning log probabilities");
-        }
-        if self.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
-            return unsupported("logit_bias", "a non-empty bias");
-        }
-        match &self.response_format {
-            None | Some(Value::Null) => {}
-            Some(f) if f.get("type").and_then(Value::as_str) == Some("text") => {}
-            Some(_) => return unsupported("response_format", "a format other than text"),
-        }
-        if self.echo == Some(true) {
-            return unsupported("echo", "echoing the prompt");
-        }
-        if self.best_of.is_some_and(|n| n != 1) {
-            return unsupported("best_of", "a value other than 1");
-        }
-        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-            return unsupported("suffix", "a suffix");
-        }
-        if self.stream_options.as_ref().is_some_and(|o| o.continuous_usage_stats == Some(true)) {
-            return unsupported("stream_options.continuous_usage_stats", "usage in every chunk");
-        }
-        if let (Some(a), Some(b)) = (self.max_tokens, self.max_completion_tokens) {
-            if a != b {
-                return Err(ApiError::bad(
-                    "max_tokens and max_completion_tokens: give one, or the same value",
-                ));
-            }
-        }
-        Ok(())
-    }
+    axum::Json(ModelList::one(&st.model_id)).into_response()
 }
 
 fn tenant(st: &AppState, headers: &HeaderMap) -> Result<usize, ApiError> {
@@ -251,7 +87,7 @@ async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response 
     let r = async {
         let (headers, bytes) = body_bytes(req).await?;
         let t = tenant(&st, &headers)?;
-        let b: CompletionBody = parse(&bytes)?;
+        let b: CompletionRequest = parse(&bytes)?;
         check_model(&st, b.model.as_deref())?;
         let prompt = match b.prompt {
             Prompt::Text(s) => st
@@ -273,7 +109,7 @@ async fn chat(State(st): State<Arc<AppState>>, req: Request) -> Response {
     let r = async {
         let (headers, bytes) = body_bytes(req).await?;
         let t = tenant(&st, &headers)?;
-        let b: ChatBody = parse(&bytes)?;
+        let b: ChatRequest = parse(&bytes)?;
         check_model(&st, b.model.as_deref())?;
         if b.messages.is_empty() {
             return Err(ApiError::bad("messages: at least one message"));
@@ -353,7 +189,7 @@ async fn run(
     st: Arc<AppState>,
     t: usize,
     prompt: Vec<u32>,
-    c: Common,
+    c: SamplingFields,
     arrived: Instant,
     kind: Kind,
 ) -> Result<Response, ApiError> {
@@ -447,9 +283,25 @@ struct Ctx {
 }
 
 impl Ctx {
-    fn usage(&self, completion: usize) -> Value {
-        json!({"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
-               "total_tokens": self.prompt_tokens + completion})
+    fn usage(&self, completion: usize) -> Usage {
+        Usage::new(self.prompt_tokens, completion)
+    }
+
+    /// A response or chunk of this request carrying `choice`.
+    fn completion<C>(
+        &self,
+        object: &'static str,
+        choice: C,
+        usage: Option<Usage>,
+    ) -> Completion<'_, C> {
+        Completion {
+            id: &self.id,
+            object,
+            created: self.created,
+            model: self.model(),
+            choices: [choice],
+            usage,
+        }
     }
 
     fn model(&self) -> &str {
@@ -521,23 +373,29 @@ async fn whole(
         ));
     }
     ctx.record_end("finished");
-    let n = finished.token_ids.len();
-    let mut choice = match ctx.kind {
+    let usage = Some(ctx.usage(finished.token_ids.len()));
+    let ids = return_ids.then_some(finished.token_ids.as_slice());
+    let reason = Some(finish_reason(finished.reason));
+    let body = match ctx.kind {
         Kind::Completion => {
-            json!({"index": 0, "text": finished.text, "finish_reason": finish_reason(finished.reason), "logprobs": null})
+            let choice = TextChoice {
+                index: 0,
+                text: &finished.text,
+                finish_reason: reason,
+                logprobs: None,
+                token_ids: ids,
+            };
+            json_text(&ctx.completion("text_completion", choice, usage))
         }
         Kind::Chat => {
-            json!({"index": 0, "message": {"role": "assistant", "content": finished.text},
-                             "finish_reason": finish_reason(finished.reason)})
+            let message = ChatMessage { role: "assistant", content: &finished.text };
+            let choice = ChatChoice { index: 0, message, finish_reason: reason, token_ids: ids };
+            json_text(&ctx.completion("chat.completion", choice, usage))
         }
     };
-    if return_ids {
-        choice["token_ids"] = json!(finished.token_ids);
-    }
-    let object = if ctx.kind == Kind::Chat { "chat.completion" } else { "text_completion" };
-    let body = json!({"id": ctx.id, "object": object, "created": ctx.created, "model": ctx.model(),
-                      "choices": [choice], "usage": ctx.usage(n)});
-    Ok(axum::Json(body).into_response())
+    let mut r = Response::new(Body::from(body));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    Ok(r)
 }
 
 /// State of an SSE body.
@@ -553,40 +411,59 @@ struct Sse {
     ended: bool,
 }
 
-fn chunk(v: &Value) -> axum::body::Bytes {
-    axum::body::Bytes::from(format!("data: {v}\n\n"))
-}
-
 impl Sse {
-    fn token_chunk(&self, id: u32, text: &str) -> Value {
-        let mut choice = match self.ctx.kind {
+    /// The SSE event of one generated token.
+    fn token_event(&self, id: u32, text: &str) -> String {
+        let ids = [id];
+        let ids = self.return_ids.then_some(&ids[..]);
+        match self.ctx.kind {
             Kind::Completion => {
-                json!({"index": 0, "text": text, "finish_reason": null, "logprobs": null})
-            }
-            Kind::Chat => json!({"index": 0, "delta": {"content": text}, "finish_reason": null}),
-        };
-        if self.return_ids {
-            choice["token_ids"] = json!([id]);
-        }
-        let object =
-            if self.ctx.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
-        json!({"id": self.ctx.id, "object": object, "created": self.ctx.created, "model": self.ctx.model(),
-               "choices": [choice]})
-    }
-
-    fn final_chunk(&self, f: &Finished) -> Value {
-        let choice = match self.ctx.kind {
-            Kind::Completion => {
-                json!({"index": 0, "text": "", "finish_reason": finish_reason(f.reason), "logprobs": null})
+                let choice = TextChoice {
+                    index: 0,
+                    text,
+                    finish_reason: None,
+                    logprobs: None,
+                    token_ids: ids,
+                };
+                sse_event(&self.ctx.completion("text_completion", choice, None))
             }
             Kind::Chat => {
-                json!({"index": 0, "delta": {}, "finish_reason": finish_reason(f.reason)})
+                let choice = ChatChunkChoice {
+                    index: 0,
+                    delta: Delta { content: Some(text) },
+                    finish_reason: None,
+                    token_ids: ids,
+                };
+                sse_event(&self.ctx.completion("chat.completion.chunk", choice, None))
             }
-        };
-        let object =
-            if self.ctx.kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
-        json!({"id": self.ctx.id, "object": object, "created": self.ctx.created, "model": self.ctx.model(),
-               "choices": [choice], "usage": self.ctx.usage(f.token_ids.len())})
+        }
+    }
+
+    /// The last SSE event: the finish reason and usage.
+    fn final_event(&self, f: &Finished) -> String {
+        let usage = Some(self.ctx.usage(f.token_ids.len()));
+        let reason = Some(finish_reason(f.reason));
+        match self.ctx.kind {
+            Kind::Completion => {
+                let choice = TextChoice {
+                    index: 0,
+                    text: "",
+                    finish_reason: reason,
+                    logprobs: None,
+                    token_ids: None,
+                };
+                sse_event(&self.ctx.completion("text_completion", choice, usage))
+            }
+            Kind::Chat => {
+                let choice = ChatChunkChoice {
+                    index: 0,
+                    delta: Delta::default(),
+                    finish_reason: reason,
+                    token_ids: None,
+                };
+                sse_event(&self.ctx.completion("chat.completion.chunk", choice, usage))
+            }
+        }
     }
 
     /// The next bytes of the body, `None` at its end.
@@ -600,9 +477,12 @@ impl Sse {
                 Some(r) => r,
                 None => {
                     self.ended = true;
-                    return Some(chunk(
-                        &json!({"error": {"message": "engine stopped", "type": "server_error", "code": "server_error"}}),
-                    ));
+                    let e = ErrorDetail {
+                        message: "engine stopped",
+                        kind: "server_error",
+                        code: "server_error",
+                    };
+                    return Some(axum::body::Bytes::from(ErrorBody { error: e }.sse()));
                 }
             },
         };
@@ -616,14 +496,14 @@ impl Sse {
                 }
                 self.last_token = Some(now);
                 self.tokens += 1;
-                Some(chunk(&self.token_chunk(id, &text)))
+                Some(axum::body::Bytes::from(self.token_event(id, &text)))
             }
             Ok(StreamEvent::Done(f)) => {
                 self.ended = true;
                 self.guard.done = true;
                 let outcome = if f.reason == FinishReason::Fenced { "fenced" } else { "finished" };
                 self.ctx.record_end(outcome);
-                let mut out = String::from_utf8_lossy(&chunk(&self.final_chunk(&f))).into_owned();
+                let mut out = self.final_event(&f);
                 out.push_str("data: [DONE]\n\n");
                 Some(axum::body::Bytes::from(out))
             }
