@@ -13,7 +13,10 @@ use crate::error::LlmError;
 use crate::kernels::{self, matmul, rms_norm, silu_mul, PackedMatrix, Rope};
 use crate::kv::KvPool;
 use crate::tokenizer::Tokenizer;
-use crate::weights::{tensor_shapes, RandomPreset, RandomWeights, SafetensorsDir, TensorSource};
+use crate::weights::{
+    tensor_shapes, LayerTensor, RandomPreset, RandomWeights, SafetensorsDir, TensorSource, EMBED,
+    FINAL_NORM, LM_HEAD,
+};
 
 /// Tokens per KV block (the scheduler's block size).
 pub const TOKENS_PER_BLOCK: usize = fastlane_sched::BLOCK_TOKENS as usize;
@@ -27,6 +30,54 @@ struct Layer {
     /// gate | up stacked.
     gate_up: PackedMatrix,
     down: PackedMatrix,
+}
+
+impl Layer {
+    /// This layer (number `li`) over every row of the batch, in place on `s.x`: attention
+    /// (norm, QKV, RoPE, K and V into the pool, causal attention, output projection, residual)
+    /// and the MLP (norm, gate and up, SiLU, down, residual).
+    fn forward(
+        &self,
+        m: &Model,
+        li: usize,
+        items: &[BatchItem<'_>],
+        pool: &KvPool,
+        s: &mut Scratch,
+    ) {
+        let (layer, cfg) = (self, &m.cfg);
+        let (hd, nh, nkv) = (cfg.head_dim(), cfg.num_attention_heads, cfg.kv_heads());
+        let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+        let qkv_w = (nh + 2 * nkv) * hd;
+        let t = s.rows_item.len();
+        rms_norm(&s.x, &layer.attn_norm, cfg.rms_norm_eps as f32, t, &mut s.h);
+        matmul(&s.h, t, &layer.qkv, &mut s.qkv);
+        // RoPE on the query and key heads, then K and V into the pool.
+        for r in 0..t {
+            let pos = s.rows_pos[r];
+            let row = &mut s.qkv[r * qkv_w..(r + 1) * qkv_w];
+            for head in 0..nh + nkv {
+                m.rope.apply(&mut row[head * hd..(head + 1) * hd], pos);
+            }
+            let it = &items[s.rows_item[r]];
+            for kvh in 0..nkv {
+                let k = &row[(nh + kvh) * hd..(nh + kvh + 1) * hd];
+                let v = &row[(nh + nkv + kvh) * hd..(nh + nkv + kvh + 1) * hd];
+                pool.write(it.blocks, li, kvh, pos, k, v);
+            }
+        }
+        m.attention(li, items, pool, s);
+        matmul(&s.attn, t, &layer.o, &mut s.proj);
+        for (x, p) in s.x[..t * h].iter_mut().zip(&s.proj[..t * h]) {
+            *x += p;
+        }
+        rms_norm(&s.x, &layer.mlp_norm, cfg.rms_norm_eps as f32, t, &mut s.h);
+        matmul(&s.h, t, &layer.gate_up, &mut s.gu);
+        silu_mul(&s.gu, t, inter, &mut s.act);
+        matmul(&s.act, t, &layer.down, &mut s.proj);
+        for (x, p) in s.x[..t * h].iter_mut().zip(&s.proj[..t * h]) {
+            *x += p;
+        }
+    }
 }
 
 /// A loaded model.
@@ -236,28 +287,26 @@ impl Model {
         let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
         let hd = cfg.head_dim();
         let (q, kv) = (cfg.num_attention_heads * hd, cfg.kv_heads() * hd);
-        let embed = get("model.embed_tokens.weight")?;
+        let embed = get(EMBED)?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
-            let p = format!("model.layers.{l}");
-            let wq = get(&format!("{p}.self_attn.q_proj.weight"))?;
-            let wk = get(&format!("{p}.self_attn.k_proj.weight"))?;
-            let wv = get(&format!("{p}.self_attn.v_proj.weight"))?;
-            let wg = get(&format!("{p}.mlp.gate_proj.weight"))?;
-            let wu = get(&format!("{p}.mlp.up_proj.weight"))?;
+            // Read in this order: the model digest hashes the tensors as they are read.
+            let t = |which: LayerTensor| get(&which.name(l));
+            let (wq, wk, wv) = (t(LayerTensor::Q)?, t(LayerTensor::K)?, t(LayerTensor::V)?);
+            let (wg, wu) = (t(LayerTensor::Gate)?, t(LayerTensor::Up)?);
             layers.push(Layer {
-                attn_norm: get(&format!("{p}.input_layernorm.weight"))?,
+                attn_norm: t(LayerTensor::InputNorm)?,
                 qkv: PackedMatrix::pack_stacked(&[(&wq, q), (&wk, kv), (&wv, kv)], h),
-                o: PackedMatrix::pack(&get(&format!("{p}.self_attn.o_proj.weight"))?, h, q),
-                mlp_norm: get(&format!("{p}.post_attention_layernorm.weight"))?,
+                o: PackedMatrix::pack(&t(LayerTensor::O)?, h, q),
+                mlp_norm: t(LayerTensor::PostAttentionNorm)?,
                 gate_up: PackedMatrix::pack_stacked(&[(&wg, inter), (&wu, inter)], h),
-                down: PackedMatrix::pack(&get(&format!("{p}.mlp.down_proj.weight"))?, h, inter),
+                down: PackedMatrix::pack(&t(LayerTensor::Down)?, h, inter),
             });
         }
-        let lm = if cfg.tie_word_embeddings { embed.clone() } else { get("lm_head.weight")? };
+        let lm = if cfg.tie_word_embeddings { embed.clone() } else { get(LM_HEAD)? };
         let lm_head = PackedMatrix::pack(&lm, cfg.vocab_size, h);
         let rope = Rope::new(hd, cfg.rope_theta, cfg.max_position_embeddings);
-        let norm = get("model.norm.weight")?;
+        let norm = get(FINAL_NORM)?;
         let digest = *hasher.borrow().finalize().as_bytes();
         Ok(Model {
             norm,
@@ -448,34 +497,7 @@ impl Model {
             if abort(li) {
                 return Ok(Forward::Aborted { layer: li });
             }
-            rms_norm(&s.x, &layer.attn_norm, cfg.rms_norm_eps as f32, t, &mut s.h);
-            matmul(&s.h, t, &layer.qkv, &mut s.qkv);
-            // RoPE on the query and key heads, then K and V into the pool.
-            for r in 0..t {
-                let pos = s.rows_pos[r];
-                let row = &mut s.qkv[r * qkv_w..(r + 1) * qkv_w];
-                for head in 0..nh + nkv {
-                    self.rope.apply(&mut row[head * hd..(head + 1) * hd], pos);
-                }
-                let it = &items[s.rows_item[r]];
-                for kvh in 0..nkv {
-                    let k = &row[(nh + kvh) * hd..(nh + kvh + 1) * hd];
-                    let v = &row[(nh + nkv + kvh) * hd..(nh + nkv + kvh + 1) * hd];
-                    pool.write(it.blocks, li, kvh, pos, k, v);
-                }
-            }
-            self.attention(li, items, pool, s);
-            matmul(&s.attn, t, &layer.o, &mut s.proj);
-            for (x, p) in s.x[..t * h].iter_mut().zip(&s.proj[..t * h]) {
-                *x += p;
-            }
-            rms_norm(&s.x, &layer.mlp_norm, cfg.rms_norm_eps as f32, t, &mut s.h);
-            matmul(&s.h, t, &layer.gate_up, &mut s.gu);
-            silu_mul(&s.gu, t, inter, &mut s.act);
-            matmul(&s.act, t, &layer.down, &mut s.proj);
-            for (x, p) in s.x[..t * h].iter_mut().zip(&s.proj[..t * h]) {
-                *x += p;
-            }
+            layer.forward(self, li, items, pool, s);
         }
         let n = s.last_rows.len();
         // Gather the rows that sample into h, final norm, output head.

@@ -238,28 +238,96 @@ pub struct RandomWeights {
     shapes: BTreeMap<String, Vec<usize>>,
 }
 
+/// The token embedding's tensor name (Hugging Face Llama checkpoints).
+pub const EMBED: &str = "model.embed_tokens.weight";
+/// The final norm's tensor name.
+pub const FINAL_NORM: &str = "model.norm.weight";
+/// The output head's tensor name (absent when the config ties it to the embedding).
+pub const LM_HEAD: &str = "lm_head.weight";
+
+/// The tensors of one decoder layer: their names and shapes are written here only, for the
+/// model that loads them, the random weights that make them and the checks between the two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerTensor {
+    /// RMS norm before attention (`input_layernorm`).
+    InputNorm,
+    /// RMS norm before the MLP (`post_attention_layernorm`).
+    PostAttentionNorm,
+    /// Query projection.
+    Q,
+    /// Key projection.
+    K,
+    /// Value projection.
+    V,
+    /// Attention output projection.
+    O,
+    /// MLP gate projection.
+    Gate,
+    /// MLP up projection.
+    Up,
+    /// MLP down projection.
+    Down,
+}
+
+impl LayerTensor {
+    /// Every tensor of a layer.
+    pub const ALL: [LayerTensor; 9] = [
+        LayerTensor::InputNorm,
+        LayerTensor::PostAttentionNorm,
+        LayerTensor::Q,
+        LayerTensor::K,
+        LayerTensor::V,
+        LayerTensor::O,
+        LayerTensor::Gate,
+        LayerTensor::Up,
+        LayerTensor::Down,
+    ];
+
+    /// Its name in layer `layer`.
+    pub fn name(self, layer: usize) -> String {
+        let part = match self {
+            LayerTensor::InputNorm => "input_layernorm",
+            LayerTensor::PostAttentionNorm => "post_attention_layernorm",
+            LayerTensor::Q => "self_attn.q_proj",
+            LayerTensor::K => "self_attn.k_proj",
+            LayerTensor::V => "self_attn.v_proj",
+            LayerTensor::O => "self_attn.o_proj",
+            LayerTensor::Gate => "mlp.gate_proj",
+            LayerTensor::Up => "mlp.up_proj",
+            LayerTensor::Down => "mlp.down_proj",
+        };
+        format!("model.layers.{layer}.{part}.weight")
+    }
+
+    /// Its shape (rows × columns; a norm is one vector) under `cfg`.
+    pub fn shape(self, cfg: &LlamaConfig) -> Vec<usize> {
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let hd = cfg.head_dim();
+        let (q, kv) = (cfg.num_attention_heads * hd, cfg.kv_heads() * hd);
+        match self {
+            LayerTensor::InputNorm | LayerTensor::PostAttentionNorm => vec![h],
+            LayerTensor::Q => vec![q, h],
+            LayerTensor::K | LayerTensor::V => vec![kv, h],
+            LayerTensor::O => vec![h, q],
+            LayerTensor::Gate | LayerTensor::Up => vec![i, h],
+            LayerTensor::Down => vec![h, i],
+        }
+    }
+}
+
 /// Tensor names and shapes of a Llama checkpoint with this config.
 pub fn tensor_shapes(cfg: &LlamaConfig) -> BTreeMap<String, Vec<usize>> {
-    let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
-    let hd = cfg.head_dim();
-    let (q, kv) = (cfg.num_attention_heads * hd, cfg.kv_heads() * hd);
+    let (h, v) = (cfg.hidden_size, cfg.vocab_size);
     let mut m = BTreeMap::new();
-    m.insert("model.embed_tokens.weight".to_string(), vec![v, h]);
-    m.insert("model.norm.weight".to_string(), vec![h]);
+    m.insert(EMBED.to_string(), vec![v, h]);
+    m.insert(FINAL_NORM.to_string(), vec![h]);
     if !cfg.tie_word_embeddings {
-        m.insert("lm_head.weight".to_string(), vec![v, h]);
+        m.insert(LM_HEAD.to_string(), vec![v, h]);
     }
     for l in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        m.insert(format!("{p}.input_layernorm.weight"), vec![h]);
-        m.insert(format!("{p}.post_attention_layernorm.weight"), vec![h]);
-        m.insert(format!("{p}.self_attn.q_proj.weight"), vec![q, h]);
-        m.insert(format!("{p}.self_attn.k_proj.weight"), vec![kv, h]);
-        m.insert(format!("{p}.self_attn.v_proj.weight"), vec![kv, h]);
-        m.insert(format!("{p}.self_attn.o_proj.weight"), vec![h, q]);
-        m.insert(format!("{p}.mlp.gate_proj.weight"), vec![i, h]);
-        m.insert(format!("{p}.mlp.up_proj.weight"), vec![i, h]);
-        m.insert(format!("{p}.mlp.down_proj.weight"), vec![h, i]);
+        for t in LayerTensor::ALL {
+            m.insert(t.name(l), t.shape(cfg));
+        }
     }
     m
 }
@@ -347,14 +415,14 @@ impl TensorSource for RandomWeights {
         let data: Vec<f32> = if shape.len() == 1 {
             // Norm weights near 1.
             (0..n).map(|_| 1.0 + rng.random_range(-0.1f32..0.1)).collect()
-        } else if name.ends_with("embed_tokens.weight") {
+        } else if name == EMBED {
             (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
         } else {
             // Uniform with the variance of 1/fan_in, so activations keep their scale; the
             // output head a little hotter so greedy decoding is not all ties.
             let fan_in = shape[1] as f32;
             let mut a = (3.0 / fan_in).sqrt();
-            if name == "lm_head.weight" {
+            if name == LM_HEAD {
                 a *= 4.0;
             }
             (0..n).map(|_| rng.random_range(-a..a)).collect()
