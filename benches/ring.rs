@@ -296,7 +296,7 @@ fn pin(core: usize) {
     static CORES: std::sync::OnceLock<Vec<core_affinity::CoreId>> = std::sync::OnceLock::new();
     let ids = CORES.get_or_init(|| core_affinity::get_core_ids().unwrap_or_default());
     if ids.len() >= 2 {
-        core_affinity::set_for_current(ids[core % ids.len()]);
+        let _ = fastlane::bench::pin::pin_to(ids[core % ids.len()].id, "core");
     }
 }
 

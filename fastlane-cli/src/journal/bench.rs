@@ -24,7 +24,9 @@ use super::{make_preprocess, open_device, writer_io_name, BenchArgs, PreprocessK
 
 pub(super) fn pin(core: Option<usize>) {
     if let Some(id) = core {
-        let _ = core_affinity::set_for_current(core_affinity::CoreId { id });
+        if let Err(e) = fastlane_bench::pin::pin_to(id, "core") {
+            log::warn!("{e:#}; running unpinned");
+        }
     }
 }
 
