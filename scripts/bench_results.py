@@ -9,6 +9,7 @@ The benchmark scripts call this at the end of a run (format: benches/results/REA
   python3 scripts/bench_results.py journal ROWS_TXT COMMAND...
   python3 scripts/bench_results.py kv-remote GUEST_LOG COMMAND...
   python3 scripts/bench_results.py cluster TIER_JSON PREFIX_JSON MISS_JSON COMMAND...  # scripts/bench-cluster.sh
+  python3 scripts/bench_results.py kv-tiers DIR LOAD_BEFORE LOAD_AFTER COMMAND...  # scripts/bench-kv.sh
 
 and scripts/bench-report.py imports `write`. Date: `date +%F`; commit: `git rev-parse --short
 HEAD`; a label, when given, is appended (`<date>-<commit>-<label>.json`); BENCH_RESULTS_DIR
@@ -224,6 +225,21 @@ def cluster(tier_json, prefix_json, miss_json, command):
     write("kvswap", command, rows, raw=pm, load={"before": pm["load"], "after": pm.get("load_after")}, label="cluster-miss")
 
 
+def kv_tiers(folder, load_before, load_after, command):
+    """scripts/bench-kv.sh: one `fastlane kv bench --json` per checksum mode in FOLDER."""
+    rows, raw = [], {}
+    for mode in ("fast", "off", "crc32c"):
+        path = os.path.join(folder, f"{mode}.json")
+        r = json.load(open(path))
+        raw[mode] = r
+        for b in r["bandwidth"]:
+            rows.append({"case": f'{b["case"]}, checksum {mode}', "value": b["ours_bytes_per_s"] / 2**30,
+                         "unit": "GiB/s", "peer": b.get("peer_bytes_per_s") and b["peer_bytes_per_s"] / 2**30,
+                         "ratio": b.get("ours_vs_peer"), "target": ">= 0.8" if mode != "crc32c" else None})
+    return write("kvswap", command, rows, raw=raw, load={"before": load_before, "after": load_after},
+                 label="tiers")
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
@@ -240,6 +256,8 @@ def main():
         kv_remote(args[0], " ".join(args[1:]))
     elif kind == "cluster":
         cluster(args[0], args[1], args[2], " ".join(args[3:]))
+    elif kind == "kv-tiers":
+        kv_tiers(args[0], args[1], args[2], " ".join(args[3:]))
     else:
         sys.exit(f"bench_results.py: unknown kind {kind}\n{__doc__}")
 
