@@ -21,7 +21,7 @@
 //! - [`openai`]: the OpenAI-compatible front end without an engine (tenants, gate, errors,
 //!   metrics) and the router.
 //! - [`llm`]: the inference engine and `llm serve`'s server.
-//! - [`bench`]: the benchmarks and load generators the CLI runs, and their shared helpers.
+//! - [`bench`](mod@bench): the benchmarks and load generators the CLI runs, and their shared helpers.
 //!
 //! It holds no code of its own; the root `tests/` and `benches/` live here
 //! (`tests/crate_boundaries.rs` checks the dependency rules with `cargo tree`).

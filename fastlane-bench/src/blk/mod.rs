@@ -201,7 +201,7 @@ pub enum BlkBenchError {
         /// virtio-driver's errno for the status byte (EIO, ENOTSUP, EPROTO).
         status: String,
     },
-    /// Requests are in flight and nothing completed for [`STALL_TIMEOUT`].
+    /// Requests are in flight and nothing completed for five seconds.
     #[error("the backend stopped completing requests ({case}: {in_flight} in flight, none done for {} s)", STALL_TIMEOUT.as_secs())]
     Stalled {
         /// Case name.
