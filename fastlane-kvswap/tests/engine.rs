@@ -9,6 +9,7 @@ use fastlane_kvswap::{
     BlockId, ChecksumMode, CustomTiers, DeviceMemory, EngineConfig, HostDeviceMemory, KvSwapError,
     NvmeTierConfig, SeqId, SeqPhase, SpillPolicy, SwapEngine, TenantId, TierIo, TierKind,
 };
+use fastlane_util::pattern;
 
 const BB: usize = 64 * 1024;
 const T: Duration = Duration::from_secs(10);
@@ -17,29 +18,20 @@ fn device(blocks: u32) -> Arc<HostDeviceMemory> {
     Arc::new(HostDeviceMemory::new(BB, blocks).unwrap())
 }
 
+/// Block `i` of `blocks` holds bytes `[i × BB, (i + 1) × BB)` of `seed`'s pattern.
 fn fill(dev: &HostDeviceMemory, blocks: &[BlockId], seed: u64) {
     for (i, b) in blocks.iter().enumerate() {
         // SAFETY: the test owns these blocks; no transfer names them now.
         let s = unsafe { std::slice::from_raw_parts_mut(dev.block_ptr(*b).unwrap(), BB) };
-        for (j, w) in s.chunks_mut(8).enumerate() {
-            w.copy_from_slice(
-                &(seed.wrapping_mul(1_000_003) ^ ((i as u64) << 32) ^ j as u64).to_le_bytes(),
-            );
-        }
+        pattern::fill(seed, (i * BB) as u64, s);
     }
 }
 
 fn check(dev: &HostDeviceMemory, blocks: &[BlockId], seed: u64) -> bool {
-    let mut want = vec![0u8; BB];
     blocks.iter().enumerate().all(|(i, b)| {
-        for (j, w) in want.chunks_mut(8).enumerate() {
-            w.copy_from_slice(
-                &(seed.wrapping_mul(1_000_003) ^ ((i as u64) << 32) ^ j as u64).to_le_bytes(),
-            );
-        }
         // SAFETY: as in `fill`.
         let s = unsafe { std::slice::from_raw_parts(dev.block_ptr(*b).unwrap(), BB) };
-        s == &want[..]
+        pattern::first_mismatch(seed, (i * BB) as u64, s).is_none()
     })
 }
 

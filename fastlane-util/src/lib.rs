@@ -4,6 +4,7 @@
 //! - [`parse_size`]: `64M`-style byte sizes (binary multiples), for specs and command lines;
 //! - [`SplitMix64`], [`splitmix64`], [`mix64`]: the seedable generator behind test data,
 //!   synthetic latencies, the simulator and the disk verification pattern;
+//! - [`pattern`]: the seeded, position-addressed test-data pattern of the data-path checks;
 //! - [`tsc`]: the x86 time-stamp counter as a cheap clock for benchmarks;
 //! - [`SeqId`], [`BlockId`]: the ids the swap tier and the scheduler share;
 //! - [`CountingAlloc`]: the global allocator of the "allocates nothing" tests.
@@ -14,6 +15,7 @@
 
 mod alloc_count;
 mod ids;
+pub mod pattern;
 mod rng;
 mod size;
 pub mod tsc;

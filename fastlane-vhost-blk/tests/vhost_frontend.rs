@@ -148,7 +148,7 @@ impl Drop for Client {
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    fastlane_util::pattern::bytes(u64::from(seed), len)
 }
 
 /// GET_ID through a raw virtqueue (virtio-driver has no GET_ID call).

@@ -8,19 +8,6 @@ use super::client::Conn;
 use super::report::VerifyReport;
 use super::{BlkBenchError, Pattern, STALL_TIMEOUT};
 
-/// The `--verify` pattern of `buf`, which lies at byte `disk_offset` (a multiple of 8) of the
-/// disk. The same formula as `fastlane-nvme`'s `vfio_guest` pattern (its guest test checks
-/// the backing file with it).
-pub(super) fn fill_pattern(seed: u64, disk_offset: u64, buf: &mut [u8]) {
-    debug_assert_eq!(disk_offset % 8, 0);
-    for (i, chunk) in buf.chunks_mut(8).enumerate() {
-        let word = fastlane_util::splitmix64(
-            seed.wrapping_mul(0x1000_0000_01b3) ^ (disk_offset / 8 + i as u64),
-        );
-        chunk.copy_from_slice(&word.to_le_bytes()[..chunk.len()]);
-    }
-}
-
 /// `--verify`: write the pattern over `[offset, offset + len)`, read it back, compare.
 pub(super) fn verify(
     conn: &mut Conn,
@@ -81,7 +68,7 @@ pub(super) fn verify_pass(
             conn.offset[usize::from(slot)] = off;
             let data = conn.slot_ptr(slot);
             if op == Pattern::Randwrite {
-                fill_pattern(seed, off, &mut expect);
+                fastlane_util::pattern::fill(seed, off, &mut expect);
                 // SAFETY:
                 // - `data..data + size` is the slot's range of the shared buffer (alive as
                 //   long as `conn`); the slot is free, so no request is reading or writing it;
@@ -135,7 +122,7 @@ pub(super) fn verify_pass(
                 unsafe {
                     std::ptr::copy_nonoverlapping(conn.slot_ptr(slot), got.as_mut_ptr(), size)
                 };
-                fill_pattern(seed, off, &mut expect);
+                fastlane_util::pattern::fill(seed, off, &mut expect);
                 if let Some(i) = got.iter().zip(&expect).position(|(a, b)| a != b) {
                     anyhow::bail!(
                         "--verify: byte {} of the disk reads back {:#04x}, {:#04x} was written",

@@ -19,8 +19,7 @@ use std::time::Instant;
 
 use fastlane_guest_tests::Guest;
 
-#[path = "../src/bin/vfio_guest/pattern.rs"]
-mod pattern;
+use fastlane_util::pattern;
 
 const DISK_BYTES: u64 = 128 << 20;
 const VFIO_MODULES: &str = "vfio vfio_iommu_type1 vfio_virqfd irqbypass vfio-pci-core vfio-pci";

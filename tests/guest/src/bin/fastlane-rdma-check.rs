@@ -18,6 +18,7 @@ use fastlane_rdma::{
 };
 
 use fastlane_guest_tests::driver::{check, R};
+use fastlane_util::pattern;
 
 const MIB: usize = 1 << 20;
 
@@ -28,19 +29,6 @@ fn fnv(data: &[u8]) -> u64 {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     h
-}
-
-/// Bytes that differ at every position and between seeds (catches shifted or stale data).
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn e(err: RdmaError) -> String {
@@ -103,7 +91,7 @@ fn basic_client(a: SocketAddr) -> R<()> {
         format!("{:?} in {:?}", c.remote(), t0.elapsed()),
     )?;
 
-    let data = pattern(42, MIB);
+    let data = pattern::bytes(42, MIB);
     let sum = fnv(&data);
     c.buffer().write_at(0, &data).map_err(e)?;
     let t = Instant::now();
@@ -219,8 +207,8 @@ fn pool_client(a: SocketAddr) -> R<()> {
     let ra = p.grant(MIB as u64).map_err(e)?;
     let rb = p.grant(100_000).map_err(e)?;
     check("pool-grant", ra.len() == MIB as u64 && rb.len() >= 100_000, format!("{ra:?} {rb:?}"))?;
-    let da = pattern(7, MIB);
-    let db = pattern(8, 100_000);
+    let da = pattern::bytes(7, MIB);
+    let db = pattern::bytes(8, 100_000);
     p.write(&ra, 0, &da).map_err(e)?;
     p.write(&rb, 0, &db).map_err(e)?;
     let mut ba = vec![0u8; MIB];
@@ -297,7 +285,7 @@ fn primary(a: SocketAddr, size: usize) -> R<()> {
     let mut worst = Duration::ZERO;
     while off < size {
         let len = (64 + (seq as usize * 997) % 8000).min(size - off);
-        let rec = pattern(1000 + seq, len);
+        let rec = pattern::bytes(1000 + seq, len);
         let w = Instant::now();
         m.write(off as u64, &rec).map_err(e)?;
         worst = worst.max(w.elapsed());

@@ -20,19 +20,17 @@ use fastlane_kvswap::{
 };
 
 use fastlane_guest_tests::driver::{check, remote_main, R};
+use fastlane_util::pattern;
 
 const BB: usize = 64 * 1024;
 const T: Duration = Duration::from_secs(30);
 
+/// Block `i` of `blocks` holds bytes `[i × BB, (i + 1) × BB)` of `seed`'s pattern.
 fn fill(dev: &HostDeviceMemory, blocks: &[BlockId], seed: u64) {
     for (i, b) in blocks.iter().enumerate() {
         // SAFETY: the driver owns these blocks and no transfer names them now.
         let s = unsafe { std::slice::from_raw_parts_mut(dev.block_ptr(*b).unwrap(), BB) };
-        for (j, w) in s.chunks_mut(8).enumerate() {
-            w.copy_from_slice(
-                &(seed.wrapping_mul(0x9E37) ^ ((i as u64) << 32) ^ j as u64).to_le_bytes(),
-            );
-        }
+        pattern::fill(seed, (i * BB) as u64, s);
     }
 }
 
@@ -40,9 +38,7 @@ fn same(dev: &HostDeviceMemory, blocks: &[BlockId], seed: u64) -> bool {
     blocks.iter().enumerate().all(|(i, b)| {
         // SAFETY: as in `fill`.
         let s = unsafe { std::slice::from_raw_parts(dev.block_ptr(*b).unwrap(), BB) };
-        s.chunks(8).enumerate().all(|(j, w)| {
-            w == (seed.wrapping_mul(0x9E37) ^ ((i as u64) << 32) ^ j as u64).to_le_bytes()
-        })
+        pattern::first_mismatch(seed, (i * BB) as u64, s).is_none()
     })
 }
 

@@ -21,7 +21,7 @@ use fastlane_block::{
 use fastlane_nvme::{DmaBuffer, NvmeDevice, NvmeOptions};
 use memmap2::{MmapOptions, MmapRaw};
 
-mod pattern;
+use fastlane_util::pattern;
 
 type Res<T> = Result<T, String>;
 
