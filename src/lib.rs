@@ -11,6 +11,8 @@
 //! - [`block`]: the block-queue seam and its backends (RAM, io_uring, inline file).
 //! - [`nvme`]: the userspace NVMe driver over VFIO.
 //! - [`vhost_blk`]: the vhost-user-blk device and the backend factory of `fastlane serve`.
+//! - [`disk`]: the disk daemon (`fastlane serve`, the `fastlane-disk` binary): options,
+//!   socket, signals, stats and metrics around the vhost-user-blk device.
 //! - [`journal`]: the record journal (durable, hash-chained, replicated records).
 //! - [`market`]: ITCH 5.0 decoding, order books, the normalized event, the feed generator.
 //! - [`fpga`]: the preprocessing card (ring ABI, software model, CRC32C, card clock).
@@ -29,6 +31,7 @@
 pub use fastlane_bench as bench;
 pub use fastlane_block as block;
 pub use fastlane_daemon as daemon;
+pub use fastlane_disk as disk;
 pub use fastlane_fpga as fpga;
 pub use fastlane_hist as hist;
 pub use fastlane_journal as journal;

@@ -52,6 +52,8 @@ fn the_scheduler_links_the_swap_tier_only_for_its_simulator() {
 fn the_disk_and_the_daemon_toolkit_link_no_llm_crate() {
     let llm = ["fastlane-llm", "fastlane-openai", "fastlane-sched", "fastlane-kvswap"];
     assert_links_none("fastlane-vhost-blk", &llm);
+    // The disk daemon builds and runs without the LLM crates and the benchmarks.
+    assert_links_none("fastlane-disk", &[&llm[..], &["fastlane-bench"]].concat());
     assert!(links("fastlane-daemon").is_empty(), "the toolkit links no FastLane crate");
 }
 

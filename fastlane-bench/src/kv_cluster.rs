@@ -91,7 +91,7 @@ impl BenchCluster {
     pub(crate) fn open(kv_cluster: Option<&str>, maxmemory_bytes: u64) -> Result<BenchCluster> {
         if let Some(text) = kv_cluster {
             return Ok(BenchCluster {
-                urls: crate::cluster_urls::parse_cluster_urls(text)?,
+                urls: fastlane_kvswap::daemon::parse_cluster_urls(text)?,
                 private: None,
             });
         }

@@ -14,11 +14,13 @@
 //! - [`kv_tiers`]: `fastlane kv bench`, the swap tiers against `memcpy` and O_DIRECT.
 //! - [`llm_bench`], [`llm_load`], [`llm_sched`]: `fastlane llm bench`: the engine against its
 //!   floors, the HTTP load generator, the scheduler scenarios on the real engine.
+//! - [`rdma`]: `fastlane rdma bench`, RDMA WRITE latency (ping-pong) and bandwidth, as perftest.
+//! - [`journal`]: `fastlane journal bench`, durable-ack latency against `pwrite` + `fdatasync`.
 //! - Helpers written once: [`stats`] (median), [`pin`] (core pinning), [`load`] (load
-//!   average), [`mem`] (populated anonymous memory), [`cluster_urls`].
+//!   average), [`mem`] (populated anonymous memory).
 
 pub mod blk;
-pub mod cluster_urls;
+pub mod journal;
 pub mod kv_cluster;
 pub mod kv_sim;
 pub mod kv_tiers;
@@ -29,5 +31,6 @@ pub mod load;
 pub mod mem;
 pub mod nvme;
 pub mod pin;
+pub mod rdma;
 pub mod stats;
 pub mod suite;

@@ -1,6 +1,7 @@
 //! The log format chosen on the command line (`--log-format text|json`, global), for the
-//! commands that log. `serve`, `kv serve`, `rdma serve`,
-//! `journal`, `llm` and `router` call [`init`] at the start of their `run`; the logger itself
+//! commands that log. `main` calls [`init`] before `serve` runs (`fastlane-disk`'s own binary
+//! does the same); `kv serve`, `rdma serve`, `journal`, `llm` and `router` call it at the start
+//! of their `run`; the logger itself
 //! is `fastlane_daemon::logging` (`RUST_LOG` per-module filters, RFC 3339 timestamps).
 
 use std::sync::OnceLock;

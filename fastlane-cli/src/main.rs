@@ -15,7 +15,6 @@ mod llm;
 mod logging;
 mod rdma;
 mod router;
-mod serve;
 
 #[derive(Debug, Parser)]
 #[command(name = "fastlane", version, about = "FastLane: a low-latency userspace data path")]
@@ -56,7 +55,7 @@ enum Command {
     /// proxy before an OpenAI-compatible server.
     Router(router::RouterArgs),
     /// Export a block backend as a vhost-user-blk device on a Unix socket.
-    Serve(serve::ServeArgs),
+    Serve(fastlane_disk::ServeArgs),
 }
 
 /// `fastlane serve` under the name QEMU's and libvirt's vhost-user JSON descriptors point at
@@ -65,13 +64,13 @@ enum Command {
 /// program must (QEMU `docs/interop/vhost-user.rst`, "Backend program conventions").
 #[derive(Debug, Parser)]
 #[command(
-    name = serve::BACKEND_PROGRAM,
+    name = fastlane_disk::BACKEND_PROGRAM,
     version,
     about = "FastLane's vhost-user-blk backend (the same as `fastlane serve`)"
 )]
 struct BackendProgram {
     #[command(flatten)]
-    args: serve::ServeArgs,
+    args: fastlane_disk::ServeArgs,
     #[command(flatten)]
     log: LogArgs,
 }
@@ -79,10 +78,10 @@ struct BackendProgram {
 fn main() -> ExitCode {
     let argv0 = std::env::args_os().next().unwrap_or_default();
     let invoked_as = std::path::Path::new(&argv0).file_name().unwrap_or_default().to_owned();
-    let result = if invoked_as == serve::BACKEND_PROGRAM {
+    let result = if invoked_as == fastlane_disk::BACKEND_PROGRAM {
         let program = BackendProgram::parse();
         logging::set_format(program.log.log_format);
-        serve::run(&program.args)
+        serve(&program.args)
     } else {
         let cli = Cli::parse();
         logging::set_format(cli.log.log_format);
@@ -107,6 +106,15 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Llm(args) => llm::run(&args),
         Command::Rdma(args) => rdma::run(&args),
         Command::Router(args) => router::run(&args),
-        Command::Serve(args) => serve::run(&args),
+        Command::Serve(args) => serve(&args),
     }
+}
+
+/// `fastlane serve`: the disk daemon of `fastlane-disk` (the `fastlane-disk` binary runs the
+/// same), logging in the `--log-format` chosen here.
+fn serve(args: &fastlane_disk::ServeArgs) -> anyhow::Result<()> {
+    if !args.print_capabilities {
+        logging::init();
+    }
+    fastlane_disk::run(args)
 }

@@ -36,6 +36,9 @@
 //!   allow-list, each connection mapping only its own slab of the device pool; per-sequence
 //!   swap ops, and content-addressed ops (`PUT`/`GET`/`EXISTS`/`PIN`/`UNPIN`/`EVICT`) on one
 //!   [`PrefixStore`] per server, keys qualified by the connection's namespace.
+//! - [`daemon`]: the process of `fastlane kv serve` ([`daemon::ServeConfig`] →
+//!   [`daemon::serve`]): the engine, the store and the server wired together, stop signals,
+//!   Prometheus metrics.
 //!
 //! # The engine's API (stable)
 //!
@@ -94,6 +97,7 @@ pub mod checksum;
 pub mod client;
 #[cfg(feature = "cluster")]
 pub mod cluster;
+pub mod daemon;
 pub mod device;
 pub mod engine;
 pub mod error;

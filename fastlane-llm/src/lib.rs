@@ -19,12 +19,18 @@
 //!   [`fastlane_kvswap::SwapEngine`] ([`port`]) or by recompute, chosen with costs measured on this
 //!   engine. Greedy and sampled decoding, stop strings and ids, abort; optionally
 //!   preemptible steps (a forward pass given up between layers for an interactive arrival).
+//! - [`server`]: the OpenAI-compatible HTTP front end (tenants, SSE, Prometheus metrics).
+//! - [`commands`]: `fastlane llm serve`, `generate` and `make-random`, each its flags and the
+//!   function that runs it; [`args`]: the model, engine and listener flags they share (and
+//!   `fastlane router`), with their conversion into [`EngineConfig`] and the listener's options.
 //!
 //! # What it does not do (yet)
 //!
 //! - No GPU path: K/V and compute are f32 on the CPU.
 //! - No RoPE scaling, attention biases or sliding windows (refused with a clear error).
 
+pub mod args;
+pub mod commands;
 pub mod config;
 pub mod engine;
 pub mod error;

@@ -2,37 +2,31 @@
 //! line. `--replica rdma://HOST:PORT --device rxe0` mirrors the journal over RDMA to a
 //! `fastlane journal replica` process, which keeps the image in a file.
 //!
-//! This file holds the command line (arguments, `run`, opening the journal's device);
-//! `records` appends, verifies and dumps; `replica` opens `--replica` and serves
-//! `fastlane journal replica`; `bench` is `fastlane journal bench`, with `framing` (what
-//! framing costs) and `report` (its `--json` report).
+//! This file holds the command line (arguments, `run`, opening the journal);
+//! `records` appends, verifies and dumps; `replica` serves `fastlane journal replica`.
+//! `fastlane journal bench` is `fastlane_bench::journal`, which also holds the flags `append`
+//! shares with it (`fastlane_bench::journal::opts`: replica, I/O, preprocessing) and what
+//! they open.
 
-mod bench;
-mod framing;
 mod records;
 mod replica;
-mod report;
 
 use std::fs::OpenOptions;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use fastlane_block::sync::{SyncFileDevice, SyncFileOptions};
-use fastlane_block::uring::{UringDevice, UringOptions};
-use fastlane_block::BlockDevice;
-use fastlane_journal::{
-    CardPreprocess, Durability, JournalConfig, Preprocess, SoftPreprocess, WriterIo,
+use fastlane_bench::journal::opts::{
+    make_preprocess, open_device, open_replica, parse_preprocess, IoOpts, PreprocessKind,
+    ReplicaOpts,
 };
-use fastlane_ring::WaitStrategy;
+use fastlane_bench::journal::BenchArgs;
+use fastlane_journal::{Durability, JournalConfig};
 use fastlane_util::parse_size;
-use fastlane_vhost_blk::spec::IoEngine;
 
-use bench::bench;
 use records::{append, dump, verify_cmd};
-use replica::{open_replica, replica_cmd};
+use replica::replica_cmd;
 
 /// `fastlane journal`.
 #[derive(Debug, Args)]
@@ -53,29 +47,6 @@ enum Cmd {
     Bench(BenchArgs),
     /// The far end of `--replica rdma://...`: store what the primary mirrors into FILE.
     Replica(ReplicaArgs),
-}
-
-/// Where the replica of a journal lives.
-#[derive(Debug, Clone, Args)]
-struct ReplicaOpts {
-    /// A second file to mirror every write into, or rdma://HOST:PORT of a
-    /// `fastlane journal replica` (the replica of `replicated`).
-    #[arg(long)]
-    replica: Option<String>,
-    /// RDMA device for an rdma:// replica.
-    #[arg(long, default_value = "rxe0")]
-    device: String,
-    /// How an rdma:// replica's sync is confirmed: ack (the replica process fdatasyncs its
-    /// file, then answers) or read (an RDMA READ behind the writes: in its memory).
-    #[arg(long, default_value = "ack")]
-    replica_sync: String,
-    /// Bound on every RDMA wait, milliseconds (a dead replica is reported within it).
-    #[arg(long, default_value_t = 5000)]
-    replica_timeout_ms: u64,
-    /// Rewrite the replica from this journal even if it holds another journal or a chain
-    /// that diverged (otherwise refused).
-    #[arg(long)]
-    rebuild_replica: bool,
 }
 
 #[derive(Debug, Args)]
@@ -120,30 +91,6 @@ struct Common {
     preprocess: PreprocessKind,
 }
 
-/// `--preprocess direct|card`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PreprocessKind {
-    Direct,
-    Card,
-}
-
-fn parse_preprocess(s: &str) -> Result<PreprocessKind, String> {
-    match s {
-        "direct" => Ok(PreprocessKind::Direct),
-        "card" => Ok(PreprocessKind::Card),
-        other => Err(format!("{other}: want direct or card")),
-    }
-}
-
-fn make_preprocess(kind: PreprocessKind) -> Result<Box<dyn Preprocess>> {
-    Ok(match kind {
-        PreprocessKind::Direct => Box::new(SoftPreprocess::default()),
-        PreprocessKind::Card => {
-            Box::new(CardPreprocess::soft().context("start the software card")?)
-        }
-    })
-}
-
 #[derive(Debug, Args)]
 struct AppendArgs {
     #[command(flatten)]
@@ -185,143 +132,6 @@ struct DumpArgs {
     limit: u64,
 }
 
-#[derive(Debug, Args)]
-struct BenchArgs {
-    /// The journal file (recreated); the pwrite+fdatasync baseline uses FILE.baseline.
-    file: PathBuf,
-    /// Size of the journal file.
-    #[arg(long, default_value = "512M", value_parser = parse_size)]
-    size: u64,
-    /// Payload bytes per record.
-    #[arg(long, default_value_t = 64)]
-    record_bytes: usize,
-    /// Records in the throughput run (their appends give the hot-path histogram).
-    #[arg(long, default_value_t = 2_000_000)]
-    records: u64,
-    /// Append rate of the durable-ack run, records per second.
-    #[arg(long, default_value_t = 20_000)]
-    rate: u64,
-    /// Length of the durable-ack run, seconds.
-    #[arg(long, default_value_t = 3.0)]
-    seconds: f64,
-    /// pwrite+fdatasync calls in the baseline.
-    #[arg(long, default_value_t = 1000)]
-    baseline_ops: u64,
-    /// Pin the writer thread to this core.
-    #[arg(long)]
-    writer_core: Option<usize>,
-    /// Pin the producer thread to this core.
-    #[arg(long)]
-    producer_core: Option<usize>,
-    /// Pin the ack run's waiter thread to this core (default: any core, even when the
-    /// producer is pinned; a waiter sharing the producer's core waits for its yields).
-    #[arg(long)]
-    waiter_core: Option<usize>,
-    /// Durability level of the journal runs.
-    #[arg(long, default_value = "local")]
-    durability: Durability,
-    #[command(flatten)]
-    replica: ReplicaOpts,
-    /// Write the histograms here (tags: append, ack, pwrite_fdatasync, naive_under_load).
-    #[arg(long, default_value = "journal-bench.hlog")]
-    hlog: PathBuf,
-    /// Who timestamps and checksums the frames of the journal runs: direct or card.
-    #[arg(long, default_value = "direct", value_parser = parse_preprocess)]
-    preprocess: PreprocessKind,
-    #[command(flatten)]
-    io: IoOpts,
-    /// How the ack run's writer and waiter wait: park (spin, then sleep on a futex: at a light
-    /// load every record pays two wake-ups, the writer's and the waiter's) or poll
-    /// (`WaitStrategy::SpinYield`: spin, then sched_yield, never sleeping in the kernel, like
-    /// the no-journal baseline's thread: no wake-up, but both threads keep their cores busy).
-    #[arg(long, default_value = "park", value_parser = parse_ack_wait)]
-    ack_wait: AckWait,
-    /// Print the results as one JSON object (the same numbers as the table) instead.
-    #[arg(long)]
-    json: bool,
-}
-
-/// How the ack run's writer and waiter wait ([`BenchArgs::ack_wait`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum AckWait {
-    Park,
-    Poll,
-}
-
-impl AckWait {
-    fn name(self) -> &'static str {
-        match self {
-            AckWait::Park => "park",
-            AckWait::Poll => "poll",
-        }
-    }
-
-    /// The writer's idle wait, and the waiter's (`None`: `wait_durable`'s own).
-    fn strategies(self) -> (WaitStrategy, Option<WaitStrategy>) {
-        match self {
-            AckWait::Park => (WaitStrategy::default(), None),
-            AckWait::Poll => {
-                let poll = WaitStrategy::SpinYield { spins: 128 };
-                (poll, Some(poll))
-            }
-        }
-    }
-}
-
-fn parse_ack_wait(s: &str) -> Result<AckWait, String> {
-    [AckWait::Park, AckWait::Poll]
-        .into_iter()
-        .find(|w| w.name() == s)
-        .ok_or_else(|| format!("{s}: want park or poll"))
-}
-
-/// How the journal's file is prepared and driven.
-#[derive(Debug, Clone, Args)]
-struct IoOpts {
-    /// I/O engine of the journal file: uring (io_uring; its fdatasync runs on an io-wq
-    /// kernel worker) or sync (pwritev on the writer's thread, fdatasync on the flusher's).
-    /// --direct needs uring.
-    #[arg(long, default_value = "uring")]
-    io: IoEngine,
-    /// How the writer drives the device: pipelined (one queue, a write and two flushes in
-    /// flight together) or flusher (the writer writes; two flusher threads flush and
-    /// acknowledge; `local` only, others run pipelined).
-    #[arg(long, default_value = "pipelined", value_parser = parse_writer_io)]
-    writer_io: WriterIo,
-    /// A new journal file is filled with written zeroes (true) instead of
-    /// fallocate(ZERO_RANGE), which leaves unwritten extents that every fdatasync converts
-    /// (bench: the baseline file is prepared the same way).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    prefill: bool,
-}
-
-fn writer_io_name(w: WriterIo) -> &'static str {
-    match w {
-        WriterIo::Flusher => "flusher",
-        _ => "pipelined",
-    }
-}
-
-fn parse_writer_io(s: &str) -> Result<WriterIo, String> {
-    match s {
-        "pipelined" => Ok(WriterIo::Pipelined),
-        "flusher" => Ok(WriterIo::Flusher),
-        other => Err(format!("{other}: want pipelined or flusher")),
-    }
-}
-
-/// The journal file's block device, with the engine `--io` names (`--direct` implies uring).
-fn open_device(path: &std::path::Path, io: IoEngine, direct: bool) -> Result<Arc<dyn BlockDevice>> {
-    Ok(match io {
-        IoEngine::Sync if !direct => {
-            Arc::new(SyncFileDevice::open(path, SyncFileOptions::default())?)
-        }
-        IoEngine::Sync | IoEngine::Uring | IoEngine::Auto => {
-            Arc::new(UringDevice::open(path, UringOptions { direct, ..UringOptions::default() })?)
-        }
-    })
-}
-
 /// Runs `fastlane journal`.
 pub fn run(args: &JournalArgs) -> Result<()> {
     crate::logging::init();
@@ -329,7 +139,7 @@ pub fn run(args: &JournalArgs) -> Result<()> {
         Cmd::Append(a) => append(a),
         Cmd::Verify(a) => verify_cmd(a),
         Cmd::Dump(a) => dump(a),
-        Cmd::Bench(a) => bench(a),
+        Cmd::Bench(a) => fastlane_bench::journal::run(a),
         Cmd::Replica(a) => replica_cmd(a),
     }
 }

@@ -1,51 +1,17 @@
-//! `--replica` and `fastlane journal replica`: the journal's mirror, in a file or over RDMA.
+//! `fastlane journal replica`: the far end of `--replica rdma://...`, which keeps the
+//! primary's journal in a file (`--replica` itself is opened by
+//! `fastlane_bench::journal::opts::open_replica`).
 
 use std::fs::OpenOptions;
 use std::io::Write as _;
-use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use fastlane_journal::rdma::{RdmaReplica, RdmaReplicaServer};
-use fastlane_journal::{FileReplica, Replica};
+use anyhow::{Context, Result};
+use fastlane_journal::rdma::RdmaReplicaServer;
 use fastlane_rdma::Device;
 
-use super::{ReplicaArgs, ReplicaOpts};
-
-/// The replica named by `--replica` (None if none), for a journal device of `size` bytes.
-pub(super) fn open_replica(
-    o: &ReplicaOpts,
-    size: u64,
-    truncate: bool,
-) -> Result<Option<Box<dyn Replica>>> {
-    let Some(r) = &o.replica else { return Ok(None) };
-    if let Some(addr) = r.strip_prefix("rdma://") {
-        let addr: SocketAddr =
-            addr.parse().with_context(|| format!("--replica {r}: want rdma://IP:PORT"))?;
-        let mode = match o.replica_sync.as_str() {
-            "ack" => fastlane_rdma::Durability::ReplicaAck,
-            "read" => fastlane_rdma::Durability::ReadAfterWrite,
-            other => bail!("--replica-sync {other}: want ack or read"),
-        };
-        let dev = Device::open(&o.device).with_context(|| format!("open {}", o.device))?;
-        let timeout = Duration::from_millis(o.replica_timeout_ms);
-        let rep = RdmaReplica::connect(&dev, addr, size, mode, timeout)
-            .with_context(|| format!("connect to the replica at {addr}"))?;
-        return Ok(Some(Box::new(rep)));
-    }
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(truncate)
-        .open(r)
-        .with_context(|| format!("open replica {r}"))?;
-    if truncate {
-        f.set_len(size)?;
-    }
-    Ok(Some(Box::new(FileReplica::new(f))))
-}
+use super::ReplicaArgs;
 
 pub(super) fn replica_cmd(a: &ReplicaArgs) -> Result<()> {
     let f = OpenOptions::new()

@@ -24,13 +24,14 @@ pub use axum::Router;
 
 use crate::engine::{Engine, FinishReason, Finished, GenRequest, Stream, StreamEvent};
 use crate::sampling::SamplingParams;
+use crate::tokenizer::Tokenizer;
 use fastlane_openai::api::{
     body_bytes, fence_event, parse, tenant_of_headers, ApiError, DEFAULT_MAX_TOKENS,
 };
 use fastlane_openai::protocol::{
     json_text, sse_event, ChatChoice, ChatChunkChoice, ChatMessage, ChatRequest, Completion,
-    CompletionRequest, Delta, ErrorBody, ErrorDetail, Health, ModelList, OneOrMany, Prompt,
-    SamplingFields, TextChoice, Usage,
+    CompletionRequest, Delta, ErrorBody, ErrorDetail, Health, Message, ModelList, OneOrMany,
+    Prompt, SamplingFields, TextChoice, Usage,
 };
 pub use fastlane_openai::{gate, tenants, Metrics, TenantLatency, Tenants};
 pub use metrics::EngineMetrics;
@@ -89,15 +90,7 @@ async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response 
         let t = tenant(&st, &headers)?;
         let b: CompletionRequest = parse(&bytes)?;
         check_model(&st, b.model.as_deref())?;
-        let prompt = match b.prompt {
-            Prompt::Text(s) => st
-                .engine
-                .model()
-                .tokenizer()
-                .encode(&s)
-                .map_err(|e| ApiError::bad(e.to_string()))?,
-            Prompt::Ids(ids) => ids,
-        };
+        let prompt = completion_prompt(st.engine.model().tokenizer(), b.prompt)?;
         run(st.clone(), t, prompt, b.common, arrived, Kind::Completion).await
     }
     .await;
@@ -111,30 +104,76 @@ async fn chat(State(st): State<Arc<AppState>>, req: Request) -> Response {
         let t = tenant(&st, &headers)?;
         let b: ChatRequest = parse(&bytes)?;
         check_model(&st, b.model.as_deref())?;
-        if b.messages.is_empty() {
-            return Err(ApiError::bad("messages: at least one message"));
-        }
-        let mut text = String::new();
-        for m in &b.messages {
-            if !matches!(m.role.as_str(), "system" | "user" | "assistant") {
-                return Err(ApiError::bad(format!(
-                    "messages: role {:?}: system, user or assistant",
-                    m.role
-                )));
-            }
-            text.push_str(&format!("<|{}|>\n{}\n", m.role, m.content));
-        }
-        text.push_str("<|assistant|>\n");
-        let prompt = st
-            .engine
-            .model()
-            .tokenizer()
-            .encode(&text)
-            .map_err(|e| ApiError::bad(e.to_string()))?;
+        let prompt = chat_prompt(st.engine.model().tokenizer(), &b.messages)?;
         run(st.clone(), t, prompt, b.common, arrived, Kind::Chat).await
     }
     .await;
     r.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// The prompt of a completion request: its text tokenized, or its token ids.
+fn completion_prompt(tokenizer: &Tokenizer, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
+    match prompt {
+        Prompt::Text(s) => tokenizer.encode(&s).map_err(|e| ApiError::bad(e.to_string())),
+        Prompt::Ids(ids) => Ok(ids),
+    }
+}
+
+/// The prompt of a chat request: its messages in the chat template (the module's doc),
+/// tokenized.
+fn chat_prompt(tokenizer: &Tokenizer, messages: &[Message]) -> Result<Vec<u32>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::bad("messages: at least one message"));
+    }
+    let mut text = String::new();
+    for m in messages {
+        if !matches!(m.role.as_str(), "system" | "user" | "assistant") {
+            return Err(ApiError::bad(format!(
+                "messages: role {:?}: system, user or assistant",
+                m.role
+            )));
+        }
+        text.push_str(&format!("<|{}|>\n{}\n", m.role, m.content));
+    }
+    text.push_str("<|assistant|>\n");
+    tokenizer.encode(&text).map_err(|e| ApiError::bad(e.to_string()))
+}
+
+/// The engine's request for `prompt` with the fields a completion and a chat request share:
+/// the one place OpenAI's sampling fields (with vLLM's extensions) become the engine's, and
+/// where those the engine does not do are refused.
+fn engine_request(
+    c: &SamplingFields,
+    prompt: Vec<u32>,
+    tenant: usize,
+) -> Result<GenRequest, ApiError> {
+    if c.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad("n: only 1 is supported"));
+    }
+    c.refuse_unsupported()?;
+    let _ = &c.user;
+    Ok(GenRequest {
+        prompt,
+        max_tokens: c.max_tokens.or(c.max_completion_tokens).unwrap_or(DEFAULT_MAX_TOKENS),
+        sampling: SamplingParams {
+            temperature: c.temperature.unwrap_or(1.0),
+            top_p: c.top_p.unwrap_or(1.0),
+            top_k: c.top_k.unwrap_or(0),
+            // Without a seed of its own, a request samples from a seed the OS RNG seeded
+            // (rand's thread RNG): identical prompts get independent completions. (This was
+            // the time since arrival, nearly the same for every request.)
+            seed: c.seed.unwrap_or_else(rand::random::<u64>),
+        },
+        stop: match &c.stop {
+            None => Vec::new(),
+            Some(OneOrMany::One(s)) => vec![s.clone()],
+            Some(OneOrMany::Many(v)) => v.clone(),
+        },
+        stop_token_ids: c.stop_token_ids.clone().unwrap_or_default(),
+        ignore_eos: c.ignore_eos.unwrap_or(false),
+        tenant,
+        digest_logits: false,
+    })
 }
 
 fn check_model(st: &AppState, model: Option<&str>) -> Result<(), ApiError> {
@@ -194,33 +233,7 @@ async fn run(
     kind: Kind,
 ) -> Result<Response, ApiError> {
     let tname = st.tenants.get(t).name.clone();
-    if c.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad("n: only 1 is supported"));
-    }
-    c.refuse_unsupported()?;
-    let _ = &c.user;
-    let req = GenRequest {
-        prompt,
-        max_tokens: c.max_tokens.or(c.max_completion_tokens).unwrap_or(DEFAULT_MAX_TOKENS),
-        sampling: SamplingParams {
-            temperature: c.temperature.unwrap_or(1.0),
-            top_p: c.top_p.unwrap_or(1.0),
-            top_k: c.top_k.unwrap_or(0),
-            // Without a seed of its own, a request samples from a seed the OS RNG seeded
-            // (rand's thread RNG): identical prompts get independent completions. (This was
-            // the time since arrival, nearly the same for every request.)
-            seed: c.seed.unwrap_or_else(rand::random::<u64>),
-        },
-        stop: match c.stop {
-            None => Vec::new(),
-            Some(OneOrMany::One(s)) => vec![s],
-            Some(OneOrMany::Many(v)) => v,
-        },
-        stop_token_ids: c.stop_token_ids.unwrap_or_default(),
-        ignore_eos: c.ignore_eos.unwrap_or(false),
-        tenant: t,
-        digest_logits: false,
-    };
+    let req = engine_request(&c, prompt, t)?;
     let prompt_tokens = req.prompt.len();
     let stream = st.engine.submit(req).map_err(|e| {
         st.metrics.requests.with_label_values(&[&tname, "rejected_invalid"]).inc();
@@ -544,4 +557,72 @@ fn sse(
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn completion(json: &str) -> CompletionRequest {
+        serde_json::from_str(json).unwrap()
+    }
+
+    fn chat(json: &str) -> ChatRequest {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn a_completion_and_the_same_chat_make_the_same_engine_request() {
+        let fields = r#""max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "top_k": 40,
+            "seed": 3, "stop": ["x", "y"], "stop_token_ids": [5], "ignore_eos": true,
+            "n": 1, "user": "u""#;
+        let prompt = r#""<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n""#;
+        let messages = r#"[{"role": "system", "content": "be brief"},
+            {"role": "user", "content": "hi"}]"#;
+        let (a, b) = (
+            completion(&format!(r#"{{"prompt": {prompt}, {fields}}}"#)),
+            chat(&format!(r#"{{"messages": {messages}, {fields}}}"#)),
+        );
+        let tok = Tokenizer::Bytes;
+        let ra = engine_request(&a.common, completion_prompt(&tok, a.prompt).unwrap(), 2).unwrap();
+        let rb = engine_request(&b.common, chat_prompt(&tok, &b.messages).unwrap(), 2).unwrap();
+        assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
+        assert_eq!(
+            ra.prompt,
+            tok.encode("<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n").unwrap()
+        );
+        assert_eq!(
+            (ra.max_tokens, ra.tenant, ra.ignore_eos, ra.digest_logits),
+            (7, 2, true, false)
+        );
+        let want = SamplingParams { temperature: 0.5, top_p: 0.9, top_k: 40, seed: 3 };
+        assert_eq!(ra.sampling, want);
+        assert_eq!((ra.stop, ra.stop_token_ids), (vec!["x".to_string(), "y".into()], vec![5]));
+        // The chat API's newer name for max_tokens, and one stop string.
+        let c = chat(
+            r#"{"messages": [{"role": "user", "content": "hi"}],
+            "max_completion_tokens": 9, "stop": "z", "seed": 1}"#,
+        );
+        let r = engine_request(&c.common, vec![1], 0).unwrap();
+        assert_eq!((r.max_tokens, r.stop), (9, vec!["z".to_string()]));
+    }
+
+    #[test]
+    fn engine_request_defaults_and_refusals() {
+        let c = completion(r#"{"prompt": [1, 2, 3], "seed": 4}"#);
+        let r =
+            engine_request(&c.common, completion_prompt(&Tokenizer::Bytes, c.prompt).unwrap(), 0)
+                .unwrap();
+        assert_eq!((r.prompt, r.max_tokens), (vec![1, 2, 3], DEFAULT_MAX_TOKENS));
+        assert_eq!(r.sampling, SamplingParams { temperature: 1.0, top_p: 1.0, top_k: 0, seed: 4 });
+        assert!(r.stop.is_empty() && r.stop_token_ids.is_empty() && !r.ignore_eos);
+        let n2 = completion(r#"{"prompt": "hi", "n": 2}"#);
+        assert!(engine_request(&n2.common, vec![1], 0).is_err());
+        let pen = completion(r#"{"prompt": "hi", "frequency_penalty": 0.5}"#);
+        assert!(engine_request(&pen.common, vec![1], 0).is_err());
+        let tok = Tokenizer::Bytes;
+        assert!(chat_prompt(&tok, &[]).is_err());
+        let tool = chat(r#"{"messages": [{"role": "tool", "content": "x"}]}"#);
+        assert!(chat_prompt(&tok, &tool.messages).is_err());
+    }
 }

@@ -1,4 +1,6 @@
-//! `fastlane serve`: export a block backend as a vhost-user-blk device on a Unix socket.
+//! FastLane's disk daemon: export a block backend as a vhost-user-blk device on a Unix socket.
+//! It runs as the `fastlane-disk` binary of this crate and as `fastlane serve` (the same
+//! [`ServeArgs`] and [`run`]), and links none of the LLM crates.
 //!
 //! Serves one frontend (QEMU, qemu-storage-daemon's clients, virtio-driver) at a time and the
 //! next one after it disconnects. Runs the way QEMU's vhost-user "backend program conventions"
@@ -8,12 +10,14 @@
 //! write per-queue latency histograms when `--hlog` is given. SIGUSR1 logs the totals.
 //! `--metrics ADDR` serves the per-queue counters and latency histograms to Prometheus (read
 //! at each scrape; docs/vhost-blk.md).
+//!
+//! The device itself (virtqueues, requests, the in-flight region) is `fastlane-vhost-blk`;
+//! the backends are `fastlane-block`'s. This crate only parses the options, finds the socket,
+//! and runs the server with its signals, notifications, stats and metrics.
 
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -21,12 +25,16 @@ use clap::{Args, ValueEnum};
 use fastlane_block::{BlockDevice, BlockOp, BlockRequest, Completion};
 use fastlane_daemon::notify::{notify, NotifyState};
 use fastlane_vhost_blk::spec::{BackendSpec, IoEngine, SpecOptions};
-use fastlane_vhost_blk::{BlkStats, RejectReason, ServerEvent, VhostBlkOptions};
+use fastlane_vhost_blk::{ServerEvent, VhostBlkOptions};
 
-use fastlane_daemon::metrics::{set_gauge, set_total, Families, LatencyFamily};
 use fastlane_daemon::signals::StopSignals;
 
 mod listen;
+mod metrics;
+mod stats;
+
+use metrics::BlkMetrics;
+use stats::{log_totals, StatsTicker};
 
 /// `fastlane serve` options. The names QEMU's vhost-user "backend program conventions" give
 /// (`--socket-path`, `--fd`, `--print-capabilities`, `--blk-file`, `--read-only`) are the
@@ -119,7 +127,8 @@ impl From<IoArg> for IoEngine {
 }
 
 /// The program name under which the `fastlane` binary is `fastlane serve` (a link of that
-/// name; see `main.rs`).
+/// name; see fastlane-cli's `main.rs`), the name QEMU's and libvirt's vhost-user JSON
+/// descriptor points at.
 pub const BACKEND_PROGRAM: &str = "fastlane-vhost-user-blk";
 
 /// What `--print-capabilities` prints: QEMU's `vhost-user.json` schema, a block backend
@@ -127,15 +136,18 @@ pub const BACKEND_PROGRAM: &str = "fastlane-vhost-user-blk";
 pub const CAPABILITIES: &str = r#"{"type":"block","features":["read-only","blk-file"]}"#;
 
 /// How long a metrics scrape or a stats line waits for the queues to merge their latency.
-const REFRESH_WAIT: Duration = Duration::from_millis(50);
+pub(crate) const REFRESH_WAIT: Duration = Duration::from_millis(50);
 
-/// Run `fastlane serve` until SIGINT/SIGTERM.
+/// Run the disk daemon (`fastlane serve`, `fastlane-disk`) until SIGINT/SIGTERM.
+///
+/// Logs through `fastlane_daemon::logging`: a caller that wants another `--log-format`
+/// installs the logger before; otherwise text lines are installed here.
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     if args.print_capabilities {
         println!("{CAPABILITIES}");
         return Ok(());
     }
-    crate::logging::init();
+    fastlane_daemon::logging::init(fastlane_daemon::LogFormat::default());
     // Block the stop signals (and SIGUSR1) before any thread exists, so every thread inherits
     // the mask and only the signal thread below receives them (with sigwait).
     let signals = StopSignals::block_with_report()?;
@@ -246,256 +258,6 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         log::info!("latency histograms written to {}", path.display());
     }
     result.context("vhost-user-blk server failed")
-}
-
-/// SIGUSR1: every queue's counters and latency since start.
-fn log_totals(stats: &BlkStats) {
-    stats.refresh(REFRESH_WAIT);
-    let summary = stats.summary();
-    let mut text =
-        format!("totals (SIGUSR1): {} connection(s)\n", stats.connections.load(Ordering::Relaxed));
-    text.push_str(if summary.is_empty() { "no requests yet\n" } else { &summary });
-    for (i, q) in stats.queues().iter().enumerate() {
-        let h = q.latency();
-        if !h.is_empty() {
-            text.push_str(&format!("queue {i}: latency {}\n", percentiles(&h)));
-        }
-    }
-    log::info!("{}", text.trim_end());
-}
-
-/// `p50 … p99 … p99.9 … max …` in µs.
-fn percentiles(h: &hdrhistogram::Histogram<u64>) -> String {
-    let us = |ns: u64| ns as f64 / 1e3;
-    format!(
-        "p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs ({} requests)",
-        us(h.value_at_quantile(0.5)),
-        us(h.value_at_quantile(0.99)),
-        us(h.value_at_quantile(0.999)),
-        us(h.max()),
-        h.len()
-    )
-}
-
-/// `--stats-interval`: a thread that logs one line per interval until dropped.
-struct StatsTicker {
-    stop: Option<std::sync::mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl StatsTicker {
-    fn start(stats: Arc<BlkStats>, every: Duration) -> anyhow::Result<StatsTicker> {
-        let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("serve-stats".into())
-            .spawn(move || {
-                let mut last = IntervalTotals::now(&stats);
-                let mut at = Instant::now();
-                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-                    stopped.recv_timeout(every)
-                {
-                    let now = IntervalTotals::now(&stats);
-                    let secs = at.elapsed().as_secs_f64();
-                    at = Instant::now();
-                    log::info!("{}", now.line_since(&last, secs));
-                    last = now;
-                }
-            })
-            .context("cannot spawn the --stats-interval thread")?;
-        Ok(StatsTicker { stop: Some(stop), thread: Some(thread) })
-    }
-}
-
-impl Drop for StatsTicker {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Totals over every queue at one moment.
-struct IntervalTotals {
-    requests: u64,
-    errors: u64,
-    bytes_read: u64,
-    bytes_written: u64,
-    in_flight: u64,
-    latency: hdrhistogram::Histogram<u64>,
-}
-
-impl IntervalTotals {
-    fn now(stats: &BlkStats) -> IntervalTotals {
-        stats.refresh(REFRESH_WAIT);
-        let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        let mut t = IntervalTotals {
-            requests: 0,
-            errors: 0,
-            bytes_read: 0,
-            bytes_written: 0,
-            in_flight: 0,
-            latency: fastlane_vhost_blk::stats::new_latency_histogram(),
-        };
-        for q in stats.queues() {
-            t.requests += l(&q.completed);
-            t.errors += l(&q.failed) + q.rejected_total();
-            t.bytes_read += l(&q.bytes_read);
-            t.bytes_written += l(&q.bytes_written);
-            t.in_flight += l(&q.in_flight);
-            // Same bounds on both sides: adding cannot fail.
-            let _ = t.latency.add(q.latency());
-        }
-        t
-    }
-
-    /// The stats line for the interval from `before` to `self`, `secs` long.
-    fn line_since(&self, before: &IntervalTotals, secs: f64) -> String {
-        let secs = secs.max(1e-9);
-        let requests = self.requests.saturating_sub(before.requests);
-        let mb = |now: u64, then: u64| now.saturating_sub(then) as f64 / 1e6 / secs;
-        let mut latency = self.latency.clone();
-        let latency = match latency.subtract(&before.latency) {
-            Ok(()) if !latency.is_empty() => percentiles(&latency),
-            _ => "no requests".to_string(),
-        };
-        format!(
-            "stats: {requests} requests ({:.0}/s), {:.1} MB/s read, {:.1} MB/s written, {} \
-             errors, {} in flight; latency {latency}",
-            requests as f64 / secs,
-            mb(self.bytes_read, before.bytes_read),
-            mb(self.bytes_written, before.bytes_written),
-            self.errors.saturating_sub(before.errors),
-            self.in_flight,
-        )
-    }
-}
-
-/// The Prometheus families of `fastlane serve --metrics`, label `queue` = the virtqueue index.
-struct BlkMetrics {
-    requests: fastlane_daemon::metrics::IntCounterVec,
-    rejected: fastlane_daemon::metrics::IntCounterVec,
-    bytes: fastlane_daemon::metrics::IntCounterVec,
-    flushes: fastlane_daemon::metrics::IntCounterVec,
-    discards: fastlane_daemon::metrics::IntCounterVec,
-    sleeps: fastlane_daemon::metrics::IntCounterVec,
-    queues: fastlane_daemon::metrics::IntGaugeVec,
-    capacity: fastlane_daemon::metrics::IntGaugeVec,
-    latency: LatencyFamily,
-    in_flight: fastlane_daemon::metrics::IntGaugeVec,
-    connections: fastlane_daemon::metrics::IntCounterVec,
-    connection_errors: fastlane_daemon::metrics::IntCounterVec,
-    resubmitted: fastlane_daemon::metrics::IntCounterVec,
-    torn: fastlane_daemon::metrics::IntCounterVec,
-    broken_avail: fastlane_daemon::metrics::IntCounterVec,
-}
-
-impl BlkMetrics {
-    fn new(f: &Families) -> BlkMetrics {
-        BlkMetrics {
-            requests: f.counter(
-                "fastlane_vhost_blk_requests_total",
-                "Requests finished, by queue and result (ok, failed: the backend failed it, \
-                 rejected: refused before the backend)",
-                &["queue", "result"],
-            ),
-            rejected: f.counter(
-                "fastlane_vhost_blk_rejected_total",
-                "Requests refused before the backend, by queue and reason",
-                &["queue", "reason"],
-            ),
-            bytes: f.counter(
-                "fastlane_vhost_blk_bytes_total",
-                "Bytes read and written by the guest, by queue and direction",
-                &["queue", "direction"],
-            ),
-            flushes: f.counter(
-                "fastlane_vhost_blk_flushes_total",
-                "Flush requests completed, by queue (also in requests_total)",
-                &["queue"],
-            ),
-            discards: f.counter(
-                "fastlane_vhost_blk_discards_total",
-                "Discard and write-zeroes requests completed, by queue (also in requests_total)",
-                &["queue"],
-            ),
-            sleeps: f.counter(
-                "fastlane_vhost_blk_sleeps_total",
-                "Times a queue's worker slept on its eventfds after its poll window",
-                &["queue"],
-            ),
-            queues: f.gauge("fastlane_vhost_blk_queues", "Virtqueues exported", &[]),
-            capacity: f.gauge("fastlane_vhost_blk_capacity_bytes", "Disk capacity", &[]),
-            latency: f.latency(
-                "fastlane_vhost_blk_request_duration_seconds",
-                "Request latency from popping the chain to its used-ring entry, by queue \
-                 (the histograms --hlog writes)",
-                &["queue"],
-            ),
-            in_flight: f.gauge(
-                "fastlane_vhost_blk_in_flight",
-                "Requests at the backend now, by queue",
-                &["queue"],
-            ),
-            connections: f.counter(
-                "fastlane_vhost_blk_connections_total",
-                "Frontend connections accepted (each reconnect counts one more)",
-                &[],
-            ),
-            resubmitted: f.counter(
-                "fastlane_vhost_blk_resubmitted_total",
-                "Requests resubmitted from the in-flight region when a frontend reattached \
-                 after a backend restart, by queue",
-                &["queue"],
-            ),
-            torn: f.counter(
-                "fastlane_vhost_blk_torn_completions_total",
-                "Completions found torn at a restart (used entry published, mark not cleared) \
-                 and repaired, by queue",
-                &["queue"],
-            ),
-            broken_avail: f.counter(
-                "fastlane_vhost_blk_broken_avail_total",
-                "Times a queue found the guest's avail index more than a queue ahead and slept \
-                 instead of spinning, by queue",
-                &["queue"],
-            ),
-            connection_errors: f.counter(
-                "fastlane_vhost_blk_connection_errors_total",
-                "Frontend connections that ended with an error rather than a disconnect",
-                &[],
-            ),
-        }
-    }
-
-    fn update(&self, stats: &Arc<BlkStats>, capacity_bytes: u64) {
-        let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        stats.refresh(REFRESH_WAIT);
-        set_total(&self.connections, &[], l(&stats.connections));
-        set_total(&self.connection_errors, &[], l(&stats.connections_failed));
-        for (i, q) in stats.queues().iter().enumerate() {
-            let queue = i.to_string();
-            let queue = queue.as_str();
-            self.latency.set(&[queue], &q.latency());
-            set_gauge(&self.in_flight, &[queue], l(&q.in_flight));
-            set_total(&self.resubmitted, &[queue], l(&q.resubmitted));
-            set_total(&self.torn, &[queue], l(&q.torn_repaired));
-            set_total(&self.broken_avail, &[queue], l(&q.broken_avail));
-            set_total(&self.requests, &[queue, "ok"], l(&q.completed));
-            set_total(&self.requests, &[queue, "failed"], l(&q.failed));
-            set_total(&self.requests, &[queue, "rejected"], q.rejected_total());
-            for r in RejectReason::ALL {
-                set_total(&self.rejected, &[queue, r.name()], q.rejected(r));
-            }
-            set_total(&self.bytes, &[queue, "read"], l(&q.bytes_read));
-            set_total(&self.bytes, &[queue, "write"], l(&q.bytes_written));
-            set_total(&self.flushes, &[queue], l(&q.flushes));
-            set_total(&self.discards, &[queue], l(&q.discards));
-            set_total(&self.sleeps, &[queue], l(&q.sleeps));
-        }
-        set_gauge(&self.queues, &[], stats.queues().len() as u64);
-        set_gauge(&self.capacity, &[], capacity_bytes);
-    }
 }
 
 fn print_qemu_command(socket: &std::path::Path, queues: u16) {

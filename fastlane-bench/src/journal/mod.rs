@@ -1,5 +1,13 @@
 //! `fastlane journal bench`: the journal's ack latency under load, against a file given one
 //! `pwrite` + `fdatasync` per record, and what framing costs.
+//!
+//! This file holds the command line and `run`; `framing` measures what framing costs,
+//! `report` is the `--json` report, and [`opts`] the journal flags `fastlane journal append`
+//! shares (replica, I/O, preprocessing) and what they open.
+
+mod framing;
+pub mod opts;
+mod report;
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt as _;
@@ -9,30 +17,128 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use clap::Args;
 use fastlane_hist::{HlogWriter, LatencyRecorder};
 use fastlane_journal::format::frame_len;
 use fastlane_journal::{
     CardPreprocess, Durability, Journal, JournalConfig, JournalError, SoftPreprocess,
 };
 use fastlane_ring::WaitStrategy;
+use fastlane_util::parse_size;
 use fastlane_util::tsc::{ns_per_tick, read_tsc as tsc};
 
-use super::framing::{framing_cost, framing_via};
-use super::replica::open_replica;
-use super::report::{pcts, BenchReport, Pcts};
-use super::{make_preprocess, open_device, writer_io_name, BenchArgs, PreprocessKind, ReplicaOpts};
+use framing::{framing_cost, framing_via};
+use opts::{
+    make_preprocess, open_device, open_replica, parse_preprocess, writer_io_name, IoOpts,
+    PreprocessKind, ReplicaOpts,
+};
+use report::{pcts, BenchReport, Pcts};
 
-pub(super) fn pin(core: Option<usize>) {
+use crate::pin::unpin;
+
+/// Arguments of `fastlane journal bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// The journal file (recreated); the pwrite+fdatasync baseline uses FILE.baseline.
+    file: PathBuf,
+    /// Size of the journal file.
+    #[arg(long, default_value = "512M", value_parser = parse_size)]
+    size: u64,
+    /// Payload bytes per record.
+    #[arg(long, default_value_t = 64)]
+    record_bytes: usize,
+    /// Records in the throughput run (their appends give the hot-path histogram).
+    #[arg(long, default_value_t = 2_000_000)]
+    records: u64,
+    /// Append rate of the durable-ack run, records per second.
+    #[arg(long, default_value_t = 20_000)]
+    rate: u64,
+    /// Length of the durable-ack run, seconds.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// pwrite+fdatasync calls in the baseline.
+    #[arg(long, default_value_t = 1000)]
+    baseline_ops: u64,
+    /// Pin the writer thread to this core.
+    #[arg(long)]
+    writer_core: Option<usize>,
+    /// Pin the producer thread to this core.
+    #[arg(long)]
+    producer_core: Option<usize>,
+    /// Pin the ack run's waiter thread to this core (default: any core, even when the
+    /// producer is pinned; a waiter sharing the producer's core waits for its yields).
+    #[arg(long)]
+    waiter_core: Option<usize>,
+    /// Durability level of the journal runs.
+    #[arg(long, default_value = "local")]
+    durability: Durability,
+    #[command(flatten)]
+    replica: ReplicaOpts,
+    /// Write the histograms here (tags: append, ack, pwrite_fdatasync, naive_under_load).
+    #[arg(long, default_value = "journal-bench.hlog")]
+    hlog: PathBuf,
+    /// Who timestamps and checksums the frames of the journal runs: direct or card.
+    #[arg(long, default_value = "direct", value_parser = parse_preprocess)]
+    preprocess: PreprocessKind,
+    #[command(flatten)]
+    io: IoOpts,
+    /// How the ack run's writer and waiter wait: park (spin, then sleep on a futex: at a light
+    /// load every record pays two wake-ups, the writer's and the waiter's) or poll
+    /// (`WaitStrategy::SpinYield`: spin, then sched_yield, never sleeping in the kernel, like
+    /// the no-journal baseline's thread: no wake-up, but both threads keep their cores busy).
+    #[arg(long, default_value = "park", value_parser = parse_ack_wait)]
+    ack_wait: AckWait,
+    /// Print the results as one JSON object (the same numbers as the table) instead.
+    #[arg(long)]
+    json: bool,
+}
+
+/// How the ack run's writer and waiter wait ([`BenchArgs::ack_wait`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AckWait {
+    Park,
+    Poll,
+}
+
+impl AckWait {
+    fn name(self) -> &'static str {
+        match self {
+            AckWait::Park => "park",
+            AckWait::Poll => "poll",
+        }
+    }
+
+    /// The writer's idle wait, and the waiter's (`None`: `wait_durable`'s own).
+    fn strategies(self) -> (WaitStrategy, Option<WaitStrategy>) {
+        match self {
+            AckWait::Park => (WaitStrategy::default(), None),
+            AckWait::Poll => {
+                let poll = WaitStrategy::SpinYield { spins: 128 };
+                (poll, Some(poll))
+            }
+        }
+    }
+}
+
+fn parse_ack_wait(s: &str) -> Result<AckWait, String> {
+    [AckWait::Park, AckWait::Poll]
+        .into_iter()
+        .find(|w| w.name() == s)
+        .ok_or_else(|| format!("{s}: want park or poll"))
+}
+
+/// Pins the calling thread to `core`, if given; a core it may not use is logged and skipped.
+fn pin(core: Option<usize>) {
     if let Some(id) = core {
-        if let Err(e) = fastlane_bench::pin::pin_to(id, "core") {
+        if let Err(e) = crate::pin::pin_to(id, "core") {
             log::warn!("{e:#}; running unpinned");
         }
     }
 }
 
-pub(super) use fastlane_bench::pin::unpin;
-
-pub(super) fn fresh_journal(a: &BenchArgs, wait: WaitStrategy, size: u64) -> Result<Journal> {
+/// A new journal in `a.file` (any old one removed) of `size` bytes, as `a` configures it,
+/// whose writer idles with `wait`; `replicated` without `--replica` mirrors into FILE.replica.
+fn fresh_journal(a: &BenchArgs, wait: WaitStrategy, size: u64) -> Result<Journal> {
     let _ = std::fs::remove_file(&a.file);
     let f = OpenOptions::new().write(true).create_new(true).open(&a.file)?;
     f.set_len(size)?;
@@ -61,7 +167,7 @@ pub(super) fn fresh_journal(a: &BenchArgs, wait: WaitStrategy, size: u64) -> Res
 /// Sizes the baseline file as the journal's device is prepared at create: written zeroes
 /// (`prefill`: every later `fdatasync` is data only) or allocated-but-unwritten extents (what
 /// write-zeroes leaves: every `fdatasync` also converts the extents it wrote into).
-pub(super) fn prepare_like_journal(f: &std::fs::File, len: u64, prefill: bool) -> Result<()> {
+fn prepare_like_journal(f: &std::fs::File, len: u64, prefill: bool) -> Result<()> {
     f.set_len(len)?;
     if prefill {
         let zero = vec![0u8; 1 << 20];
@@ -86,7 +192,7 @@ pub(super) fn prepare_like_journal(f: &std::fs::File, len: u64, prefill: bool) -
 }
 
 /// Where [`naive_under_load`] writes in the baseline file (after the floor's frames).
-pub(super) const NAIVE_BASE: u64 = 1 << 20;
+const NAIVE_BASE: u64 = 1 << 20;
 
 /// The load of the ack run without a journal: a generator stamps `total` arrivals at
 /// `a.rate`; one thread takes them in order and gives each its own `pwrite` + `fdatasync` at
@@ -94,7 +200,7 @@ pub(super) const NAIVE_BASE: u64 = 1 << 20;
 /// first arrival to the last fdatasync. When one fdatasync takes longer than the arrival gap
 /// the queue grows for the whole run, and the latencies with it: that is the point of group
 /// commit. Bounded: an error after 120 s.
-pub(super) fn naive_under_load(
+fn naive_under_load(
     file: &std::fs::File,
     a: &BenchArgs,
     total: u64,
@@ -138,7 +244,10 @@ pub(super) fn naive_under_load(
     Ok((rec, elapsed))
 }
 
-pub(super) fn bench(a: &BenchArgs) -> Result<()> {
+/// Runs `fastlane journal bench`: the throughput run, the durable-ack run between the two
+/// halves of the `pwrite` + `fdatasync` floor, the same load without a journal, and framing
+/// alone; prints the table (or, with `--json`, the report) and writes the histograms.
+pub fn run(a: &BenchArgs) -> Result<()> {
     if a.record_bytes == 0 || a.record_bytes > 4096 {
         bail!("--record-bytes must be 1..=4096");
     }

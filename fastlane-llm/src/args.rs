@@ -1,0 +1,383 @@
+//! The flags `fastlane llm` and `fastlane router` share, with their conversion into the
+//! configuration they describe: the HTTP listener's ([`HttpArgs`]) and the model's and
+//! engine's ([`EngineArgs`]). They are clap `Args`, flattened by the CLI into its
+//! subcommands (as `fastlane-bench`'s are); errors name the flag.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use fastlane_kvswap::{NvmeTierConfig, RemoteTierConfig};
+use fastlane_sched::Policy;
+
+use crate::{EngineConfig, Model, PreemptChoice};
+
+/// Listener flags shared by `llm serve` and `router`.
+#[derive(Debug, Args, Clone)]
+pub struct HttpArgs {
+    /// After SIGTERM or SIGINT: stop accepting, let open streams finish for at most this
+    /// many seconds, then exit 0.
+    #[arg(long, default_value_t = 30)]
+    pub drain_seconds: u64,
+    /// A client must send a request's headers within this many seconds (slow-header clients
+    /// are cut off).
+    #[arg(long, default_value_t = 10.0)]
+    pub header_timeout_seconds: f64,
+    /// Open connections at most (beyond, new ones wait in the accept backlog).
+    #[arg(long, default_value_t = 16_384)]
+    pub max_connections: usize,
+}
+
+impl HttpArgs {
+    /// The listener options.
+    pub fn options(&self) -> Result<fastlane_daemon::http::HttpOptions> {
+        if !(self.header_timeout_seconds.is_finite() && self.header_timeout_seconds > 0.0) {
+            bail!("--header-timeout-seconds must be positive");
+        }
+        Ok(fastlane_daemon::http::HttpOptions {
+            header_timeout: Duration::from_secs_f64(self.header_timeout_seconds),
+            max_connections: self.max_connections,
+            drain: Duration::from_secs(self.drain_seconds),
+        })
+    }
+
+    /// Binds `addr`, prints `listening on http://ADDR` (scripts read it), serves `app` until
+    /// SIGTERM/SIGINT, drains.
+    pub fn run(
+        &self,
+        addr: std::net::SocketAddr,
+        app: crate::server::Router,
+        what: &str,
+    ) -> Result<()> {
+        self.run_with(addr, what, move || app)
+    }
+
+    /// [`HttpArgs::run`] with the app built inside the runtime (it may spawn tasks).
+    pub fn run_with(
+        &self,
+        addr: std::net::SocketAddr,
+        what: &str,
+        app: impl FnOnce() -> crate::server::Router,
+    ) -> Result<()> {
+        use fastlane_daemon::http;
+        let opts = self.options()?;
+        let fds = http::raise_fd_limit();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .thread_name("fastlane-http")
+            .build()?;
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr}"))?;
+            let local = listener.local_addr()?;
+            let app = app();
+            println!("listening on http://{local}");
+            log::info!(
+                "{what} on http://{local} (header timeout {:.1}s, {} connections at most, {fds} fds)",
+                opts.header_timeout.as_secs_f64(),
+                opts.max_connections
+            );
+            match http::serve(listener, app, opts, http::shutdown_signal()).await {
+                http::Drained::Clean => log::info!("drained: every stream finished"),
+                http::Drained::TimedOut => log::warn!(
+                    "drain timeout ({}s): exiting with streams still open",
+                    opts.drain.as_secs()
+                ),
+            }
+            Ok::<(), anyhow::Error>(())
+        })
+    }
+}
+
+/// The model and engine flags shared by `generate` and `bench`.
+#[derive(Debug, Args, Clone)]
+pub struct EngineArgs {
+    /// Model: a Hugging Face directory (config.json, *.safetensors) or random:tiny (3.4 M
+    /// parameters) / random:small (125 M), seeded random weights that are not a language model.
+    #[arg(long, default_value = "random:tiny")]
+    pub model: String,
+    /// Seed of a random: model's weights.
+    #[arg(long, default_value_t = 1)]
+    pub model_seed: u64,
+    /// KV blocks in the device pool (16 tokens each); small values force preemption.
+    #[arg(long, default_value_t = 1024)]
+    pub device_blocks: u32,
+    /// Scheduling policy: fifo (no gate), drr (token bucket + slots + DRR), drr+preempt
+    /// (and batch sequences preempted for interactive ones). Default: fifo for generate,
+    /// drr for serve.
+    #[arg(long)]
+    pub policy: Option<String>,
+    /// How preempted sequences give up their blocks: auto (measured costs), swap, recompute.
+    #[arg(long, default_value = "auto")]
+    pub preempt: String,
+    /// Latency protection (policies drr, drr+preempt): while an interactive tenant that sends
+    /// under its rate has prefill in the step, other tenants add no prefill to that step
+    /// (their decodes still run); not work-conserving, off by default (docs/scheduler.md).
+    #[arg(long)]
+    pub protect: bool,
+    /// How the interactive and batch tiers share a step (policies drr, drr+preempt):
+    /// separate (a step with an interactive prefill carries no batch-tier work, decodes
+    /// included, for at most 500 ms in a row; the batch work runs in the next step) or shared
+    /// (batch work fills whatever budget the interactive tier leaves, as on a GPU where rows
+    /// are nearly free). On a CPU every row lengthens the step (docs/serving.md).
+    #[arg(long, default_value = "separate", value_name = "separate|shared")]
+    pub tier_steps: String,
+    /// Prefill chunk in tokens (0: whole prompts in one step). Default 256; 64 for serve.
+    #[arg(long)]
+    pub chunk: Option<u32>,
+    /// Token budget of one step. Default 512; 128 for serve (unless --preemptible-steps is
+    /// on, a step runs to its end, so its length bounds how long a new request waits for the
+    /// one in flight).
+    #[arg(long)]
+    pub batch_tokens: Option<u32>,
+    /// Preemptible steps: on or off. On: when a request of an interactive-tier tenant
+    /// arrives while a step's forward pass runs and that step holds no interactive prefill,
+    /// the pass is given up between two layers (the work done on it is discarded and redone)
+    /// and the next step is planned with the new request in it; the step after one given up
+    /// always runs to its end. Trades batch-tier throughput for interactive TTFT; with
+    /// --tier-steps separate the step that follows holds no batch row (docs/serving.md). On
+    /// by default: output is the same either way.
+    #[arg(long, default_value = "on")]
+    pub preemptible_steps: String,
+    /// Host swap tier size (bytes, K/M/G suffixes; 0: none, swap goes to --nvme/--remote).
+    #[arg(long, default_value = "256M")]
+    pub host_bytes: String,
+    /// NVMe swap tier: a file or block device, used with O_DIRECT through io_uring.
+    #[arg(long)]
+    pub nvme: Option<PathBuf>,
+    /// Bytes of --nvme to use.
+    #[arg(long, default_value = "1G")]
+    pub nvme_bytes: String,
+    /// Remote swap tier: address of a `fastlane rdma serve` pool.
+    #[arg(long)]
+    pub remote: Option<std::net::SocketAddr>,
+    /// RDMA device for --remote.
+    #[arg(long, default_value = "rxe0")]
+    pub rdma_device: String,
+    /// Bytes to take from the remote pool.
+    #[arg(long, default_value = "256M")]
+    pub remote_bytes: String,
+    /// Prefix reuse: prompts' full 16-token blocks are cached by content (model digest +
+    /// token ids) and a new prompt's leading hits are loaded instead of prefilled: on or off.
+    #[arg(long, default_value = "on")]
+    pub prefix_cache: String,
+    /// Bytes of KV blocks the in-process prefix cache holds (K/M/G suffixes).
+    #[arg(long, default_value = "256M")]
+    pub prefix_cache_bytes: String,
+    /// NVMe tier of the prefix cache, under its host memory: a file (created, preallocated
+    /// to --prefix-cache-nvme-bytes; O_DIRECT where the filesystem allows) or a block device.
+    /// Blocks the host cache evicts are written there in the background and read back,
+    /// checked by CRC32C, on a later hit. Its contents do not survive a restart.
+    #[arg(long, value_name = "PATH")]
+    pub prefix_cache_nvme: Option<PathBuf>,
+    /// Bytes of --prefix-cache-nvme to use (K/M/G suffixes): one slot per KV block, the least
+    /// recently used slot reused when full.
+    #[arg(long, value_name = "SIZE", default_value = "1G", requires = "prefix_cache_nvme")]
+    pub prefix_cache_nvme_bytes: String,
+    /// Redis Cluster behind the prefix cache, shared by every engine that names it:
+    /// redis://HOST:PORT[,HOST:PORT...] (any nodes of the cluster).
+    #[arg(long)]
+    pub kv_cluster: Option<String>,
+}
+
+impl EngineArgs {
+    /// The model, loaded (and a warning when it is a random one).
+    pub fn load_model(&self) -> Result<Arc<Model>> {
+        let t0 = Instant::now();
+        let m = Model::load(&self.model, self.model_seed)
+            .with_context(|| format!("loading {}", self.model))?;
+        log::info!(
+            "model {}: {} parameters, {} layers, {:.0} MB of f32 weights, loaded in {:.2}s, kernels {}",
+            m.name(),
+            m.config().parameters(),
+            m.config().num_hidden_layers,
+            m.weight_bytes() as f64 / 1e6,
+            t0.elapsed().as_secs_f64(),
+            crate::kernels::isa()
+        );
+        if m.is_random() {
+            eprintln!(
+                "note: {} has random weights: it is not a language model, its text means nothing",
+                m.name()
+            );
+        }
+        Ok(Arc::new(m))
+    }
+
+    /// The engine configuration these flags describe.
+    pub fn engine_config(&self) -> Result<EngineConfig> {
+        let policy: Policy = match &self.policy {
+            Some(p) => p.parse().map_err(|e| anyhow::anyhow!("--policy: {e}"))?,
+            None => Policy::Fifo,
+        };
+        let preempt: PreemptChoice =
+            self.preempt.parse().map_err(|e| anyhow::anyhow!("--preempt: {e}"))?;
+        let size = |s: &str, flag: &str| {
+            fastlane_util::parse_size(s).map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+        };
+        if self.device_blocks == 0 {
+            bail!("--device-blocks must be at least 1");
+        }
+        let mut cfg = EngineConfig {
+            policy,
+            preempt,
+            device_blocks: self.device_blocks,
+            chunk_tokens: Some(self.chunk.unwrap_or(256)).filter(|&c| c > 0),
+            batch_tokens_max: self.batch_tokens.unwrap_or(512).max(1),
+            protect: self.protect.then(fastlane_sched::ProtectConfig::default),
+            tier_steps: self.tier_steps.parse().map_err(|e| anyhow::anyhow!("--tier-steps {e}"))?,
+            ..EngineConfig::default()
+        };
+        cfg.swap.host_bytes = size(&self.host_bytes, "--host-bytes")?;
+        cfg.swap.nvme = self
+            .nvme
+            .as_ref()
+            .map(|p| {
+                Ok::<_, anyhow::Error>(NvmeTierConfig {
+                    path: p.clone(),
+                    bytes: size(&self.nvme_bytes, "--nvme-bytes")?,
+                    depth: 32,
+                })
+            })
+            .transpose()?;
+        cfg.swap.remote = self
+            .remote
+            .map(|addr| {
+                Ok::<_, anyhow::Error>(RemoteTierConfig {
+                    device: self.rdma_device.clone(),
+                    addr,
+                    bytes: size(&self.remote_bytes, "--remote-bytes")?,
+                })
+            })
+            .transpose()?;
+        cfg.preemptible_steps = match self.preemptible_steps.as_str() {
+            "on" => true,
+            "off" => false,
+            o => bail!("--preemptible-steps {o:?}: on or off"),
+        };
+        cfg.prefix.enabled = match self.prefix_cache.as_str() {
+            "on" => true,
+            "off" => false,
+            o => bail!("--prefix-cache {o:?}: on or off"),
+        };
+        cfg.prefix.host_bytes =
+            usize::try_from(size(&self.prefix_cache_bytes, "--prefix-cache-bytes")?)
+                .context("--prefix-cache-bytes: too large")?;
+        if let Some(path) = &self.prefix_cache_nvme {
+            if !cfg.prefix.enabled {
+                bail!("--prefix-cache-nvme needs --prefix-cache on");
+            }
+            let bytes = size(&self.prefix_cache_nvme_bytes, "--prefix-cache-nvme-bytes")?;
+            if bytes == 0 {
+                bail!("--prefix-cache-nvme-bytes must be more than 0");
+            }
+            cfg.prefix.nvme = Some(fastlane_kvswap::PrefixNvmeConfig::new(path.clone(), bytes));
+        }
+        if let Some(urls) = &self.kv_cluster {
+            cfg.prefix.cluster = fastlane_kvswap::daemon::parse_cluster_urls(urls)?;
+            if !cfg.prefix.enabled {
+                bail!("--kv-cluster needs --prefix-cache on");
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// The engine configuration of `llm serve`: [`EngineArgs::engine_config`] with the
+    /// serving defaults where the flags are not given: policy drr, 64-token prefill chunks and
+    /// 128-token steps (BENCHMARKS.md, serving: the quiet tenant's P99 TTFT is its solo TTFT
+    /// plus the step in flight).
+    pub fn serve_config(&self) -> Result<EngineConfig> {
+        let mut cfg = self.engine_config()?;
+        if self.policy.is_none() {
+            cfg.policy = Policy::Drr;
+        }
+        if self.chunk.is_none() {
+            cfg.chunk_tokens = Some(64);
+        }
+        if self.batch_tokens.is_none() {
+            cfg.batch_tokens_max = 128;
+        }
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{EngineArgs, EngineConfig, Policy};
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    fn engine(args: &[&str]) -> Result<EngineConfig, String> {
+        let cli = Cli::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        cli.engine.engine_config().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn preemptible_steps_flag() {
+        let cfg = |args: &[&str]| {
+            let cli = Cli::try_parse_from(std::iter::once("fastlane").chain(args.iter().copied()));
+            cli.unwrap().engine.engine_config()
+        };
+        assert!(cfg(&[]).unwrap().preemptible_steps, "on by default");
+        assert!(cfg(&["--preemptible-steps", "on"]).unwrap().preemptible_steps);
+        assert!(!cfg(&["--preemptible-steps", "off"]).unwrap().preemptible_steps);
+        let err = cfg(&["--preemptible-steps", "yes"]).unwrap_err().to_string();
+        assert!(err.contains("on or off"), "{err}");
+    }
+
+    #[test]
+    fn tier_steps_flag() {
+        use fastlane_sched::TierSteps;
+        let cfg = |args: &[&str]| {
+            let cli = Cli::try_parse_from(std::iter::once("fastlane").chain(args.iter().copied()));
+            cli.unwrap().engine.engine_config()
+        };
+        assert_eq!(cfg(&[]).unwrap().tier_steps, TierSteps::SEPARATE, "separate by default");
+        assert_eq!(cfg(&["--tier-steps", "shared"]).unwrap().tier_steps, TierSteps::Shared);
+        let err = cfg(&["--tier-steps", "mixed"]).unwrap_err().to_string();
+        assert!(err.contains("--tier-steps") && err.contains("shared or separate"), "{err}");
+    }
+
+    #[test]
+    fn serve_defaults_apply_only_where_no_flag_is_given() {
+        let serve = |args: &[&str]| {
+            let cli = Cli::try_parse_from(std::iter::once("t").chain(args.iter().copied()));
+            cli.unwrap().engine.serve_config().unwrap()
+        };
+        let c = serve(&[]);
+        assert_eq!((c.policy, c.chunk_tokens, c.batch_tokens_max), (Policy::Drr, Some(64), 128));
+        let c = serve(&["--policy", "fifo", "--chunk", "0", "--batch-tokens", "512"]);
+        assert_eq!((c.policy, c.chunk_tokens, c.batch_tokens_max), (Policy::Fifo, None, 512));
+        let g = engine(&[]).unwrap();
+        assert_eq!((g.policy, g.chunk_tokens, g.batch_tokens_max), (Policy::Fifo, Some(256), 512));
+    }
+
+    #[test]
+    fn prefix_cache_nvme_flags() {
+        assert_eq!(engine(&[]).unwrap().prefix.nvme, None);
+        let c = engine(&["--prefix-cache-nvme", "/x/kv.cache"]).unwrap();
+        let n = c.prefix.nvme.expect("an NVMe tier");
+        assert_eq!((n.path.as_path(), n.bytes), (std::path::Path::new("/x/kv.cache"), 1 << 30));
+        let c = engine(&["--prefix-cache-nvme", "/x", "--prefix-cache-nvme-bytes", "64M"]).unwrap();
+        assert_eq!(c.prefix.nvme.expect("an NVMe tier").bytes, 64 << 20);
+        let e = engine(&["--prefix-cache-nvme-bytes", "64M"]).unwrap_err();
+        assert!(e.contains("--prefix-cache-nvme <PATH>"), "{e}");
+        let e = engine(&["--prefix-cache-nvme", "/x", "--prefix-cache-nvme-bytes", "lots"]);
+        assert!(e.unwrap_err().starts_with("--prefix-cache-nvme-bytes: "));
+        let e = engine(&["--prefix-cache-nvme", "/x", "--prefix-cache-nvme-bytes", "0"]);
+        assert!(e.unwrap_err().contains("more than 0"));
+        let e = engine(&["--prefix-cache", "off", "--prefix-cache-nvme", "/x"]).unwrap_err();
+        assert_eq!(e, "--prefix-cache-nvme needs --prefix-cache on");
+    }
+}
