@@ -22,16 +22,7 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     #[command(flatten)]
-    log: LogArgs,
-}
-
-/// Logging options of every command (the daemons and the commands that log).
-#[derive(Debug, clap::Args)]
-struct LogArgs {
-    /// Log lines as `text` (RFC 3339 timestamp, level, module, message) or `json` (one object
-    /// per line). `RUST_LOG` filters: a level, or per module (`info,fastlane_vhost_blk=debug`).
-    #[arg(long, global = true, default_value = "text")]
-    log_format: fastlane_daemon::LogFormat,
+    log: fastlane_daemon::LogArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -72,7 +63,7 @@ struct BackendProgram {
     #[command(flatten)]
     args: fastlane_disk::ServeArgs,
     #[command(flatten)]
-    log: LogArgs,
+    log: fastlane_daemon::LogArgs,
 }
 
 fn main() -> ExitCode {

@@ -21,4 +21,4 @@ pub mod metrics;
 pub mod notify;
 pub mod signals;
 
-pub use logging::LogFormat;
+pub use logging::{LogArgs, LogFormat};

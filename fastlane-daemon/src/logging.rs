@@ -25,6 +25,15 @@ pub enum LogFormat {
     Json,
 }
 
+/// The logging flag every daemon takes (`#[command(flatten)]` it into the daemon's CLI).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LogArgs {
+    /// Log lines as `text` (RFC 3339 timestamp, level, module, message) or `json` (one object
+    /// per line). `RUST_LOG` filters: a level, or per module (`info,fastlane_vhost_blk=debug`).
+    #[arg(long, global = true, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
 impl FromStr for LogFormat {
     type Err = String;
 

@@ -29,16 +29,7 @@ struct Cli {
     #[command(flatten)]
     args: ServeArgs,
     #[command(flatten)]
-    log: LogArgs,
-}
-
-/// Logging options (the same as the `fastlane` tool's).
-#[derive(Debug, clap::Args)]
-struct LogArgs {
-    /// Log lines as `text` (RFC 3339 timestamp, level, module, message) or `json` (one object
-    /// per line). `RUST_LOG` filters: a level, or per module (`info,fastlane_vhost_blk=debug`).
-    #[arg(long, global = true, default_value = "text")]
-    log_format: fastlane_daemon::LogFormat,
+    log: fastlane_daemon::LogArgs,
 }
 
 fn main() -> ExitCode {
