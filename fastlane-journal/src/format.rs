@@ -9,12 +9,26 @@ use crc32c::{crc32c, crc32c_append};
 
 /// Superblock magic, at offset 0.
 pub const SUPER_MAGIC: [u8; 8] = *b"FLJOURN1";
-/// Format version.
-pub const FORMAT_VERSION: u32 = 1;
+/// Format version this code writes: 2 (segments, producer ids in the frame flags).
+pub const FORMAT_VERSION: u32 = 2;
+/// The first format version: one device, frame flags always 0. Still read, verified and
+/// recovered; never written by new journals.
+pub const FORMAT_VERSION_V1: u32 = 1;
 /// Bytes of the superblock region (the first frame starts here).
 pub const DATA_OFFSET: u64 = 4096;
-/// Bytes of the superblock that carry fields (the rest of its 4 KiB is zero).
+/// Bytes of a version-1 superblock that carry fields (the rest of its 4 KiB is zero).
 pub const SUPER_LEN: usize = 72;
+/// Bytes of a version-2 superblock that carry fields: the version-1 fields (with their own
+/// CRC32C at 68..72), then `segment`, `prev_head` and a CRC32C over all of it.
+pub const SUPER_LEN_V2: usize = 100;
+/// Offset of the CRC32C of bytes `0..68` (both versions).
+const SUPER_CRC_AT: usize = 68;
+/// Offset of a version-2 superblock's segment index (u64).
+const SUPER_SEGMENT_AT: usize = 72;
+/// Offset of a version-2 superblock's `prev_head` (16 bytes).
+const SUPER_PREV_HEAD_AT: usize = 80;
+/// Offset of a version-2 superblock's CRC32C of bytes `0..96`.
+const SUPER_CRC_V2_AT: usize = 96;
 /// Frame magic `"FLJR"` as a little-endian u32.
 pub const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"FLJR");
 /// Bytes of a frame header.
@@ -89,6 +103,8 @@ impl std::fmt::Display for Durability {
 /// The decoded superblock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Superblock {
+    /// Format version: [`FORMAT_VERSION_V1`] (read only) or [`FORMAT_VERSION`].
+    pub version: u32,
     /// Granularity of the writer's writes (a power of two, ≥ the device block size, ≥ 512).
     pub write_align: u32,
     /// Random at creation; keys the hash chain, so frames of an earlier journal on the same
@@ -105,6 +121,12 @@ pub struct Superblock {
     pub max_record_bytes: u32,
     /// Durability level at creation (informational).
     pub durability: Durability,
+    /// The segment's index in its directory (0 for the first segment, a single-device
+    /// journal, and every version-1 journal).
+    pub segment: u64,
+    /// Chain value of the last record before this segment (zero for segment 0 and version
+    /// 1). Bound into [`genesis`](Superblock::genesis): the chain continues across segments.
+    pub prev_head: Chain,
 }
 
 /// Why a superblock was refused.
@@ -147,12 +169,67 @@ fn u64_at(b: &[u8], off: usize) -> u64 {
 }
 
 impl Superblock {
-    /// Encodes into the first [`SUPER_LEN`] bytes of `out` (the caller zeroes the rest).
+    /// A version-2 superblock for segment 0 (`prev_head` zero), `write_align` 4096.
+    pub fn new(
+        journal_id: [u8; 16],
+        created_unix_ns: u64,
+        first_seq: u64,
+        max_batch_bytes: u32,
+        max_record_bytes: u32,
+        durability: Durability,
+    ) -> Superblock {
+        Superblock {
+            version: FORMAT_VERSION,
+            write_align: 4096,
+            journal_id,
+            created_unix_ns,
+            first_seq,
+            max_batch_bytes,
+            max_record_bytes,
+            durability,
+            segment: 0,
+            prev_head: [0; CHAIN_LEN],
+        }
+    }
+
+    /// The superblock of the segment after this one: same journal and limits, the next
+    /// index, starting at `first_seq` after a chain that ended with `prev_head`, created
+    /// (rolled) at `created_unix_ns`. Always version 2.
+    pub fn next_segment(&self, created_unix_ns: u64, first_seq: u64, prev_head: Chain) -> Self {
+        Superblock {
+            version: FORMAT_VERSION,
+            created_unix_ns,
+            first_seq,
+            segment: self.segment.saturating_add(1),
+            prev_head,
+            ..*self
+        }
+    }
+
+    /// Bytes [`encode`](Superblock::encode) writes: [`SUPER_LEN`] for version 1, else
+    /// [`SUPER_LEN_V2`].
+    pub fn encoded_len(&self) -> usize {
+        if self.version == FORMAT_VERSION_V1 {
+            SUPER_LEN
+        } else {
+            SUPER_LEN_V2
+        }
+    }
+
+    /// Whether frames may carry non-zero flags (a producer id): version 2 and later.
+    pub fn frames_have_flags(&self) -> bool {
+        self.version != FORMAT_VERSION_V1
+    }
+
+    /// Encodes into the first [`encoded_len`](Superblock::encoded_len) bytes of `out` (the
+    /// caller zeroes the rest). Version 1 is written byte for byte as before; any other
+    /// version is written in the version-2 layout (and a version `decode` does not know is
+    /// refused there).
     pub fn encode(&self, out: &mut [u8]) {
-        let b = &mut out[..SUPER_LEN];
+        let b = &mut out[..self.encoded_len()];
         b.fill(0);
         b[0..8].copy_from_slice(&SUPER_MAGIC);
-        b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[8..12].copy_from_slice(&self.version.to_le_bytes());
         b[12..16].copy_from_slice(&self.write_align.to_le_bytes());
         b[16..32].copy_from_slice(&self.journal_id);
         b[32..40].copy_from_slice(&self.created_unix_ns.to_le_bytes());
@@ -161,25 +238,58 @@ impl Superblock {
         b[52..56].copy_from_slice(&self.max_record_bytes.to_le_bytes());
         b[56..64].copy_from_slice(&DATA_OFFSET.to_le_bytes());
         b[64..68].copy_from_slice(&self.durability.code().to_le_bytes());
-        let crc = crc32c(&b[..68]);
-        b[68..72].copy_from_slice(&crc.to_le_bytes());
+        let crc = crc32c(&b[..SUPER_CRC_AT]);
+        b[SUPER_CRC_AT..SUPER_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+        if self.version != FORMAT_VERSION_V1 {
+            b[SUPER_SEGMENT_AT..SUPER_SEGMENT_AT + 8].copy_from_slice(&self.segment.to_le_bytes());
+            b[SUPER_PREV_HEAD_AT..SUPER_PREV_HEAD_AT + CHAIN_LEN].copy_from_slice(&self.prev_head);
+            let crc = crc32c(&b[..SUPER_CRC_V2_AT]);
+            b[SUPER_CRC_V2_AT..SUPER_CRC_V2_AT + 4].copy_from_slice(&crc.to_le_bytes());
+        }
     }
 
-    /// Decodes and validates the first [`SUPER_LEN`] bytes of `b` (at least that long).
+    /// Decodes and validates a superblock from the start of `b`: at least [`SUPER_LEN`]
+    /// bytes, and [`SUPER_LEN_V2`] for version 2.
+    ///
+    /// The CRC32C of bytes `0..68` is checked before the version in both versions, so that
+    /// code that reads only version 1 says "unsupported journal version 2" of a version-2
+    /// superblock rather than "checksum mismatch".
     pub fn decode(b: &[u8]) -> Result<Superblock, SuperError> {
         if b.len() < SUPER_LEN || b[0..8] != SUPER_MAGIC {
             return Err(SuperError::Magic);
         }
-        let stored = u32_at(b, 68);
-        let computed = crc32c(&b[..68]);
+        let stored = u32_at(b, SUPER_CRC_AT);
+        let computed = crc32c(&b[..SUPER_CRC_AT]);
         if stored != computed {
             return Err(SuperError::Crc { stored, computed });
         }
-        let version = u32_at(b, 8);
-        if version != FORMAT_VERSION {
-            return Err(SuperError::Version(version));
-        }
         let field = |field, value: u64| SuperError::Field { field, value };
+        let version = u32_at(b, 8);
+        let (segment, prev_head) = match version {
+            FORMAT_VERSION_V1 => (0, [0u8; CHAIN_LEN]),
+            FORMAT_VERSION => {
+                if b.len() < SUPER_LEN_V2 {
+                    return Err(field("superblock length", b.len() as u64));
+                }
+                let stored = u32_at(b, SUPER_CRC_V2_AT);
+                let computed = crc32c(&b[..SUPER_CRC_V2_AT]);
+                if stored != computed {
+                    return Err(SuperError::Crc { stored, computed });
+                }
+                let segment = u64_at(b, SUPER_SEGMENT_AT);
+                if segment > u64::MAX / 2 {
+                    return Err(field("segment", segment));
+                }
+                let mut prev_head = [0u8; CHAIN_LEN];
+                prev_head.copy_from_slice(&b[SUPER_PREV_HEAD_AT..SUPER_PREV_HEAD_AT + CHAIN_LEN]);
+                // Nothing comes before the first segment.
+                if segment == 0 && prev_head != [0u8; CHAIN_LEN] {
+                    return Err(field("prev_head of segment 0", 1));
+                }
+                (segment, prev_head)
+            }
+            v => return Err(SuperError::Version(v)),
+        };
         let write_align = u32_at(b, 12);
         if !write_align.is_power_of_two() || !(512..=65536).contains(&write_align) {
             return Err(field("write_align", write_align.into()));
@@ -206,6 +316,7 @@ impl Superblock {
         let code = u32_at(b, 64);
         let durability = Durability::from_code(code).ok_or(field("durability", code.into()))?;
         Ok(Superblock {
+            version,
             write_align,
             journal_id,
             created_unix_ns: u64_at(b, 32),
@@ -213,6 +324,8 @@ impl Superblock {
             max_batch_bytes,
             max_record_bytes,
             durability,
+            segment,
+            prev_head,
         })
     }
 
@@ -221,11 +334,14 @@ impl Superblock {
         blake3::derive_key("FastLane journal v1 hash chain", &self.journal_id)
     }
 
-    /// The chain value "before" the first record: binds the chain to this superblock.
+    /// The chain value "before" the first record: binds the chain to this superblock. The
+    /// keyed hash of the encoded field bytes (`0..72` in version 1, unchanged; `0..100` in
+    /// version 2, which include `segment` and `prev_head`, so a segment's chain continues
+    /// from the record before it).
     pub fn genesis(&self) -> Chain {
-        let mut raw = [0u8; SUPER_LEN];
+        let mut raw = [0u8; SUPER_LEN_V2];
         self.encode(&mut raw);
-        let h = blake3::keyed_hash(&self.chain_key(), &raw);
+        let h = blake3::keyed_hash(&self.chain_key(), &raw[..self.encoded_len()]);
         truncate(h.as_bytes())
     }
 
@@ -258,7 +374,8 @@ pub struct FrameHeader {
     pub timestamp_ns: u64,
     /// Chain value of this frame.
     pub chain: Chain,
-    /// Flags (0 in version 1).
+    /// Flags: 0 in version 1; the producer id of the record in version 2 (0: the
+    /// journal's own, in-process producer).
     pub flags: u32,
     /// Stored CRC32C.
     pub crc: u32,
@@ -288,8 +405,9 @@ pub fn chain_next(
 }
 
 /// Writes a complete frame (header, payload, zero padding) into `out[..frame_len(len)]` and
-/// returns its chain value. `payload` is already in place at `out[FRAME_HEADER_LEN..]` when
-/// `payload_in_place` (the writer copies it straight from the ring), else it is copied.
+/// returns its chain value. The payload is already in place at `out[FRAME_HEADER_LEN..]`
+/// (the writer copies it straight from the ring). `flags` is the producer id in version 2
+/// (0 in version 1).
 #[allow(clippy::too_many_arguments)]
 pub fn encode_frame(
     out: &mut [u8],
@@ -297,6 +415,7 @@ pub fn encode_frame(
     prev: &Chain,
     seq: u64,
     timestamp_ns: u64,
+    flags: u32,
     payload_len: usize,
     crc_fn: &mut dyn FnMut(u32, &[u8]) -> u32,
 ) -> Chain {
@@ -304,14 +423,14 @@ pub fn encode_frame(
     let out = &mut out[..total];
     out[FRAME_HEADER_LEN + payload_len..].fill(0);
     let len = payload_len as u32;
-    let chain =
-        chain_next(key, prev, seq, len, timestamp_ns, 0, &out[FRAME_HEADER_LEN..][..payload_len]);
+    let payload = &out[FRAME_HEADER_LEN..][..payload_len];
+    let chain = chain_next(key, prev, seq, len, timestamp_ns, flags, payload);
     out[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
     out[4..8].copy_from_slice(&len.to_le_bytes());
     out[8..16].copy_from_slice(&seq.to_le_bytes());
     out[16..24].copy_from_slice(&timestamp_ns.to_le_bytes());
     out[24..40].copy_from_slice(&chain);
-    out[40..44].copy_from_slice(&0u32.to_le_bytes());
+    out[40..44].copy_from_slice(&flags.to_le_bytes());
     let head_crc = crc_fn(0, &out[..44]);
     let crc = crc_fn(head_crc, &out[FRAME_HEADER_LEN..]);
     out[44..48].copy_from_slice(&crc.to_le_bytes());
@@ -331,7 +450,7 @@ pub enum Defect {
     PastEnd,
     /// The CRC does not match the bytes.
     Crc,
-    /// Flags or padding not zero (with a matching CRC: not written by this code).
+    /// Flags (version 1) or padding not zero (with a matching CRC: not written by this code).
     Reserved,
 }
 
@@ -379,7 +498,9 @@ pub fn decode_header(hdr: &[u8], max_record_bytes: u32) -> Result<FrameHeader, D
 }
 
 /// Checks a whole frame's CRC and reserved bits; `frame` is exactly `frame_len(h.len)` bytes.
-pub fn check_frame(frame: &[u8], h: &FrameHeader) -> Result<(), Defect> {
+/// `flags_allowed`: the superblock's [`Superblock::frames_have_flags`] (version 1 requires
+/// the flags to be 0, version 2 stores the producer id there).
+pub fn check_frame(frame: &[u8], h: &FrameHeader, flags_allowed: bool) -> Result<(), Defect> {
     if frame.len() != frame_len(h.len as usize) {
         return Err(Defect::PastEnd);
     }
@@ -388,7 +509,7 @@ pub fn check_frame(frame: &[u8], h: &FrameHeader) -> Result<(), Defect> {
         return Err(Defect::Crc);
     }
     let pad = &frame[FRAME_HEADER_LEN + h.len as usize..];
-    if h.flags != 0 || pad.iter().any(|&b| b != 0) {
+    if (h.flags != 0 && !flags_allowed) || pad.iter().any(|&b| b != 0) {
         return Err(Defect::Reserved);
     }
     Ok(())
@@ -403,15 +524,144 @@ pub fn payload<'a>(frame: &'a [u8], h: &FrameHeader) -> &'a [u8] {
 mod tests {
     use super::*;
 
+    /// A version-1 superblock (what every journal before format 2 holds).
     fn sb() -> Superblock {
         Superblock {
-            write_align: 4096,
-            journal_id: [7; 16],
-            created_unix_ns: 42,
-            first_seq: 1,
-            max_batch_bytes: 1 << 20,
-            max_record_bytes: 4096,
-            durability: Durability::Local,
+            version: FORMAT_VERSION_V1,
+            ..Superblock::new([7; 16], 42, 1, 1 << 20, 4096, Durability::Local)
+        }
+    }
+
+    /// A version-2 superblock of segment 3.
+    fn sb_v2() -> Superblock {
+        Superblock {
+            segment: 3,
+            prev_head: *b"0123456789abcdef",
+            ..Superblock::new([7; 16], 42, 1001, 1 << 20, 4096, Durability::Local)
+        }
+    }
+
+    /// The version-1 superblock bytes written from the table in `docs/journal.md`, not by
+    /// `encode`.
+    fn v1_bytes_by_hand() -> [u8; SUPER_LEN] {
+        let mut b = [0u8; SUPER_LEN];
+        b[0..8].copy_from_slice(b"FLJOURN1");
+        b[8] = 1;
+        b[12..16].copy_from_slice(&4096u32.to_le_bytes());
+        b[16..32].fill(7);
+        b[32] = 42;
+        b[40] = 1;
+        b[48..52].copy_from_slice(&(1u32 << 20).to_le_bytes());
+        b[52..56].copy_from_slice(&4096u32.to_le_bytes());
+        b[56..64].copy_from_slice(&4096u64.to_le_bytes());
+        b[64] = 1;
+        let crc = crc32c(&b[..68]);
+        b[68..72].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Version 1 is kept byte for byte: the encoding matches the table, and its genesis is
+    /// the keyed hash of those 72 bytes, equal to the value the version-1 code computed.
+    #[test]
+    fn v1_superblock_and_genesis_are_unchanged() {
+        let mut raw = [0u8; DATA_OFFSET as usize];
+        sb().encode(&mut raw);
+        assert_eq!(raw[..SUPER_LEN], v1_bytes_by_hand());
+        assert!(raw[SUPER_LEN..].iter().all(|&b| b == 0), "nothing past the v1 fields");
+        assert_eq!(sb().encoded_len(), SUPER_LEN);
+        let key = blake3::derive_key("FastLane journal v1 hash chain", &[7; 16]);
+        let want = blake3::keyed_hash(&key, &v1_bytes_by_hand());
+        assert_eq!(sb().genesis()[..], want.as_bytes()[..CHAIN_LEN]);
+        // Computed by the version-1 code (commit 2073877), for this superblock.
+        assert_eq!(crate::verify::hex(&sb().genesis()), V1_GENESIS);
+        let d = Superblock::decode(&v1_bytes_by_hand()).unwrap();
+        assert_eq!((d.version, d.segment, d.prev_head), (1, 0, [0; 16]));
+        assert!(!d.frames_have_flags());
+    }
+
+    const V1_GENESIS: &str = "af5e5fb0c56b731ff06429ccc6603f3b";
+
+    #[test]
+    fn v2_superblock_round_trip_and_every_flip_is_refused() {
+        let s = sb_v2();
+        let mut raw = [0u8; SUPER_LEN_V2];
+        s.encode(&mut raw);
+        assert_eq!(Superblock::decode(&raw), Ok(s));
+        assert_eq!(u32_at(&raw, 8), 2);
+        // The version-1 CRC slot still checks bytes 0..68: version-1 code reads "version 2".
+        assert_eq!(u32_at(&raw, 68), crc32c(&raw[..68]));
+        assert!(s.frames_have_flags());
+        for i in 0..SUPER_LEN_V2 {
+            for bit in 0..8 {
+                let mut bad = raw;
+                bad[i] ^= 1 << bit;
+                assert!(Superblock::decode(&bad).is_err(), "byte {i} bit {bit}");
+            }
+        }
+        // Too short for its version.
+        assert!(Superblock::decode(&raw[..SUPER_LEN]).is_err());
+        // The genesis binds the segment index and the previous head.
+        let g = s.genesis();
+        assert_ne!(g, Superblock { prev_head: [1; 16], ..s }.genesis());
+        assert_ne!(g, Superblock { segment: 4, ..s }.genesis());
+        assert_ne!(g, Superblock { version: 1, segment: 0, prev_head: [0; 16], ..s }.genesis());
+        // Segment 0 with a previous head is refused.
+        let mut zero = [0u8; SUPER_LEN_V2];
+        Superblock { segment: 0, ..s }.encode(&mut zero);
+        assert!(Superblock::decode(&zero).is_err());
+        let next = s.next_segment(77, 2001, [9; 16]);
+        assert_eq!((next.segment, next.first_seq, next.prev_head), (4, 2001, [9; 16]));
+        assert_eq!((next.journal_id, next.created_unix_ns), (s.journal_id, 77));
+    }
+
+    /// Hostile bytes never panic the decoders: random buffers, random lengths, and valid
+    /// superblocks and headers with random bytes overwritten.
+    #[test]
+    fn decoding_garbage_never_panics() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut valid = [0u8; SUPER_LEN_V2];
+        sb_v2().encode(&mut valid);
+        for round in 0..20_000 {
+            let len = (next() % 160) as usize;
+            let mut b: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            if round % 2 == 0 {
+                // Mostly valid: a few bytes changed, CRCs recomputed half the time.
+                b = valid.to_vec();
+                b.truncate(len.max(SUPER_LEN));
+                for _ in 0..(next() % 4) {
+                    let i = (next() as usize) % b.len();
+                    b[i] = next() as u8;
+                }
+                if round % 4 == 0 && b.len() >= SUPER_LEN_V2 {
+                    let c = crc32c(&b[..68]);
+                    b[68..72].copy_from_slice(&c.to_le_bytes());
+                    let c = crc32c(&b[..96]);
+                    b[96..100].copy_from_slice(&c.to_le_bytes());
+                }
+            }
+            if let Ok(s) = Superblock::decode(&b) {
+                let _ = s.genesis();
+                let mut again = [0u8; SUPER_LEN_V2];
+                s.encode(&mut again);
+                assert_eq!(Superblock::decode(&again[..s.encoded_len()]), Ok(s));
+            }
+            let mut hdr = b.clone();
+            hdr.resize(FRAME_HEADER_LEN, 0);
+            if round % 3 == 0 {
+                hdr[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
+            }
+            if let Ok(h) = decode_header(&hdr, 64) {
+                let mut frame = hdr.clone();
+                frame.resize(frame_len(h.len as usize), 0);
+                let _ = check_frame(&frame, &h, round % 2 == 0);
+                let _ = check_frame(&frame[..frame.len() - 1], &h, true);
+            }
         }
     }
 
@@ -461,20 +711,38 @@ mod tests {
         let g = s.genesis();
         let mut buf = vec![0u8; 256];
         buf[FRAME_HEADER_LEN..FRAME_HEADER_LEN + 13].copy_from_slice(b"hello, world!");
-        let chain = encode_frame(&mut buf, &key, &g, 1, 99, 13, &mut crc32c_append);
+        let chain = encode_frame(&mut buf, &key, &g, 1, 99, 0, 13, &mut crc32c_append);
         let n = frame_len(13);
         assert_eq!(n, 64);
         let h = decode_header(&buf[..FRAME_HEADER_LEN], 4096).unwrap();
         assert_eq!((h.len, h.seq, h.timestamp_ns, h.chain), (13, 1, 99, chain));
-        check_frame(&buf[..n], &h).unwrap();
+        check_frame(&buf[..n], &h, false).unwrap();
         assert_eq!(payload(&buf[..n], &h), b"hello, world!");
         assert_eq!(chain_next(&key, &g, 1, 13, 99, 0, b"hello, world!"), chain);
         for i in 0..n {
             let mut bad = buf.clone();
             bad[i] ^= 0x20;
             let ok = decode_header(&bad[..FRAME_HEADER_LEN], 4096)
-                .and_then(|h| check_frame(&bad[..frame_len(h.len as usize).min(256)], &h));
+                .and_then(|h| check_frame(&bad[..frame_len(h.len as usize).min(256)], &h, true));
             assert!(ok.is_err(), "flip at {i} not caught");
         }
+    }
+
+    /// A producer id rides in the flags, is chained, and is refused only by version 1.
+    #[test]
+    fn producer_id_in_the_flags() {
+        let s = sb_v2();
+        let key = s.chain_key();
+        let g = s.genesis();
+        let mut buf = vec![0u8; 64];
+        buf[FRAME_HEADER_LEN..FRAME_HEADER_LEN + 5].copy_from_slice(b"hello");
+        let chain = encode_frame(&mut buf, &key, &g, 1001, 5, 0xBEEF, 5, &mut crc32c_append);
+        let h = decode_header(&buf[..FRAME_HEADER_LEN], 4096).unwrap();
+        assert_eq!(h.flags, 0xBEEF);
+        assert_eq!(chain_next(&key, &g, 1001, 5, 5, 0xBEEF, b"hello"), chain);
+        assert_ne!(chain_next(&key, &g, 1001, 5, 5, 0, b"hello"), chain);
+        let frame = &buf[..frame_len(5)];
+        assert_eq!(check_frame(frame, &h, s.frames_have_flags()), Ok(()));
+        assert_eq!(check_frame(frame, &h, sb().frames_have_flags()), Err(Defect::Reserved));
     }
 }

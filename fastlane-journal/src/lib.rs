@@ -342,6 +342,9 @@ impl Journal {
             max_batch_bytes: config.max_batch_bytes,
             max_record_bytes: config.max_record_bytes,
             durability: config.durability,
+            version: format::FORMAT_VERSION,
+            segment: 0,
+            prev_head: [0; format::CHAIN_LEN],
         };
         if dev.size_bytes < DATA_OFFSET + sb.torn_window() + u64::from(WRITE_ALIGN) {
             return Err(JournalError::Config("device too small for the journal's batch size"));

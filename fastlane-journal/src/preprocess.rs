@@ -52,6 +52,9 @@ pub struct FrameSlot {
     pub seq: u64,
     /// Payload bytes, already in place at `pos + FRAME_HEADER_LEN`.
     pub len: u32,
+    /// The frame's flags: the producer id in format version 2 (0: the journal's own
+    /// producer; always 0 in version 1).
+    pub flags: u32,
 }
 
 /// Fills in what a frame needs from the preprocessing stage: timestamp, chain value, CRC32C.
@@ -157,6 +160,7 @@ impl Preprocess for SoftPreprocess {
             head,
             f.seq,
             ts,
+            f.flags,
             f.len as usize,
             &mut crc32c::crc32c_append,
         );
@@ -482,14 +486,14 @@ impl<C: Card> Pipeline<'_, C> {
         let payload = unsafe {
             std::slice::from_raw_parts(self.base.wrapping_add(f.pos + FRAME_HEADER_LEN), len)
         };
-        let chain = chain_next(self.key, self.head, f.seq, f.len, ts, 0, payload);
+        let chain = chain_next(self.key, self.head, f.seq, f.len, ts, f.flags, payload);
         let mut hdr = [0u8; HEADER_CRC_LEN];
         hdr[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
         hdr[4..8].copy_from_slice(&f.len.to_le_bytes());
         hdr[8..16].copy_from_slice(&f.seq.to_le_bytes());
         hdr[16..24].copy_from_slice(&ts.to_le_bytes());
         hdr[24..40].copy_from_slice(&chain);
-        // Bytes 40..44: flags 0.
+        hdr[40..44].copy_from_slice(&f.flags.to_le_bytes());
         let pad = self.base.wrapping_add(f.pos + FRAME_HEADER_LEN + len);
         // SAFETY: as above; the header lies inside the frame, disjoint from every range the
         // card may be reading (other frames).
@@ -572,7 +576,8 @@ mod tests {
                 buf[pos + FRAME_HEADER_LEN + k] =
                     (seq as u8).wrapping_mul(13).wrapping_add(k as u8);
             }
-            slots.push(FrameSlot { pos, seq, len });
+            // Producer ids vary, so the card path is shown to write and chain them.
+            slots.push(FrameSlot { pos, seq, len, flags: (seq % 3) as u32 * 0x0101 });
             pos += frame_len(len as usize);
         }
         (buf, slots)
@@ -617,7 +622,7 @@ mod tests {
         let mut prev_ts = 0;
         for s in &slots {
             let h = decode_header(&buf[s.pos..s.pos + FRAME_HEADER_LEN], 4096).unwrap();
-            assert_eq!((h.seq, h.len), (s.seq, s.len));
+            assert_eq!((h.seq, h.len, h.flags), (s.seq, s.len, s.flags));
             assert!(h.timestamp_ns >= prev_ts, "card stamps go forward");
             // Tied to the Unix epoch within the calibration's error.
             assert!(h.timestamp_ns + 50_000_000 >= before && h.timestamp_ns <= after + 50_000_000);
@@ -628,6 +633,7 @@ mod tests {
                 &dhead,
                 s.seq,
                 h.timestamp_ns,
+                s.flags,
                 s.len as usize,
                 &mut crc32c::crc32c_append,
             );
@@ -779,7 +785,7 @@ mod tests {
                     &frame[FRAME_HEADER_LEN..],
                 );
                 assert_eq!(h.crc, direct, "seq {}", h.seq);
-                assert!(check_frame(frame, &h).is_ok());
+                assert!(check_frame(frame, &h, true).is_ok());
                 assert_eq!(v.payload, payload(v.header.seq));
                 n += 1;
                 true

@@ -10,7 +10,7 @@ use std::io;
 
 use super::format::{
     chain_next, check_frame, decode_header, frame_len, payload, Chain, Defect, FrameHeader,
-    SuperError, Superblock, DATA_OFFSET, FRAME_HEADER_LEN, SUPER_LEN,
+    SuperError, Superblock, DATA_OFFSET, FRAME_HEADER_LEN, SUPER_LEN_V2,
 };
 use super::io::ReadAt;
 
@@ -87,11 +87,13 @@ pub struct Visit<'a> {
     pub payload: &'a [u8],
 }
 
-/// Reads and decodes the superblock.
+/// Reads and decodes the superblock (either version).
 pub fn read_superblock(r: &mut dyn ReadAt) -> Result<Superblock, ScanError> {
-    let mut raw = [0u8; SUPER_LEN];
-    r.read_at(0, &mut raw)?;
-    Ok(Superblock::decode(&raw)?)
+    let mut raw = [0u8; SUPER_LEN_V2];
+    // A device shorter than a version-2 superblock: decode what there is (and refuse it).
+    let n = r.len_bytes().min(SUPER_LEN_V2 as u64) as usize;
+    r.read_at(0, &mut raw[..n])?;
+    Ok(Superblock::decode(&raw[..n])?)
 }
 
 /// Scans every valid frame, calling `visit` for each (return `false` to stop early, which
@@ -103,6 +105,7 @@ pub fn scan(
     let sb = read_superblock(r)?;
     let dev_len = r.len_bytes();
     let key = sb.chain_key();
+    let flags_allowed = sb.frames_have_flags();
     let mut head = sb.genesis();
     let mut prev = sb.first_seq - 1;
     let mut off = DATA_OFFSET;
@@ -123,7 +126,7 @@ pub fn scan(
             break Stop::Defect { offset: off, defect: Defect::PastEnd, seq: Some(h.seq) };
         }
         r.read_at(off + FRAME_HEADER_LEN as u64, &mut frame[FRAME_HEADER_LEN..n])?;
-        if let Err(defect) = check_frame(&frame[..n], &h) {
+        if let Err(defect) = check_frame(&frame[..n], &h, flags_allowed) {
             break Stop::Defect { offset: off, defect, seq: Some(h.seq) };
         }
         if h.seq <= prev {

@@ -5,7 +5,6 @@ use std::fmt;
 
 use super::format::{
     check_frame, decode_header, frame_len, Chain, Defect, SuperError, Superblock, DATA_OFFSET,
-    SUPER_LEN,
 };
 use super::io::ReadAt;
 use super::scan::{first_nonzero, scan, ScanError, Stop};
@@ -142,7 +141,8 @@ pub fn verify(r: &mut dyn ReadAt, anchor: Anchor) -> Result<VerifyReport, std::i
         }
     };
     // The superblock's unused bytes are zero: any other value is tampering or damage.
-    if let Some(offset) = first_nonzero_in(r, SUPER_LEN as u64, DATA_OFFSET)? {
+    let fields_end = s.superblock.encoded_len() as u64;
+    if let Some(offset) = first_nonzero_in(r, fields_end, DATA_OFFSET)? {
         let head = s.head;
         let problem = Some(Problem::SuperblockReserved { offset });
         return Ok(VerifyReport {
@@ -183,7 +183,7 @@ pub fn verify(r: &mut dyn ReadAt, anchor: Anchor) -> Result<VerifyReport, std::i
     Ok(VerifyReport { records: s.records, last_seq: s.last_seq, head: s.head, end: s.end, problem })
 }
 
-fn anchor_problem(anchor: &Anchor, last_seq: u64, head: Chain) -> Option<Problem> {
+pub(crate) fn anchor_problem(anchor: &Anchor, last_seq: u64, head: Chain) -> Option<Problem> {
     let seq_bad = anchor.last_seq.is_some_and(|a| a != last_seq);
     let head_bad = anchor.head.is_some_and(|a| a != head);
     (seq_bad || head_bad).then_some(Problem::AnchorMismatch { last_seq, head })
@@ -211,7 +211,7 @@ fn seq_appears_later(
             return Ok(false);
         }
         r.read_at(off + 48, &mut frame[48..n])?;
-        if check_frame(&frame[..n], &h).is_err() {
+        if check_frame(&frame[..n], &h, sb.frames_have_flags()).is_err() {
             return Ok(false);
         }
         if h.seq == want {

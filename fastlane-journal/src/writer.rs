@@ -783,7 +783,7 @@ impl Writer {
                 });
                 break;
             }
-            let slot = FrameSlot { pos, seq, len: plen as u32 };
+            let slot = FrameSlot { pos, seq, len: plen as u32, flags: 0 };
             self.pre.stage(buf, slot, &key, &mut self.head);
             self.last_seq = seq;
             pos += fl;

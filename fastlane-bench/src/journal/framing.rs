@@ -37,6 +37,7 @@ pub(super) fn framing_cost(record_bytes: usize) -> FramingCost {
                 &prev,
                 seq,
                 ts,
+                0,
                 record_bytes,
                 &mut |c, d| pre.crc32c_append(c, d),
             );
@@ -83,7 +84,7 @@ pub(super) fn framing_via(pre: &mut dyn Preprocess, record_bytes: usize) -> Resu
     for r in 0..ROUNDS {
         for i in 0..N {
             let seq = (r * N + i) as u64 + 1;
-            let slot = FrameSlot { pos: i * fl, seq, len: record_bytes as u32 };
+            let slot = FrameSlot { pos: i * fl, seq, len: record_bytes as u32, flags: 0 };
             pre.stage(&mut buf, slot, &key, &mut head);
         }
         pre.finish(&mut buf, &key, &mut head)?;
