@@ -38,6 +38,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod control;
+pub mod dir_verify;
 mod flusher;
 pub mod format;
 mod io;
@@ -48,6 +49,7 @@ pub mod rdma;
 pub mod replica;
 mod resync;
 pub mod scan;
+pub mod segments;
 mod stats;
 pub mod verify;
 mod writer;
@@ -75,7 +77,9 @@ pub use replica::{
     image_position, FileReplica, MemReplica, Replica, ReplicaError, ReplicaJournal, ReplicaPosition,
 };
 pub use resync::{ResyncAction, ResyncReport};
+pub use dir_verify::{read_from, verify_dir, DirProblem, DirVerifyReport, ReadEnd, ReadStop};
 pub use scan::{scan, Scan, Stop};
+pub use segments::{prepare_spare, Retention, SegmentDir, SegmentError, SegmentInfo};
 pub use verify::{verify, Anchor, Problem, VerifyReport};
 
 use control::Control;
