@@ -22,7 +22,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
@@ -116,14 +116,7 @@ impl Control {
         next_seq: u64,
         durable_seq: u64,
     ) -> Result<Control, JournalError> {
-        let name = c"fastlane-journal-ctl";
-        // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
-        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io_err("memfd_create")(io::Error::last_os_error()));
-        }
-        // SAFETY: `fd` was just returned by `memfd_create`; nobody else owns it.
-        let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let file = sealed_memfd(c"fastlane-journal-ctl", CONTROL_LEN)?;
         Self::init(file, journal_id, max_record_bytes, durability, next_seq, durable_seq)
     }
 
@@ -194,6 +187,26 @@ impl Control {
         let c = Control { map, file };
         let info = c.validate()?;
         Ok((c, info))
+    }
+
+    /// Maps a control block received as a file descriptor (a producer of the journal service,
+    /// which gets its own block over the attach socket) and validates it.
+    pub(crate) fn from_fd(fd: OwnedFd) -> Result<(Control, ControlInfo), JournalError> {
+        let file = File::from(fd);
+        let len = file.metadata().map_err(io_err("fstat control"))?.len();
+        if len < CONTROL_LEN as u64 {
+            return Err(JournalError::BadControl { what: "control file too short", value: len });
+        }
+        let map =
+            MmapOptions::new().len(CONTROL_LEN).map_raw(&file).map_err(io_err("mmap control"))?;
+        let c = Control { map, file };
+        let info = c.validate()?;
+        Ok((c, info))
+    }
+
+    /// The file behind the mapping (to pass to another process).
+    pub(crate) fn file(&self) -> &File {
+        &self.file
     }
 
     /// A second mapping of the same block (for another handle in this process).
@@ -387,4 +400,79 @@ fn futex_wake(word: &AtomicU32) {
             0u32,
         );
     }
+}
+
+/// The journal service's doorbell: one shared page whose first word the writer sleeps on when
+/// every producer ring is empty, and which every producer rings after publishing
+/// ([`fastlane_ring::shm::doorbell`]). A page of its own, so that a producer that scribbles on
+/// it reaches nothing but the wake-ups (which the writer bounds by its idle slice).
+#[derive(Debug)]
+pub(crate) struct Doorbell {
+    map: MmapRaw,
+    file: File,
+}
+
+impl Doorbell {
+    /// A new doorbell in a memfd.
+    pub(crate) fn create() -> Result<Doorbell, JournalError> {
+        Self::map(sealed_memfd(c"fastlane-journal-doorbell", DOORBELL_LEN)?)
+    }
+
+    /// Maps a doorbell received as a file descriptor.
+    pub(crate) fn from_fd(fd: OwnedFd) -> Result<Doorbell, JournalError> {
+        let file = File::from(fd);
+        let len = file.metadata().map_err(io_err("fstat doorbell"))?.len();
+        if len < DOORBELL_LEN as u64 {
+            return Err(JournalError::BadControl { what: "doorbell too short", value: len });
+        }
+        Self::map(file)
+    }
+
+    fn map(file: File) -> Result<Doorbell, JournalError> {
+        let map =
+            MmapOptions::new().len(DOORBELL_LEN).map_raw(&file).map_err(io_err("mmap doorbell"))?;
+        Ok(Doorbell { map, file })
+    }
+
+    /// The futex word.
+    #[inline]
+    pub(crate) fn word(&self) -> &AtomicU32 {
+        // SAFETY: the mapping is `DOORBELL_LEN` bytes, page-aligned (so aligned for u32), lives
+        // as long as `self`; an atomic accepts every bit pattern and concurrent writes from
+        // other processes.
+        unsafe { &*self.map.as_ptr().cast::<AtomicU32>() }
+    }
+
+    /// The file behind the mapping (to pass to a producer).
+    pub(crate) fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// A second mapping of the same page (for another thread's handle).
+    pub(crate) fn reopen(&self) -> Result<Doorbell, JournalError> {
+        Self::map(self.file.try_clone().map_err(io_err("dup doorbell"))?)
+    }
+}
+
+/// Size of the doorbell mapping.
+const DOORBELL_LEN: usize = 4096;
+
+/// A memfd of `len` bytes sealed against shrinking and growing: a peer that receives it cannot
+/// truncate it under this process's mapping (which would turn the next access into `SIGBUS`).
+fn sealed_memfd(name: &std::ffi::CStr, len: usize) -> Result<File, JournalError> {
+    // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(io_err("memfd_create")(io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` was just returned by `memfd_create`; nobody else owns it.
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.set_len(len as u64).map_err(io_err("ftruncate memfd"))?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: F_ADD_SEALS on an fd this function owns; no memory is passed.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(io_err("F_ADD_SEALS")(io::Error::last_os_error()));
+    }
+    Ok(file)
 }

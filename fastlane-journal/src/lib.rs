@@ -50,6 +50,8 @@ pub mod replica;
 mod resync;
 pub mod scan;
 pub mod segments;
+pub mod service;
+mod sources;
 mod stats;
 pub mod verify;
 mod writer;
@@ -68,6 +70,7 @@ use std::time::Duration;
 use fastlane_ring::shm::{Consumer, ShmError, ShmRing};
 use fastlane_ring::WaitStrategy;
 
+pub use dir_verify::{read_from, verify_dir, DirProblem, DirVerifyReport, ReadEnd, ReadStop};
 use fastlane_block::{BlockDevice, BlockError, BlockOp, BlockRequest};
 pub use format::{Durability, Superblock};
 pub use io::ReadAt;
@@ -77,9 +80,9 @@ pub use replica::{
     image_position, FileReplica, MemReplica, Replica, ReplicaError, ReplicaJournal, ReplicaPosition,
 };
 pub use resync::{ResyncAction, ResyncReport};
-pub use dir_verify::{read_from, verify_dir, DirProblem, DirVerifyReport, ReadEnd, ReadStop};
 pub use scan::{scan, Scan, Stop};
 pub use segments::{prepare_spare, Retention, SegmentDir, SegmentError, SegmentInfo};
+pub use sources::ProducerCounters;
 pub use verify::{verify, Anchor, Problem, VerifyReport};
 
 use control::Control;
@@ -197,6 +200,14 @@ pub enum JournalError {
     /// The replica failed.
     #[error("replica: {0}")]
     Replica(#[from] ReplicaError),
+    /// The journal service refused to attach this producer.
+    #[error("the journal service refused the attach ({status:?}): {message}")]
+    Refused {
+        /// Why.
+        status: service::wire::Status,
+        /// The service's words.
+        message: String,
+    },
     /// The preprocessing stage (the card) failed; the writer stopped.
     #[error("preprocess: {0}")]
     Preprocess(#[from] PreprocessError),
@@ -403,77 +414,14 @@ impl Journal {
             _ => None,
         };
         let mut local_at = None;
-        let (s, data_at) = {
-            let mut reader = BlockReader::new(&mut dev);
-            let mut note = |v: scan::Visit<'_>| {
-                if Some(v.offset + format::frame_len(v.header.len as usize) as u64) == replica_end {
-                    local_at = Some((v.header.seq, v.header.chain));
-                }
-                true
-            };
-            let s = match scan::scan(&mut reader, &mut note) {
-                Ok(s) => s,
-                Err(scan::ScanError::Super(e)) => return Err(JournalError::Superblock(e)),
-                Err(scan::ScanError::Io(source)) => {
-                    return Err(JournalError::Io { op: "recovery read", source })
-                }
-            };
-            // Past the window one torn batch can reach, the device must be untouched.
-            let probe = s.end.saturating_add(s.superblock.torn_window());
-            let clean = scan::is_zero(&mut reader, probe, u64::from(WRITE_ALIGN))
-                .map_err(|source| JournalError::Io { op: "recovery read", source })?;
-            let window_zero = scan::is_zero(&mut reader, s.end, s.superblock.torn_window())
-                .map_err(|source| JournalError::Io { op: "recovery read", source })?;
-            (s, (!clean).then_some(probe).map(|p| (p, window_zero)))
-        };
-        let sb = s.superblock;
-        if let Some((data_at, _)) = data_at {
-            let what = match s.stop {
-                Stop::Clean | Stop::DeviceEnd => "zero header",
-                Stop::Defect { defect, .. } => defect.what(),
-                Stop::Seq { .. } => "sequence number out of order",
-                Stop::Chain { .. } => "hash chain broken",
-            };
-            return Err(JournalError::Corrupt { offset: s.end, what, data_at });
-        }
-        let mut buf = AlignedBuf::new(sb.max_batch_bytes as usize + 2 * WRITE_ALIGN as usize);
-        // Zero the torn tail: [end, end + window), keeping the bytes before `end` in its block.
-        let align = u64::from(WRITE_ALIGN);
-        let base = s.end / align * align;
-        let keep = (s.end - base) as usize;
-        if keep > 0 {
-            let mut reader = BlockReader::new(&mut dev);
-            reader
-                .read_at(base, &mut buf.as_mut_slice()[..keep])
-                .map_err(|source| JournalError::Io { op: "recovery read", source })?;
-        }
-        let torn_end = (s.end + sb.torn_window()).div_ceil(align) * align;
-        let torn_end = torn_end.min(dev.size_bytes);
-        let window_dirty = {
-            let mut reader = BlockReader::new(&mut dev);
-            !scan::is_zero(&mut reader, s.end, torn_end.saturating_sub(s.end))
-                .map_err(|source| JournalError::Io { op: "recovery read", source })?
-        };
-        if window_dirty {
-            let mut off = base;
-            let mut first = true;
-            while off < torn_end {
-                let n = ((torn_end - off) as usize).min(buf.len());
-                if !first {
-                    buf.as_mut_slice()[..n].fill(0);
-                }
-                dev.write(&mut buf, 0, n, off)?;
-                first = false;
-                off += n as u64;
+        let mut note = |v: scan::Visit<'_>| {
+            if Some(v.offset + format::frame_len(v.header.len as usize) as u64) == replica_end {
+                local_at = Some((v.header.seq, v.header.chain));
             }
-            dev.flush()?;
-            // Restore the kept block prefix at the front of the buffer.
-            buf.as_mut_slice().fill(0);
-            let mut reader = BlockReader::new(&mut dev);
-            reader
-                .read_at(base, &mut buf.as_mut_slice()[..keep])
-                .map_err(|source| JournalError::Io { op: "recovery read", source })?;
-        }
+            true
+        };
+        let (s, buf, window_dirty) = recover(&mut dev, &mut note)?;
+        let sb = s.superblock;
         // The replica catches up (or is refused) before the writer acknowledges anything.
         let replica = match (config.replica.as_mut(), replica_at) {
             (Some(r), Some(first)) => {
@@ -578,7 +526,9 @@ impl Journal {
             durability: config.durability,
             replica: config.replica.take(),
             pre: config.preprocess.take().unwrap_or_else(|| Box::new(SoftPreprocess::default())),
-            consumer,
+            sources: vec![sources::Source::single(consumer, recovery.last_seq)],
+            service: None,
+            writer_wait: config.writer_wait,
             control: control.reopen()?,
             stats: Arc::clone(&stats),
             stop: Arc::clone(&stop),
@@ -687,6 +637,82 @@ impl Drop for Journal {
     }
 }
 
+/// Recovery of a journal device: scans to the last valid frame (`note` sees every frame),
+/// refuses damage followed by more data than one torn batch could leave
+/// ([`JournalError::Corrupt`]), zeroes the torn tail. Returns the scan, a batch buffer holding
+/// at its front the bytes of the last partial block, and whether a torn tail was zeroed.
+pub(crate) fn recover(
+    dev: &mut Dev,
+    note: &mut dyn FnMut(scan::Visit<'_>) -> bool,
+) -> Result<(Scan, AlignedBuf, bool), JournalError> {
+    let (s, data_at) = {
+        let mut reader = BlockReader::new(dev);
+        let s = match scan::scan(&mut reader, note) {
+            Ok(s) => s,
+            Err(scan::ScanError::Super(e)) => return Err(JournalError::Superblock(e)),
+            Err(scan::ScanError::Io(source)) => {
+                return Err(JournalError::Io { op: "recovery read", source })
+            }
+        };
+        // Past the window one torn batch can reach, the device must be untouched.
+        let probe = s.end.saturating_add(s.superblock.torn_window());
+        let clean = scan::is_zero(&mut reader, probe, u64::from(WRITE_ALIGN))
+            .map_err(|source| JournalError::Io { op: "recovery read", source })?;
+        let window_zero = scan::is_zero(&mut reader, s.end, s.superblock.torn_window())
+            .map_err(|source| JournalError::Io { op: "recovery read", source })?;
+        (s, (!clean).then_some(probe).map(|p| (p, window_zero)))
+    };
+    let sb = s.superblock;
+    if let Some((data_at, _)) = data_at {
+        let what = match s.stop {
+            Stop::Clean | Stop::DeviceEnd => "zero header",
+            Stop::Defect { defect, .. } => defect.what(),
+            Stop::Seq { .. } => "sequence number out of order",
+            Stop::Chain { .. } => "hash chain broken",
+        };
+        return Err(JournalError::Corrupt { offset: s.end, what, data_at });
+    }
+    let mut buf = AlignedBuf::new(sb.max_batch_bytes as usize + 2 * WRITE_ALIGN as usize);
+    // Zero the torn tail: [end, end + window), keeping the bytes before `end` in its block.
+    let align = u64::from(WRITE_ALIGN);
+    let base = s.end / align * align;
+    let keep = (s.end - base) as usize;
+    if keep > 0 {
+        let mut reader = BlockReader::new(dev);
+        reader
+            .read_at(base, &mut buf.as_mut_slice()[..keep])
+            .map_err(|source| JournalError::Io { op: "recovery read", source })?;
+    }
+    let torn_end = (s.end + sb.torn_window()).div_ceil(align) * align;
+    let torn_end = torn_end.min(dev.size_bytes);
+    let window_dirty = {
+        let mut reader = BlockReader::new(dev);
+        !scan::is_zero(&mut reader, s.end, torn_end.saturating_sub(s.end))
+            .map_err(|source| JournalError::Io { op: "recovery read", source })?
+    };
+    if window_dirty {
+        let mut off = base;
+        let mut first = true;
+        while off < torn_end {
+            let n = ((torn_end - off) as usize).min(buf.len());
+            if !first {
+                buf.as_mut_slice()[..n].fill(0);
+            }
+            dev.write(&mut buf, 0, n, off)?;
+            first = false;
+            off += n as u64;
+        }
+        dev.flush()?;
+        // Restore the kept block prefix at the front of the buffer.
+        buf.as_mut_slice().fill(0);
+        let mut reader = BlockReader::new(dev);
+        reader
+            .read_at(base, &mut buf.as_mut_slice()[..keep])
+            .map_err(|source| JournalError::Io { op: "recovery read", source })?;
+    }
+    Ok((s, buf, window_dirty))
+}
+
 /// Ring record type of the prefault lap (never seen by the writer).
 const PREFAULT_TYPE: u32 = 0x4A50;
 
@@ -727,15 +753,19 @@ fn check_limits(max_record_bytes: u32, max_batch_bytes: u32) -> Result<(), Journ
 }
 
 fn open_dev(config: &JournalConfig) -> Result<Dev, JournalError> {
-    let info = config.device.info();
+    open_device(&*config.device)
+}
+
+/// A queue on `device` for the writer, after checking that the journal can use it.
+pub(crate) fn open_device(device: &dyn BlockDevice) -> Result<Dev, JournalError> {
+    let info = device.info();
     if info.read_only {
         return Err(JournalError::Config("device is read-only"));
     }
     if info.block_size > WRITE_ALIGN || !info.block_size.is_power_of_two() {
         return Err(JournalError::Config("device block size must be a power of two <= 4096"));
     }
-    let queue = config
-        .device
+    let queue = device
         .open_queue(4)
         .map_err(|source| JournalError::Io { op: "open block queue", source })?;
     let size = info.size_bytes / u64::from(WRITE_ALIGN) * u64::from(WRITE_ALIGN);

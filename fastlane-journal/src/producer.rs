@@ -1,12 +1,13 @@
 //! The producer side: `append` copies a record into the shared ring and returns its seq.
 
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use fastlane_ring::shm::{Producer, ShmError, ShmRing};
 use fastlane_ring::WaitStrategy;
 
-use super::control::Control;
+use super::control::{Control, Doorbell};
 use super::{JournalError, Seq, RECORD_TYPE, SEQ_PREFIX_LEN};
 
 /// A producer of records, in the journal's process or another one attached to its shared
@@ -23,6 +24,16 @@ pub struct JournalProducer {
     control: Control,
     next_seq: Seq,
     max_record_bytes: usize,
+    /// Attached to the journal service: the doorbell its writer sleeps on (rung instead of
+    /// the ring's own futex word), the connection whose end detaches us, and our id.
+    service: Option<ServiceLink>,
+}
+
+#[derive(Debug)]
+struct ServiceLink {
+    doorbell: Doorbell,
+    _session: UnixStream,
+    id: u32,
 }
 
 /// The path of the control block that belongs to the ring at `shm_path`.
@@ -47,7 +58,7 @@ impl JournalProducer {
         }
         let max =
             (max_record_bytes as usize).min(tx.max_record_len().saturating_sub(SEQ_PREFIX_LEN));
-        Ok(JournalProducer { tx, control, next_seq, max_record_bytes: max })
+        Ok(JournalProducer { tx, control, next_seq, max_record_bytes: max, service: None })
     }
 
     /// Attaches to the journal whose ring is at `shm_path` (its control block is at
@@ -110,7 +121,20 @@ impl JournalProducer {
         // Claim before publishing: a producer killed between the two leaves a one-seq hole,
         // which the writer accepts, rather than a seq used twice.
         self.control.set_next_seq(seq + 1);
-        self.tx.commit(RECORD_TYPE);
+        match &self.service {
+            None => self.tx.commit(RECORD_TYPE),
+            Some(link) => self.tx.commit_ringing(RECORD_TYPE, link.doorbell.word()),
+        }
+    }
+
+    pub(crate) fn attach_service(&mut self, doorbell: Doorbell, session: UnixStream, id: u32) {
+        self.service = Some(ServiceLink { doorbell, _session: session, id });
+    }
+
+    /// The id the journal service gave this producer (written into each of its frames), or
+    /// `None` for a producer of a single journal.
+    pub fn producer_id(&self) -> Option<u32> {
+        self.service.as_ref().map(|l| l.id)
     }
 
     #[cold]

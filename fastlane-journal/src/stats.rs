@@ -12,4 +12,8 @@ pub(crate) struct WriterStats {
     pub(crate) bytes_written: AtomicU64,
     pub(crate) flushes: AtomicU64,
     pub(crate) end: AtomicU64,
+    /// Segments rolled to (the journal service).
+    pub(crate) rolls: AtomicU64,
+    /// Rolls that failed and were retried (no room for the next segment).
+    pub(crate) roll_failures: AtomicU64,
 }

@@ -78,19 +78,22 @@
 //! queue's drop waits for in-flight requests) before the buffers.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fastlane_ring::shm::{Consumer, ShmError};
+use fastlane_ring::shm::{doorbell, ShmError};
+use fastlane_ring::WaitStrategy;
 
 use super::control::{
-    Control, STATE_CLOSED, STATE_DEVICE_FULL, STATE_FAILED, STATE_PRODUCER_FAULT,
+    Control, Doorbell, STATE_CLOSED, STATE_DEVICE_FULL, STATE_FAILED, STATE_PRODUCER_FAULT,
 };
 use super::flusher::Flushers;
 use super::format::{frame_len, Chain, Durability, Superblock, FRAME_HEADER_LEN};
 use super::io::{AlignedBuf, Dev, IO_TIMEOUT};
 use super::preprocess::{FrameSlot, Preprocess};
 use super::replica::Replica;
+use super::sources::Source;
 use super::stats::WriterStats;
 use super::{JournalError, RECORD_TYPE, SEQ_PREFIX_LEN};
 use fastlane_block::{BlockDevice, Completion};
@@ -132,6 +135,34 @@ pub enum WriterIo {
     Flusher,
 }
 
+/// What the writer does when the next record does not fit its device: the journal service
+/// rolls to a new segment.
+pub(crate) trait Roll: Send {
+    /// Everything written so far is durable (the writer drained first). Returns the next
+    /// segment: a device whose superblock (first seq `last_seq + 1`, previous chain value
+    /// `head`) is written and flushed, and the superblock.
+    fn roll(
+        &mut self,
+        last_seq: u64,
+        head: Chain,
+    ) -> Result<(Arc<dyn BlockDevice>, Superblock), JournalError>;
+}
+
+/// The journal service's side of the writer: producers arriving, the doorbell they ring, and
+/// the roll to the next segment.
+pub(crate) struct ServiceInputs {
+    /// New producers' rings, sent by the service's acceptor (which rings the doorbell after).
+    pub(crate) incoming: Receiver<Source>,
+    /// Set by the acceptor after it sent a producer (before it rings the doorbell).
+    pub(crate) arrived: Arc<AtomicBool>,
+    pub(crate) doorbell: Doorbell,
+    pub(crate) roll: Box<dyn Roll>,
+}
+
+/// How long the writer waits before trying a failed roll again (a full file system: the
+/// producers' rings fill and push back meanwhile).
+const ROLL_RETRY: Duration = Duration::from_millis(100);
+
 /// A batch of frames in one buffer.
 struct Batch {
     buf: AlignedBuf,
@@ -142,6 +173,8 @@ struct Batch {
     /// Seq of the last frame (0: none framed yet).
     last_seq: u64,
     records: u64,
+    /// Which batch this is (numbers the producers' checkpoints).
+    id: u64,
 }
 
 pub(crate) struct Writer {
@@ -176,12 +209,20 @@ pub(crate) struct Writer {
     durability: Durability,
     replica: Option<Box<dyn Replica>>,
     pre: Box<dyn Preprocess>,
-    consumer: Consumer,
+    /// The rings drained: a journal's one ring, or the service's producers.
+    sources: Vec<Source>,
+    /// Where the next drain starts (round robin over `sources`).
+    next_source: usize,
+    /// Batches started so far.
+    batches: u64,
+    service: Option<ServiceInputs>,
+    /// How the idle service writer waits on its doorbell (a journal's ring has it set).
+    writer_wait: WaitStrategy,
     control: Control,
     stats: Arc<WriterStats>,
     stop: Arc<AtomicBool>,
     core: Option<usize>,
-    /// Why the writer stopped reading the ring, if it did.
+    /// Why the writer stopped reading its (single) ring, if it did.
     fault: Option<JournalError>,
     /// The next record does not fit the device: drain, then stop with `DeviceFull`.
     device_full: bool,
@@ -202,7 +243,10 @@ pub(crate) struct WriterParts {
     pub(crate) durability: Durability,
     pub(crate) replica: Option<Box<dyn Replica>>,
     pub(crate) pre: Box<dyn Preprocess>,
-    pub(crate) consumer: Consumer,
+    /// The single ring of a journal; empty for the service (producers arrive later).
+    pub(crate) sources: Vec<Source>,
+    pub(crate) service: Option<ServiceInputs>,
+    pub(crate) writer_wait: WaitStrategy,
     pub(crate) control: Control,
     pub(crate) stats: Arc<WriterStats>,
     pub(crate) stop: Arc<AtomicBool>,
@@ -238,7 +282,11 @@ impl Writer {
             durability: p.durability,
             replica: p.replica,
             pre: p.pre,
-            consumer: p.consumer,
+            sources: p.sources,
+            next_source: 0,
+            batches: 0,
+            service: p.service,
+            writer_wait: p.writer_wait,
             control: p.control,
             stats: p.stats,
             stop: p.stop,
@@ -310,6 +358,7 @@ impl Writer {
                 2,
                 "the writer owns two buffers"
             );
+            self.sync_sources();
             let mut moved = self.reap()?;
             moved |= self.submit_flush()?;
             moved |= self.submit_write()?;
@@ -359,11 +408,15 @@ impl Writer {
     /// published once (what came before the bad record is durable); then `true` when asked
     /// to stop, else a short sleep and `false`.
     fn stopped_reading(
-        &self,
+        &mut self,
         fault_published: &mut bool,
         stopping: bool,
     ) -> Result<bool, JournalError> {
         if self.device_full {
+            if self.service.is_some() && !stopping {
+                self.roll()?;
+                return Ok(false);
+            }
             return Err(JournalError::DeviceFull);
         }
         if !*fault_published {
@@ -535,11 +588,6 @@ impl Writer {
         self.wait_device_for(BUSY_SLICE)
     }
 
-    /// The ring holds a record (or is broken: `frame` reports that).
-    fn ring_ready(&mut self) -> bool {
-        self.consumer.peek_batch(1).map_or(true, |b| !b.is_empty())
-    }
-
     /// Blocks on the device until a request completes (bounded by the I/O timeout).
     fn wait_device(&mut self) -> Result<(), JournalError> {
         self.wait_device_for(IO_TIMEOUT)
@@ -605,6 +653,9 @@ impl Writer {
         if seq > self.durable_seq {
             self.durable_seq = seq;
             self.control.publish_durable(seq);
+            for s in &mut self.sources {
+                s.publish(seq);
+            }
         }
     }
 
@@ -680,7 +731,15 @@ impl Writer {
         let base = self.end / align * align;
         let keep = (self.end - base) as usize;
         buf.as_mut_slice()[..keep].copy_from_slice(&self.carry[..keep]);
-        Some(Batch { buf, base, end: self.end, last_seq: self.last_seq, records: 0 })
+        self.batches += 1;
+        Some(Batch {
+            buf,
+            base,
+            end: self.end,
+            last_seq: self.last_seq,
+            records: 0,
+            id: self.batches,
+        })
     }
 
     /// Drains the ring into the pending batch (waiting up to `wait` for the first record).
@@ -704,45 +763,97 @@ impl Writer {
     }
 
     fn frame_into(&mut self, b: &mut Batch, wait: Option<Duration>) -> Result<u64, JournalError> {
+        if let Some(w) = wait {
+            if !self.wait_records(Instant::now() + w) {
+                return Ok(0);
+            }
+        }
+        let n = self.sources.len();
+        let mut framed = 0u64;
+        let mut pos = (b.end - b.base) as usize;
+        for k in 0..n {
+            let i = (self.next_source + k) % n;
+            if self.sources[i].fault.is_some() {
+                continue;
+            }
+            let (got, room) = self.frame_source(i, b, &mut pos)?;
+            framed += got;
+            if got > 0 {
+                let s = &mut self.sources[i];
+                s.checkpoint(b.id, self.last_seq, s.last_local);
+            }
+            if !room || self.device_full {
+                break;
+            }
+        }
+        // The next drain starts at the next ring, so that a busy producer cannot keep the
+        // batch full for the others.
+        self.next_source = if n == 0 { 0 } else { (self.next_source + 1) % n };
+        // The staged frames get their timestamp, chain value and CRC (all of them at once
+        // when a card does it); a failure stops the writer before any of them is written.
+        let key = self.key;
+        self.pre.finish(b.buf.as_mut_slice(), &key, &mut self.head)?;
+        b.end = b.base + pos as u64;
+        b.records += framed;
+        b.last_seq = self.last_seq;
+        self.end = b.end;
+        Ok(framed)
+    }
+
+    /// Frames what ring `i` holds into `b` from `*pos` on. Returns the records framed and
+    /// whether the batch still has room (`false`: stop draining for this batch).
+    fn frame_source(
+        &mut self,
+        i: usize,
+        b: &mut Batch,
+        pos: &mut usize,
+    ) -> Result<(u64, bool), JournalError> {
         let max_record = self.sb.max_record_bytes as usize;
         let max_frame = frame_len(max_record);
         let cap = self.batch_cap();
         let window_end = self.flushed_end + u64::from(self.sb.max_batch_bytes);
         let dev_end = self.dev.size_bytes;
-        let batch = match wait {
-            None => self.consumer.peek_batch(usize::MAX),
-            Some(w) => self.consumer.wait_batch(usize::MAX, Some(Instant::now() + w)),
-        };
-        let mut batch = match batch {
+        let key = self.key;
+        let src = &mut self.sources[i];
+        let assigns = src.assigns();
+        let mut batch = match src.consumer.peek_batch(usize::MAX) {
             Ok(batch) => batch,
-            Err(ShmError::Timeout) => return Ok(0),
             Err(e) => {
-                self.fault = Some(JournalError::Ring(e));
-                return Ok(0);
+                // A broken ring shuts off only its own producer.
+                let e = JournalError::Ring(e);
+                if assigns {
+                    src.shut_off(e);
+                } else {
+                    self.fault = Some(e);
+                    src.fault = Some(JournalError::ProducerFault);
+                }
+                return Ok((0, true));
             }
         };
-        let key = self.key;
         let mut framed = 0u64;
-        let mut pos = (b.end - b.base) as usize;
+        let mut bytes = 0u64;
+        let mut fault = None;
+        let mut room = true;
         let buf = b.buf.as_mut_slice();
         loop {
             // Room for the largest frame in the buffer and in the torn window; near the
             // device's end, one record per batch so that the exact size of the next one
             // decides whether it still fits.
-            let at_dev = b.base + pos as u64;
+            let at_dev = b.base + *pos as u64;
             let room_dev = dev_end - at_dev;
             let near_end = max_frame as u64 > room_dev;
-            if pos + max_frame > cap
+            if *pos + max_frame > cap
                 || at_dev + max_frame as u64 > window_end
-                || (near_end && (framed > 0 || b.records > 0))
+                || (near_end && (framed > 0 || b.records > 0 || *pos > (b.end - b.base) as usize))
             {
+                room = false;
                 break;
             }
             let rec = match batch.next_record() {
                 Ok(Some(r)) => r,
                 Ok(None) => break,
                 Err(e) => {
-                    self.fault = Some(JournalError::Ring(e));
+                    fault = Some(JournalError::Ring(e));
                     break;
                 }
             };
@@ -752,7 +863,7 @@ impl Writer {
                 || n < SEQ_PREFIX_LEN
                 || n - SEQ_PREFIX_LEN > max_record
             {
-                self.fault = Some(JournalError::BadRecord {
+                fault = Some(JournalError::BadRecord {
                     what: "bad record type or length",
                     value: n as u64,
                 });
@@ -763,43 +874,138 @@ impl Writer {
             if fl as u64 > room_dev {
                 // Only reachable with nothing else in this batch (`near_end`): the ring batch
                 // is dropped unreleased, so the record stays in the ring; what was framed
-                // before is written and flushed, then the writer stops.
+                // before is written and flushed, then the writer stops (or rolls).
                 self.device_full = true;
-                return Ok(0);
+                return Ok((framed, false));
             }
             // One copy out of the mapping: the seq prefix lands in the frame's flags/crc slot
             // (overwritten by `encode_frame`), the payload where the frame wants it.
-            let at = pos + FRAME_HEADER_LEN - SEQ_PREFIX_LEN;
+            let at = *pos + FRAME_HEADER_LEN - SEQ_PREFIX_LEN;
             rec.copy_to(&mut buf[at..at + n]);
             let mut w = [0u8; 8];
             w.copy_from_slice(&buf[at..at + 8]);
-            let seq = u64::from_le_bytes(w);
+            let local = u64::from_le_bytes(w);
             // Strictly increasing, by one (or two: a producer that died between claiming a seq
             // and publishing its record leaves one hole for the next producer).
-            if seq <= self.last_seq || seq - self.last_seq > 2 {
-                self.fault = Some(JournalError::BadRecord {
+            if local <= src.last_local || local - src.last_local > 2 {
+                fault = Some(JournalError::BadRecord {
                     what: "sequence number out of order",
-                    value: seq,
+                    value: local,
                 });
                 break;
             }
-            let slot = FrameSlot { pos, seq, len: plen as u32, flags: 0 };
+            let seq = if assigns { self.last_seq + 1 } else { local };
+            let slot = FrameSlot { pos: *pos, seq, len: plen as u32, flags: src.id };
             self.pre.stage(buf, slot, &key, &mut self.head);
             self.last_seq = seq;
-            pos += fl;
+            src.last_local = local;
+            *pos += fl;
             framed += 1;
+            bytes += plen as u64;
             if near_end {
+                room = false;
                 break;
             }
         }
         batch.release();
-        // The staged frames get their timestamp, chain value and CRC (all of them at once
-        // when a card does it); a failure stops the writer before any of them is written.
-        self.pre.finish(buf, &key, &mut self.head)?;
-        b.end = b.base + pos as u64;
-        b.records += framed;
-        b.last_seq = self.last_seq;
-        self.end = b.end;
-        Ok(framed)
+        src.count(framed, bytes);
+        if let Some(e) = fault {
+            if assigns {
+                src.shut_off(e);
+            } else {
+                self.fault = Some(e);
+                src.fault = Some(JournalError::ProducerFault);
+            }
+        }
+        Ok((framed, room))
     }
+
+    /// Waits until a ring holds a record (or a producer arrives), at most until `deadline`:
+    /// a journal sleeps on its ring, the service on the doorbell every producer rings.
+    /// Returns whether there is something to look at.
+    fn wait_records(&mut self, deadline: Instant) -> bool {
+        match &self.service {
+            None => {
+                let Some(src) = self.sources.first_mut() else { return false };
+                match src.consumer.wait_batch(1, Some(deadline)) {
+                    Ok(_) => true,
+                    Err(ShmError::Timeout) => false,
+                    // Broken: `frame_source` finds out and shuts it off.
+                    Err(_) => true,
+                }
+            }
+            Some(svc) => {
+                let strategy = self.writer_wait;
+                let sources = &mut self.sources;
+                let arrived = &svc.arrived;
+                doorbell::wait(svc.doorbell.word(), strategy, Some(deadline), || {
+                    arrived.load(Ordering::Acquire) || any_ready(sources)
+                })
+            }
+        }
+    }
+
+    /// A ring holds a record (or is broken: `frame` reports that).
+    fn ring_ready(&mut self) -> bool {
+        any_ready(&mut self.sources)
+    }
+
+    /// Service: takes the producers that arrived, drops those that are gone and fully
+    /// acknowledged. Called once per loop turn; no allocation unless a producer arrived.
+    fn sync_sources(&mut self) {
+        let Some(svc) = &self.service else { return };
+        if svc.arrived.swap(false, Ordering::AcqRel) {
+            // Bounded: the acceptor sends at most its producer limit.
+            while let Ok(src) = svc.incoming.try_recv() {
+                self.sources.push(src);
+            }
+        }
+        let mut i = 0;
+        while i < self.sources.len() {
+            if self.sources[i].finished() && source_drained(&mut self.sources[i]) {
+                drop(self.sources.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Service, the device full: everything written is durable; roll to the next segment.
+    /// A failure (no space for it) is retried after [`ROLL_RETRY`] while the rings push back.
+    fn roll(&mut self) -> Result<bool, JournalError> {
+        let Some(svc) = self.service.as_mut() else { return Ok(false) };
+        let (device, sb) = match svc.roll.roll(self.last_seq, self.head) {
+            Ok(next) => next,
+            Err(_) => {
+                self.stats.roll_failures.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(ROLL_RETRY);
+                return Ok(false);
+            }
+        };
+        let dev = super::open_device(&*device)?;
+        self.dev = dev;
+        self.device = device;
+        self.sb = sb;
+        self.end = super::format::DATA_OFFSET;
+        self.flushed_end = self.end;
+        self.carry.clear();
+        self.head = sb.genesis();
+        self.device_full = false;
+        self.stats.rolls.fetch_add(1, Ordering::Relaxed);
+        self.stats.end.store(self.end, Ordering::Relaxed);
+        Ok(true)
+    }
+}
+
+/// Some ring holds a record (or is broken).
+fn any_ready(sources: &mut [Source]) -> bool {
+    sources
+        .iter_mut()
+        .filter(|s| s.fault.is_none())
+        .any(|s| s.consumer.peek_batch(1).map_or(true, |b| !b.is_empty()))
+}
+
+/// The ring of a finished source holds nothing more (a faulted one is not read again).
+fn source_drained(s: &mut Source) -> bool {
+    s.fault.is_some() || s.consumer.peek_batch(1).map_or(true, |b| b.is_empty())
 }

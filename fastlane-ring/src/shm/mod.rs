@@ -143,6 +143,7 @@
 //! [`WaitStrategy`] and end at a deadline with [`ShmError::Timeout`].
 
 mod consumer;
+pub mod doorbell;
 pub mod layout;
 mod producer;
 mod ring;

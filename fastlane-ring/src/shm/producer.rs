@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::layout::{self, pack_record_header, record_span, PAD_TYPE};
 use super::{corrupt, Corruption, Role, Shared, ShmError};
-use crate::sync::Ordering;
+use crate::sync::{AtomicU32, Ordering};
 use crate::wait::{ParkFlag, Scope};
 use crate::WaitStrategy;
 
@@ -171,15 +171,38 @@ impl Producer {
     /// Publishes every staged record with one store of the tail and wakes the consumer if it
     /// is parked. Does nothing if nothing is staged.
     pub fn publish(&mut self) {
+        if self.store_tail() {
+            let h = self.shared.header();
+            ParkFlag::from_word(&h.data_waiter).notify(Scope::Shared);
+        }
+    }
+
+    /// [`commit`](Producer::commit), but the wake-up goes to a [doorbell](super::doorbell)
+    /// word shared by several rings instead of this ring's own: for a consumer that sleeps on
+    /// the doorbell, never on this ring. Same cost as `commit`.
+    ///
+    /// # Panics
+    ///
+    /// As [`commit`](Producer::commit).
+    pub fn commit_ringing(&mut self, record_type: u32, doorbell: &AtomicU32) {
+        self.stage(record_type);
+        if self.store_tail() {
+            super::doorbell::ring(doorbell);
+        }
+    }
+
+    /// Stores the shared tail if anything is staged; returns whether it did.
+    #[inline]
+    fn store_tail(&mut self) -> bool {
         if self.tail == self.published || self.poison.is_some() {
-            return;
+            return false;
         }
         let h = self.shared.header();
         // Release pairs with the consumer's `Acquire` load of `tail` in `Consumer::peek_batch`:
         // the payloads and record headers written before it are visible to the consumer.
         h.tail.store(self.tail, Ordering::Release);
         self.published = self.tail;
-        ParkFlag::from_word(&h.data_waiter).notify(Scope::Shared);
+        true
     }
 
     /// Copies `payload` into a new record of type `record_type` and publishes it (with any

@@ -1,0 +1,243 @@
+//! The journal service with producers in threads of this process (the attach protocol, the
+//! rings and the writer are the same as for other processes; `fastlane-cli/tests/
+//! journal_service.rs` runs real producer processes and kills them).
+
+use std::collections::BTreeMap;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use super::wire::{self, Hello, Reply, Status, REPLY_LEN};
+use super::{Service, ServiceConfig, SOCKET_NAME};
+use crate::{read_from, verify_dir, Anchor, JournalError, JournalProducer};
+
+const T: Duration = Duration::from_secs(20);
+
+fn config(dir: &Path) -> ServiceConfig {
+    let mut c = ServiceConfig::new(dir);
+    c.segment_bytes = 8 << 20;
+    c.max_batch_bytes = 256 << 10;
+    c.ring_bytes = 1 << 20;
+    c
+}
+
+/// Every record of the directory: global seq → (producer id, payload).
+fn records(dir: &Path) -> BTreeMap<u64, (u32, Vec<u8>)> {
+    let mut out = BTreeMap::new();
+    read_from(dir, 1, &mut |h, p| {
+        out.insert(h.seq, (h.flags, p.to_vec()));
+        true
+    })
+    .unwrap();
+    out
+}
+
+/// Each producer's payloads in global order.
+fn by_producer(recs: &BTreeMap<u64, (u32, Vec<u8>)>) -> BTreeMap<u32, Vec<Vec<u8>>> {
+    let mut out: BTreeMap<u32, Vec<Vec<u8>>> = BTreeMap::new();
+    for (id, p) in recs.values() {
+        out.entry(*id).or_default().push(p.clone());
+    }
+    out
+}
+
+/// Three producers append concurrently: one global sequence without gaps, each producer's
+/// records in its own order under its own id, each acknowledged by its own seqs.
+#[test]
+fn producers_merge_into_one_sequence() {
+    let d = tempfile::tempdir().unwrap();
+    let svc = Service::start(config(d.path())).unwrap();
+    let n = 3000u64;
+    let handles: Vec<_> = (0..3)
+        .map(|k| {
+            let dir = d.path().to_path_buf();
+            std::thread::spawn(move || {
+                let mut tx = JournalProducer::connect(&dir, &format!("p{k}")).unwrap();
+                let mut last = 0;
+                for i in 1..=n {
+                    last = tx.append_blocking(format!("p{k} {i}").as_bytes(), T).unwrap();
+                    assert_eq!(last, i, "a producer's own seqs count 1, 2, 3");
+                }
+                tx.wait_durable(last, T).unwrap();
+                tx.producer_id().unwrap()
+            })
+        })
+        .collect();
+    let ids: Vec<u32> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let stats = svc.stop().unwrap();
+    assert_eq!(stats.records, 3 * n);
+    assert_eq!(stats.attaches, 3);
+    let recs = records(d.path());
+    assert_eq!(recs.len() as u64, 3 * n);
+    assert_eq!(recs.keys().copied().collect::<Vec<_>>(), (1..=3 * n).collect::<Vec<_>>());
+    let per = by_producer(&recs);
+    for (k, id) in ids.iter().enumerate() {
+        let want: Vec<Vec<u8>> = (1..=n).map(|i| format!("p{k} {i}").into_bytes()).collect();
+        assert_eq!(per[id], want, "producer {k} (id {id}) records out of order or missing");
+    }
+    let v = verify_dir(d.path(), Anchor::default()).unwrap();
+    assert!(v.problem.is_none(), "{:?}", v.problem);
+    assert_eq!(v.last_seq, 3 * n);
+}
+
+/// Small segments: the service rolls many times under load, the chain continues across them,
+/// and a restart resumes the global sequence where it ended.
+#[test]
+fn rolls_segments_and_resumes_after_restart() {
+    let d = tempfile::tempdir().unwrap();
+    let mut c = config(d.path());
+    c.segment_bytes = 1 << 20;
+    c.max_batch_bytes = 64 << 10;
+    let svc = Service::start(c).unwrap();
+    let mut tx = JournalProducer::connect(d.path(), "roller").unwrap();
+    let payload = [7u8; 1000];
+    let n = 5000u64;
+    for _ in 0..n {
+        tx.append_blocking(&payload, T).unwrap();
+    }
+    tx.wait_durable(n, T).unwrap();
+    drop(tx);
+    let stats = svc.stop().unwrap();
+    assert!(stats.rolls >= 4, "5 MB of records in 1 MiB segments rolled only {}", stats.rolls);
+    let v = verify_dir(d.path(), Anchor::default()).unwrap();
+    assert!(v.problem.is_none(), "{:?}", v.problem);
+    assert_eq!((v.records, v.last_seq), (n, n));
+    assert!(v.segments >= 5);
+
+    let mut c = config(d.path());
+    c.segment_bytes = 1 << 20;
+    let svc = Service::start(c).unwrap();
+    assert_eq!(svc.recovered().last_seq, n);
+    let mut tx = JournalProducer::connect(d.path(), "after").unwrap();
+    let s = tx.append(b"after restart").unwrap();
+    tx.wait_durable(s, T).unwrap();
+    drop(tx);
+    svc.stop().unwrap();
+    let recs = records(d.path());
+    assert_eq!(recs[&(n + 1)].1, b"after restart");
+}
+
+/// A producer that scribbles over its ring's header is shut off alone: its control block says
+/// so, the service counts the fault, and another producer goes on.
+#[test]
+fn a_hostile_producer_is_shut_off_alone() {
+    let d = tempfile::tempdir().unwrap();
+    let svc = Service::start(config(d.path())).unwrap();
+    let mut good = JournalProducer::connect(d.path(), "good").unwrap();
+    good.append(b"before").unwrap();
+
+    // The hostile one attaches by hand and keeps the raw ring mapping.
+    let s = UnixStream::connect(d.path().join(SOCKET_NAME)).unwrap();
+    let mut s2 = &s;
+    use std::io::Write as _;
+    s2.write_all(&Hello { ring_bytes: 4096, name: "evil".into() }.encode()).unwrap();
+    let mut buf = [0u8; REPLY_LEN];
+    let fds = wire::recv_with_fds(&s, &mut buf, 3).unwrap();
+    assert_eq!(Reply::decode(&buf).unwrap().status, Status::Ok);
+    let map = |fd: &std::os::fd::OwnedFd| {
+        // SAFETY: maps one page of a memfd just received (each is at least a page long).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        p.cast::<u8>()
+    };
+    let ring = map(&fds[0]);
+    // SAFETY: garbage over the ring's header page: the attack under test, on a mapping this
+    // test made (and never unmaps: the process ends with the test binary).
+    unsafe { std::ptr::write_bytes(ring, 0xA5, 4096) };
+    let bell = map(&fds[2]).cast::<std::sync::atomic::AtomicU32>();
+    // SAFETY: the doorbell page is mapped above, page-aligned, and lives on; wake the writer.
+    fastlane_ring::shm::doorbell::ring(unsafe { &*bell });
+    let deadline = std::time::Instant::now() + T;
+    while svc.stats().faults == 0 {
+        assert!(std::time::Instant::now() < deadline, "the scribbled ring was never faulted");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let seq = good.append(b"after").unwrap();
+    good.wait_durable(seq, T).unwrap();
+    drop(good);
+    let stats = svc.stop().unwrap();
+    assert_eq!(stats.faults, 1);
+    let recs = records(d.path());
+    let payloads: Vec<&[u8]> = recs.values().map(|(_, p)| p.as_slice()).collect();
+    assert_eq!(payloads, [b"before".as_slice(), b"after".as_slice()]);
+    drop(s);
+}
+
+/// A producer that appends and goes away without waiting: everything it published is
+/// written; the service lists it as gone.
+#[test]
+fn a_detached_producer_is_drained() {
+    let d = tempfile::tempdir().unwrap();
+    let svc = Service::start(config(d.path())).unwrap();
+    {
+        let mut tx = JournalProducer::connect(d.path(), "brief").unwrap();
+        for i in 0..500 {
+            tx.append_blocking(format!("r{i}").as_bytes(), T).unwrap();
+        }
+    }
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        let s = svc.stats();
+        if s.producers.len() == 1 && s.producers[0].gone {
+            assert_eq!(s.producers[0].records, 500);
+            assert_eq!(s.producers[0].durable_local, 500);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the detached producer was never dropped");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    svc.stop().unwrap();
+    assert_eq!(records(d.path()).len(), 500);
+}
+
+/// Limits and garbage at the socket: a second producer over the limit is refused with the
+/// reason; a connection that sends garbage is refused; one that sends nothing is dropped
+/// after the hello timeout; none of them stops the service.
+#[test]
+fn refusals_name_the_reason() {
+    let d = tempfile::tempdir().unwrap();
+    let mut c = config(d.path());
+    c.max_producers = 1;
+    let svc = Service::start(c).unwrap();
+    let _silent = UnixStream::connect(d.path().join(SOCKET_NAME)).unwrap();
+    let mut first = JournalProducer::connect(d.path(), "first").unwrap();
+    match JournalProducer::connect(d.path(), "second") {
+        Err(JournalError::Refused { status: Status::TooMany, .. }) => {}
+        other => panic!("want TooMany, got {other:?}"),
+    }
+    let s = UnixStream::connect(d.path().join(SOCKET_NAME)).unwrap();
+    use std::io::Write as _;
+    (&s).write_all(&[0x55; super::wire::HELLO_LEN]).unwrap();
+    let mut buf = [0u8; REPLY_LEN];
+    wire::recv_with_fds(&s, &mut buf, 3).unwrap();
+    assert_eq!(Reply::decode(&buf).unwrap().status, Status::BadHello);
+    let seq = first.append(b"still fine").unwrap();
+    first.wait_durable(seq, T).unwrap();
+    drop(first);
+    let stats = svc.stop().unwrap();
+    assert!(stats.refused >= 2, "refused {}", stats.refused);
+}
+
+/// A second service on the same directory is refused (the directory's lock).
+#[test]
+fn one_service_per_directory() {
+    let d = tempfile::tempdir().unwrap();
+    let svc = Service::start(config(d.path())).unwrap();
+    let err = Service::start(config(d.path())).unwrap_err();
+    let locked = crate::SegmentError::of(&err);
+    assert!(
+        matches!(locked, Some(crate::SegmentError::Locked { pid: Some(p), .. }) if *p == std::process::id()),
+        "{err:?}"
+    );
+    svc.stop().unwrap();
+}
