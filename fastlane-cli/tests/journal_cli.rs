@@ -139,9 +139,16 @@ fn segment_dir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
             let mut buf = vec![0u8; frame_len(p.len())];
             buf[FRAME_HEADER_LEN..][..p.len()].copy_from_slice(p.as_bytes());
             let producer = (seq % 5) as u32;
-            head = encode_frame(&mut buf, &sb.chain_key(), &head, seq, 7, producer, p.len(), &mut |c, b| {
-                pre.crc32c_append(c, b)
-            });
+            head = encode_frame(
+                &mut buf,
+                &sb.chain_key(),
+                &head,
+                seq,
+                7,
+                producer,
+                p.len(),
+                &mut |c, b| pre.crc32c_append(c, b),
+            );
             f.write_all_at(&buf, off).unwrap();
             off += buf.len() as u64;
             seq += 1;
@@ -167,11 +174,18 @@ fn verify_and_dump_a_segment_directory() {
     let d = run_ok(fastlane().args(["journal", "dump", "--from-seq", "15"]).arg(&dir));
     let lines: Vec<&str> = d.lines().collect();
     assert_eq!(lines.len(), 16, "{d}");
-    assert!(lines[0].trim_start().starts_with("15 producer 0 ") && lines[0].contains("\"order 15\""), "{d}");
+    assert!(
+        lines[0].trim_start().starts_with("15 producer 0 ") && lines[0].contains("\"order 15\""),
+        "{d}"
+    );
     assert!(lines[1].contains(" producer 1 "), "{d}");
 
     // --raw: seq, producer id, length, payload, record after record.
-    let out = fastlane().args(["journal", "dump", "--raw", "--from-seq", "29"]).arg(&dir).output().unwrap();
+    let out = fastlane()
+        .args(["journal", "dump", "--raw", "--from-seq", "29"])
+        .arg(&dir)
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let mut want = Vec::new();
     for seq in [29u64, 30] {
@@ -191,7 +205,10 @@ fn verify_and_dump_a_segment_directory() {
     let out = fastlane().args(["journal", "verify"]).arg(&dir).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("00000000000000000001.seg") && err.contains("record after seq 14 changed"), "{err}");
+    assert!(
+        err.contains("00000000000000000001.seg") && err.contains("record after seq 14 changed"),
+        "{err}"
+    );
     let out = fastlane().args(["journal", "dump"]).arg(&dir).output().unwrap();
     assert!(!out.status.success(), "dump stops with the problem");
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 14);

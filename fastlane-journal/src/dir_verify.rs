@@ -235,11 +235,8 @@ pub fn verify_dir(dir: &Path, anchor: Anchor) -> Result<DirVerifyReport, Journal
         let mut f = File::open(&info.path).map_err(io("open"))?;
         rep.segments += 1;
         rep.last_segment = info.index;
-        let in_segment = |problem| DirProblem::InSegment {
-            path: info.path.clone(),
-            index: info.index,
-            problem,
-        };
+        let in_segment =
+            |problem| DirProblem::InSegment { path: info.path.clone(), index: info.index, problem };
         let sb = match read_superblock(&mut f) {
             Ok(sb) => sb,
             Err(ScanError::Super(e)) => {
@@ -335,11 +332,8 @@ pub fn read_from(
             Err(ScanError::Super(e)) => {
                 let path = info.path.clone();
                 let problem = Problem::Superblock(e);
-                stop.end = ReadEnd::Problem(DirProblem::InSegment {
-                    path,
-                    index: info.index,
-                    problem,
-                });
+                stop.end =
+                    ReadEnd::Problem(DirProblem::InSegment { path, index: info.index, problem });
                 return Ok(stop);
             }
         }

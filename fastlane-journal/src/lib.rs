@@ -68,6 +68,7 @@ use std::time::Duration;
 use fastlane_ring::shm::{Consumer, ShmError, ShmRing};
 use fastlane_ring::WaitStrategy;
 
+pub use dir_verify::{read_from, verify_dir, DirProblem, DirVerifyReport, ReadEnd, ReadStop};
 use fastlane_block::{BlockDevice, BlockError, BlockOp, BlockRequest};
 pub use format::{Durability, Superblock};
 pub use io::ReadAt;
@@ -77,7 +78,6 @@ pub use replica::{
     image_position, FileReplica, MemReplica, Replica, ReplicaError, ReplicaJournal, ReplicaPosition,
 };
 pub use resync::{ResyncAction, ResyncReport};
-pub use dir_verify::{read_from, verify_dir, DirProblem, DirVerifyReport, ReadEnd, ReadStop};
 pub use scan::{scan, Scan, Stop};
 pub use segments::{prepare_spare, Retention, SegmentDir, SegmentError, SegmentInfo};
 pub use verify::{verify, Anchor, Problem, VerifyReport};

@@ -256,7 +256,10 @@ fn list(dir: &Path) -> Result<Vec<SegmentInfo>, SegmentError> {
             Name::Segment(index) => {
                 let meta = entry.metadata().map_err(SegmentError::io("stat", &path))?;
                 if !meta.is_file() {
-                    return Err(SegmentError::BadName { path, why: "a segment name on a non-file" });
+                    return Err(SegmentError::BadName {
+                        path,
+                        why: "a segment name on a non-file",
+                    });
                 }
                 if out.len() == SEGMENTS_MAX {
                     return Err(SegmentError::TooMany { dir: dir.to_path_buf() });
@@ -416,7 +419,7 @@ impl SegmentDir {
 }
 
 fn check_size(bytes: u64) -> Result<(), SegmentError> {
-    if bytes < SEGMENT_BYTES_MIN || bytes % DATA_OFFSET != 0 {
+    if bytes < SEGMENT_BYTES_MIN || !bytes.is_multiple_of(DATA_OFFSET) {
         return Err(SegmentError::Size { bytes });
     }
     Ok(())
@@ -531,9 +534,7 @@ fn rename_noreplace(from: &Path, to: &Path) -> Result<(), SegmentError> {
 }
 
 fn sync_dir(dir: &Path) -> Result<(), SegmentError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(SegmentError::io("fsync directory", dir))
+    File::open(dir).and_then(|d| d.sync_all()).map_err(SegmentError::io("fsync directory", dir))
 }
 
 /// How much of a segment directory to keep. `None` everywhere keeps everything.
@@ -591,7 +592,8 @@ impl FromStr for Retention {
                     }
                 }
                 "age" => {
-                    let d = parse_age(value).ok_or_else(|| bad(part, "not an age (like 90m or 7d)"))?;
+                    let d =
+                        parse_age(value).ok_or_else(|| bad(part, "not an age (like 90m or 7d)"))?;
                     if r.max_age.replace(d).is_some() {
                         return Err(bad(part, "given twice"));
                     }
@@ -770,7 +772,8 @@ mod tests {
         d.retain_at(&"age=5d".parse().unwrap(), now + 1).unwrap();
         assert_eq!(keep(&d), [4, 5]);
         // Everything over every limit: the active segment stays.
-        let all = Retention { max_segments: Some(1), max_bytes: Some(0), max_age: Some(Duration::ZERO) };
+        let all =
+            Retention { max_segments: Some(1), max_bytes: Some(0), max_age: Some(Duration::ZERO) };
         d.retain_at(&all, now).unwrap();
         assert_eq!(keep(&d), [5]);
         assert!(d.last().unwrap().path.exists());

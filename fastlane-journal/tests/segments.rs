@@ -35,7 +35,12 @@ struct Built {
 
 /// Writes frames `seqs` into the segment at `path` from its first frame on; returns the
 /// last one's chain value.
-fn write_frames(path: &Path, sb: &Superblock, mut head: Chain, seqs: std::ops::Range<u64>) -> Chain {
+fn write_frames(
+    path: &Path,
+    sb: &Superblock,
+    mut head: Chain,
+    seqs: std::ops::Range<u64>,
+) -> Chain {
     let f = OpenOptions::new().write(true).open(path).unwrap();
     let key = sb.chain_key();
     let mut off = DATA_OFFSET;
@@ -105,7 +110,10 @@ fn three_segments_verify_and_read_back() {
     })
     .unwrap();
     assert_eq!(seen, (1..=75).collect::<Vec<_>>());
-    assert_eq!((stop.visited, stop.last_seq, stop.head, stop.end), (75, 75, b.segs[2].3, ReadEnd::End));
+    assert_eq!(
+        (stop.visited, stop.last_seq, stop.head, stop.end),
+        (75, 75, b.segs[2].3, ReadEnd::End)
+    );
 
     // The single-file scan reads the producer id of a segment too.
     let mut flags = Vec::new();
@@ -160,7 +168,10 @@ fn read_from_the_middle_of_segment_two_and_stop() {
     assert_eq!((first, stop.first_seq, stop.last_seq), (Some(31), 31, 75));
     let r = verify_dir(tmp.path(), Anchor::default()).unwrap();
     assert_eq!(r.problem, None);
-    assert_eq!((r.segments, r.first_segment, r.first_seq, r.records, r.head), (2, 1, 31, 45, b.segs[2].3));
+    assert_eq!(
+        (r.segments, r.first_segment, r.first_seq, r.records, r.head),
+        (2, 1, 31, 45, b.segs[2].3)
+    );
 }
 
 /// A writer in the middle of a frame of the active segment: the reader stops there, cleanly.
@@ -178,7 +189,16 @@ fn an_incomplete_frame_in_the_active_segment_is_the_end() {
     let p = payload(last + 1);
     let mut buf = vec![0u8; frame_len(p.len())];
     buf[FRAME_HEADER_LEN..FRAME_HEADER_LEN + p.len()].copy_from_slice(&p);
-    encode_frame(&mut buf, &sb.chain_key(), &b.segs[1].3, last + 1, 1, 0, p.len(), &mut crc32c::crc32c_append);
+    encode_frame(
+        &mut buf,
+        &sb.chain_key(),
+        &b.segs[1].3,
+        last + 1,
+        1,
+        0,
+        p.len(),
+        &mut crc32c::crc32c_append,
+    );
     let f = OpenOptions::new().write(true).open(path).unwrap();
     f.write_all_at(&buf[..FRAME_HEADER_LEN], off).unwrap();
     let mut n = 0;
@@ -196,9 +216,17 @@ fn an_incomplete_frame_in_the_active_segment_is_the_end() {
     for seq in 1..=10 {
         end += frame_len(payload(seq).len()) as u64;
     }
-    OpenOptions::new().write(true).open(first).unwrap().write_all_at(&buf[..FRAME_HEADER_LEN], end).unwrap();
+    OpenOptions::new()
+        .write(true)
+        .open(first)
+        .unwrap()
+        .write_all_at(&buf[..FRAME_HEADER_LEN], end)
+        .unwrap();
     let stop = read_from(b2.path(), 1, &mut |_, _| true).unwrap();
-    assert!(matches!(stop.end, ReadEnd::Problem(DirProblem::InSegment { index: 0, .. })), "{stop:?}");
+    assert!(
+        matches!(stop.end, ReadEnd::Problem(DirProblem::InSegment { index: 0, .. })),
+        "{stop:?}"
+    );
 }
 
 fn first_problem(dir: &Path) -> DirProblem {
@@ -219,7 +247,11 @@ fn a_changed_payload_in_segment_two_is_named() {
     let r = verify_dir(tmp.path(), Anchor::default()).unwrap();
     assert_eq!((r.records, r.last_seq), (39, 39), "intact up to the changed record");
     match r.problem.unwrap() {
-        DirProblem::InSegment { path: p, index: 1, problem: Problem::Changed { after_seq: 39, .. } } => {
+        DirProblem::InSegment {
+            path: p,
+            index: 1,
+            problem: Problem::Changed { after_seq: 39, .. },
+        } => {
             assert_eq!(&p, path)
         }
         p => panic!("{p}"),
@@ -236,7 +268,9 @@ fn a_removed_middle_segment_is_named() {
     let b = build(tmp.path(), &[30, 25, 20]);
     fs::remove_file(&b.segs[1].0).unwrap();
     match first_problem(tmp.path()) {
-        DirProblem::Missing { first: 1, last: 1, after_seq: 30, path } => assert_eq!(path, b.segs[2].0),
+        DirProblem::Missing { first: 1, last: 1, after_seq: 30, path } => {
+            assert_eq!(path, b.segs[2].0)
+        }
         p => panic!("{p}"),
     }
     let text = first_problem(tmp.path()).to_string();

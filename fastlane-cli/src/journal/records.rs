@@ -239,7 +239,10 @@ pub(super) fn dump(a: &DumpArgs) -> Result<()> {
         let stop = read_from(&a.file, a.from, &mut |h, payload| p.record(h, None, payload))
             .with_context(|| format!("read segment directory {}", a.file.display()))?;
         p.finish()?;
-        eprintln!("{} records, last seq {}, from seq {}", stop.visited, stop.last_seq, stop.first_seq);
+        eprintln!(
+            "{} records, last seq {}, from seq {}",
+            stop.visited, stop.last_seq, stop.first_seq
+        );
         return match stop.end {
             ReadEnd::End | ReadEnd::Visitor => Ok(()),
             ReadEnd::Problem(problem) => bail!("{problem}"),
