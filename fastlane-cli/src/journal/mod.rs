@@ -110,7 +110,7 @@ struct AppendArgs {
 
 #[derive(Debug, Args)]
 struct VerifyArgs {
-    /// The journal file.
+    /// The journal file, or a segment directory.
     file: PathBuf,
     /// Fail unless the journal ends at this seq (an anchor kept elsewhere).
     #[arg(long)]
@@ -122,14 +122,18 @@ struct VerifyArgs {
 
 #[derive(Debug, Args)]
 struct DumpArgs {
-    /// The journal file.
+    /// The journal file, or a segment directory.
     file: PathBuf,
     /// First seq to print.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, visible_alias = "from-seq", default_value_t = 0)]
     from: u64,
     /// Most records to print.
     #[arg(long, default_value_t = u64::MAX)]
     limit: u64,
+    /// Write the records to stdout in binary for export: per record a u64 LE seq, a u32 LE
+    /// producer id, a u32 LE payload length, then the payload.
+    #[arg(long)]
+    raw: bool,
 }
 
 /// Runs `fastlane journal`.

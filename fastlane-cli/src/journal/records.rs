@@ -1,12 +1,16 @@
-//! `fastlane journal append|verify|dump`: writing records, checking a journal file, and
-//! printing its frames.
+//! `fastlane journal append|verify|dump`: writing records, checking a journal file or
+//! segment directory, and printing (or exporting) its records.
 
-use std::io::{BufRead as _, Write as _};
+use std::io::{BufRead as _, Write};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use fastlane_journal::format::FrameHeader;
+use fastlane_journal::scan::read_superblock;
 use fastlane_journal::verify::hex;
-use fastlane_journal::{scan, verify, Anchor, Journal, JournalError};
+use fastlane_journal::{
+    read_from, scan, verify, verify_dir, Anchor, Journal, JournalError, ReadEnd,
+};
 
 use super::{open_config, AppendArgs, DumpArgs, VerifyArgs};
 
@@ -88,13 +92,16 @@ pub(super) fn append_generated(
 }
 
 pub(super) fn verify_cmd(a: &VerifyArgs) -> Result<()> {
-    let mut f =
-        std::fs::File::open(&a.file).with_context(|| format!("open {}", a.file.display()))?;
     let head = match &a.expect_head {
         Some(h) => Some(parse_head(h)?),
         None => None,
     };
     let anchor = Anchor { last_seq: a.expect_last_seq, head };
+    if a.file.is_dir() {
+        return verify_dir_cmd(a, anchor);
+    }
+    let mut f =
+        std::fs::File::open(&a.file).with_context(|| format!("open {}", a.file.display()))?;
     let r = verify(&mut f, anchor)?;
     println!(
         "records {}  last seq {}  head {}  end {}",
@@ -102,6 +109,32 @@ pub(super) fn verify_cmd(a: &VerifyArgs) -> Result<()> {
         r.last_seq,
         hex(&r.head),
         r.end
+    );
+    match r.problem {
+        None => {
+            println!("OK");
+            Ok(())
+        }
+        Some(p) => bail!("{p}"),
+    }
+}
+
+/// `verify DIR`: the same summary line as for a file (`end` in the last segment), then the
+/// segments it covers.
+fn verify_dir_cmd(a: &VerifyArgs, anchor: Anchor) -> Result<()> {
+    let r = verify_dir(&a.file, anchor)
+        .with_context(|| format!("verify segment directory {}", a.file.display()))?;
+    println!(
+        "records {}  last seq {}  head {}  end {}",
+        r.records,
+        r.last_seq,
+        hex(&r.head),
+        r.end
+    );
+    let older = if r.first_segment > 0 { " (older segments removed)" } else { "" };
+    println!(
+        "segments {}  from seq {}, segments {}..{}{older}",
+        r.segments, r.first_seq, r.first_segment, r.last_segment
     );
     match r.problem {
         None => {
@@ -124,48 +157,104 @@ pub(super) fn parse_head(h: &str) -> Result<[u8; 16]> {
     Ok(out)
 }
 
-pub(super) fn dump(a: &DumpArgs) -> Result<()> {
-    let mut f =
-        std::fs::File::open(&a.file).with_context(|| format!("open {}", a.file.display()))?;
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let mut printed = 0u64;
-    let mut err = None;
-    let s = scan(&mut f, &mut |v| {
-        if v.header.seq < a.from {
+/// Prints (or, with `--raw`, writes in binary) the records `dump` walks.
+struct Printer<W: Write> {
+    out: W,
+    raw: bool,
+    /// Show the producer id column (format version 2).
+    producer: bool,
+    from: u64,
+    limit: u64,
+    printed: u64,
+    err: Option<std::io::Error>,
+}
+
+impl<W: Write> Printer<W> {
+    /// One record; `false` to stop (the limit, or stdout failed).
+    fn record(&mut self, h: &FrameHeader, offset: Option<u64>, payload: &[u8]) -> bool {
+        if h.seq < self.from {
             return true;
         }
-        if printed >= a.limit {
+        if self.printed >= self.limit {
             return false;
         }
-        printed += 1;
-        let text: String = v
-            .payload
-            .iter()
-            .take(64)
-            .map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' })
-            .collect();
-        let r = writeln!(
-            out,
-            "{:>10} @{:<10} len {:<5} ts {} chain {} {:?}",
-            v.header.seq,
-            v.offset,
-            v.header.len,
-            v.header.timestamp_ns,
-            hex(&v.header.chain),
-            text
-        );
-        if let Err(e) = r {
-            err = Some(e);
-            return false;
-        }
-        true
-    })?;
-    if let Some(e) = err {
-        if e.kind() != std::io::ErrorKind::BrokenPipe {
-            return Err(e.into());
+        self.printed += 1;
+        let r = if self.raw {
+            // Export form: seq u64 LE, producer id u32 LE, length u32 LE, payload.
+            let mut head = [0u8; 16];
+            head[0..8].copy_from_slice(&h.seq.to_le_bytes());
+            head[8..12].copy_from_slice(&h.flags.to_le_bytes());
+            head[12..16].copy_from_slice(&h.len.to_le_bytes());
+            self.out.write_all(&head).and_then(|()| self.out.write_all(payload))
+        } else {
+            let text: String = payload
+                .iter()
+                .take(64)
+                .map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' })
+                .collect();
+            let at = offset.map(|o| format!(" @{o:<10}")).unwrap_or_default();
+            let producer =
+                if self.producer { format!(" producer {:<5}", h.flags) } else { String::new() };
+            writeln!(
+                self.out,
+                "{:>10}{at}{producer} len {:<5} ts {} chain {} {:?}",
+                h.seq,
+                h.len,
+                h.timestamp_ns,
+                hex(&h.chain),
+                text
+            )
+        };
+        match r {
+            Ok(()) => true,
+            Err(e) => {
+                self.err = Some(e);
+                false
+            }
         }
     }
+
+    /// Flushes; a reader that went away (`| head`) is not an error.
+    fn finish(mut self) -> Result<()> {
+        let r = self.out.flush();
+        match self.err.take().map_or(r, Err) {
+            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+pub(super) fn dump(a: &DumpArgs) -> Result<()> {
+    let stdout = std::io::stdout();
+    let mut p = Printer {
+        out: std::io::BufWriter::new(stdout.lock()),
+        raw: a.raw,
+        producer: true,
+        from: a.from,
+        limit: a.limit,
+        printed: 0,
+        err: None,
+    };
+    if a.file.is_dir() {
+        let stop = read_from(&a.file, a.from, &mut |h, payload| p.record(h, None, payload))
+            .with_context(|| format!("read segment directory {}", a.file.display()))?;
+        p.finish()?;
+        eprintln!(
+            "{} records, last seq {}, from seq {}",
+            stop.visited, stop.last_seq, stop.first_seq
+        );
+        return match stop.end {
+            ReadEnd::End | ReadEnd::Visitor => Ok(()),
+            ReadEnd::Problem(problem) => bail!("{problem}"),
+        };
+    }
+    let mut f =
+        std::fs::File::open(&a.file).with_context(|| format!("open {}", a.file.display()))?;
+    p.producer = read_superblock(&mut f)
+        .with_context(|| format!("{}: not a journal", a.file.display()))?
+        .frames_have_flags();
+    let s = scan(&mut f, &mut |v| p.record(v.header, Some(v.offset), v.payload))?;
+    p.finish()?;
     eprintln!("{} records, last seq {}, stopped: {:?}", s.records, s.last_seq, s.stop);
     Ok(())
 }
