@@ -160,20 +160,29 @@ impl LatencyFamily {
     /// nanoseconds holding everything recorded so far (it only grows, as a Prometheus
     /// histogram must).
     pub fn set(&self, values: &[&str], h: &Histogram<u64>) {
-        let mut hist = proto::Histogram::default();
-        hist.set_sample_count(h.len());
-        hist.set_sample_sum(h.mean() * h.len() as f64 / 1e9);
-        let buckets = LATENCY_BUCKETS_S
+        let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS_S
             .iter()
             .map(|&ub| {
-                let mut b = proto::Bucket::default();
                 // Within the histogram's precision (3 significant digits): a value in the
                 // same HdrHistogram bucket as the bound counts as below it.
-                b.set_cumulative_count(if h.is_empty() {
-                    0
-                } else {
-                    h.count_between(0, (ub * 1e9) as u64)
-                });
+                (ub, if h.is_empty() { 0 } else { h.count_between(0, (ub * 1e9) as u64) })
+            })
+            .collect();
+        self.set_buckets(values, &buckets, h.len(), h.mean() * h.len() as f64 / 1e9);
+    }
+
+    /// Sets the series `values` from cumulative bucket counts `(upper bound in seconds,
+    /// observations at or below it)`, the total `count` and the `sum` in seconds: for a daemon
+    /// that keeps its own buckets (lock-free counters on its data path).
+    pub fn set_buckets(&self, values: &[&str], buckets: &[(f64, u64)], count: u64, sum: f64) {
+        let mut hist = proto::Histogram::default();
+        hist.set_sample_count(count);
+        hist.set_sample_sum(sum);
+        let buckets = buckets
+            .iter()
+            .map(|&(ub, n)| {
+                let mut b = proto::Bucket::default();
+                b.set_cumulative_count(n);
                 b.set_upper_bound(ub);
                 b
             })

@@ -83,6 +83,7 @@ pub use resync::{ResyncAction, ResyncReport};
 pub use scan::{scan, Scan, Stop};
 pub use segments::{prepare_spare, Retention, SegmentDir, SegmentError, SegmentInfo};
 pub use sources::ProducerCounters;
+pub use stats::{CommitLatency, COMMIT_BUCKETS_NS};
 pub use verify::{verify, Anchor, Problem, VerifyReport};
 
 use control::Control;
@@ -200,6 +201,10 @@ pub enum JournalError {
     /// The replica failed.
     #[error("replica: {0}")]
     Replica(#[from] ReplicaError),
+    /// The journal service this producer was attached to went away (its connection closed):
+    /// records it did not acknowledge may be lost; attach again when it is back.
+    #[error("the journal service went away")]
+    ServiceGone,
     /// The journal service refused to attach this producer.
     #[error("the journal service refused the attach ({status:?}): {message}")]
     Refused {

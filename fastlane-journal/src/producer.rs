@@ -1,5 +1,6 @@
 //! The producer side: `append` copies a record into the shared ring and returns its seq.
 
+use std::io::Read as _;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -29,10 +30,14 @@ pub struct JournalProducer {
     service: Option<ServiceLink>,
 }
 
+/// How often a service producer waiting for room or for durability checks that the service is
+/// still there.
+const SERVICE_CHECK: Duration = Duration::from_millis(100);
+
 #[derive(Debug)]
 struct ServiceLink {
     doorbell: Doorbell,
-    _session: UnixStream,
+    session: UnixStream,
     id: u32,
 }
 
@@ -102,16 +107,43 @@ impl JournalProducer {
         if payload.len() > self.max_record_bytes {
             return Err(JournalError::TooLarge { len: payload.len(), max: self.max_record_bytes });
         }
-        let deadline = Some(Instant::now() + timeout);
-        match self.tx.reserve_blocking(payload.len() + SEQ_PREFIX_LEN, deadline) {
-            Ok(buf) => {
-                let seq = self.next_seq;
-                buf[..SEQ_PREFIX_LEN].copy_from_slice(&seq.to_le_bytes());
-                buf[SEQ_PREFIX_LEN..].copy_from_slice(payload);
-                self.finish(seq);
-                Ok(seq)
+        let deadline = Instant::now() + timeout;
+        // Bounded by the deadline; a service producer looks at its connection every slice.
+        loop {
+            let until = self.slice_end(deadline);
+            match self.tx.reserve_blocking(payload.len() + SEQ_PREFIX_LEN, Some(until)) {
+                Ok(buf) => {
+                    let seq = self.next_seq;
+                    buf[..SEQ_PREFIX_LEN].copy_from_slice(&seq.to_le_bytes());
+                    buf[SEQ_PREFIX_LEN..].copy_from_slice(payload);
+                    self.finish(seq);
+                    return Ok(seq);
+                }
+                Err(ShmError::Timeout) if until < deadline => self.check_service()?,
+                Err(e) => return Err(self.slow_error(e)),
             }
-            Err(e) => Err(self.slow_error(e)),
+        }
+    }
+
+    /// The end of the next wait slice: `deadline`, or sooner for a service producer, which
+    /// must notice a service that died (nobody else would tell it).
+    fn slice_end(&self, deadline: Instant) -> Instant {
+        match self.service {
+            Some(_) => deadline.min(Instant::now() + SERVICE_CHECK),
+            None => deadline,
+        }
+    }
+
+    /// [`JournalError::ServiceGone`] if the journal service closed our connection (it exited
+    /// or was killed; records it did not acknowledge may be lost, as after any crash).
+    fn check_service(&self) -> Result<(), JournalError> {
+        let Some(link) = &self.service else { return Ok(()) };
+        let mut b = [0u8; 1];
+        match (&link.session).read(&mut b) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(()),
+            // EOF, an error, or bytes the service never sends: the connection is over.
+            _ => Err(JournalError::ServiceGone),
         }
     }
 
@@ -127,8 +159,17 @@ impl JournalProducer {
         }
     }
 
-    pub(crate) fn attach_service(&mut self, doorbell: Doorbell, session: UnixStream, id: u32) {
-        self.service = Some(ServiceLink { doorbell, _session: session, id });
+    pub(crate) fn attach_service(
+        &mut self,
+        doorbell: Doorbell,
+        session: UnixStream,
+        id: u32,
+    ) -> Result<(), JournalError> {
+        session
+            .set_nonblocking(true)
+            .map_err(|source| JournalError::Io { op: "service socket", source })?;
+        self.service = Some(ServiceLink { doorbell, session, id });
+        Ok(())
     }
 
     /// The id the journal service gave this producer (written into each of its frames), or
@@ -173,7 +214,7 @@ impl JournalProducer {
     /// Waits until `seq` is durable, the writer stops (its error), or `timeout` passes
     /// ([`JournalError::Timeout`]): a short spin, then sleep on a futex the writer wakes.
     pub fn wait_durable(&self, seq: Seq, timeout: Duration) -> Result<(), JournalError> {
-        self.control.wait_durable(seq, timeout, Control::DEFAULT_WAIT)
+        self.wait_durable_with(seq, timeout, Control::DEFAULT_WAIT)
     }
 
     /// [`wait_durable`](Self::wait_durable) with a chosen strategy.
@@ -187,6 +228,18 @@ impl JournalProducer {
         timeout: Duration,
         strategy: WaitStrategy,
     ) -> Result<(), JournalError> {
-        self.control.wait_durable(seq, timeout, strategy)
+        if self.service.is_none() {
+            return self.control.wait_durable(seq, timeout, strategy);
+        }
+        let deadline = Instant::now() + timeout;
+        // Bounded by the deadline, in slices between which the connection is looked at.
+        loop {
+            let until = self.slice_end(deadline);
+            let left = until.saturating_duration_since(Instant::now());
+            match self.control.wait_durable(seq, left, strategy) {
+                Err(JournalError::Timeout { .. }) if until < deadline => self.check_service()?,
+                r => return r,
+            }
+        }
     }
 }

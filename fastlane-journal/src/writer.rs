@@ -175,6 +175,44 @@ struct Batch {
     records: u64,
     /// Which batch this is (numbers the producers' checkpoints).
     id: u64,
+    /// When its first record was taken from a ring.
+    first_framed: Option<Instant>,
+}
+
+/// Batches written and not yet published durable: `(last seq, first record framed at)`,
+/// oldest first (at most a writing and two flushing batches, and the slack of a full ring).
+struct Commits {
+    slots: [(u64, Option<Instant>); 8],
+    first: usize,
+    len: usize,
+}
+
+impl Commits {
+    fn new() -> Commits {
+        Commits { slots: [(0, None); 8], first: 0, len: 0 }
+    }
+
+    fn push(&mut self, seq: u64, at: Option<Instant>) {
+        if self.len == self.slots.len() {
+            // Never expected; the oldest is dropped from the statistics, nothing else.
+            self.first = (self.first + 1) % self.slots.len();
+            self.len -= 1;
+        }
+        self.slots[(self.first + self.len) % self.slots.len()] = (seq, at);
+        self.len += 1;
+    }
+
+    /// Every batch up to `durable` is durable: observes how long each waited.
+    fn done(&mut self, durable: u64, stats: &WriterStats) {
+        let now = Instant::now();
+        while self.len > 0 && self.slots[self.first].0 <= durable {
+            if let Some(t) = self.slots[self.first].1 {
+                stats.commit.observe(now.saturating_duration_since(t).as_nanos() as u64);
+            }
+            self.first = (self.first + 1) % self.slots.len();
+            self.len -= 1;
+        }
+    }
 }
 
 pub(crate) struct Writer {
@@ -215,6 +253,8 @@ pub(crate) struct Writer {
     next_source: usize,
     /// Batches started so far.
     batches: u64,
+    /// Batches written, waiting to be published durable (for the commit latency).
+    commits: Commits,
     service: Option<ServiceInputs>,
     /// How the idle service writer waits on its doorbell (a journal's ring has it set).
     writer_wait: WaitStrategy,
@@ -285,6 +325,7 @@ impl Writer {
             sources: p.sources,
             next_source: 0,
             batches: 0,
+            commits: Commits::new(),
             service: p.service,
             writer_wait: p.writer_wait,
             control: p.control,
@@ -451,6 +492,7 @@ impl Writer {
             let (flushed_seq, flushed_end) = flushers.flushed();
             self.flushed_end = self.flushed_end.max(flushed_end);
             self.durable_seq = self.durable_seq.max(flushed_seq);
+            self.commits.done(flushed_seq, &self.stats);
             let reading = self.fault.is_none() && !self.device_full;
             if self.pending.is_some() {
                 // Group commit: the batch is written when a flusher can take its flush at
@@ -529,6 +571,7 @@ impl Writer {
             _ => Ok(()),
         };
         let (records, end, seq) = (b.records, b.end, b.last_seq);
+        self.commits.push(seq, b.first_framed);
         self.spare.push(b.buf);
         written?;
         replica_result?;
@@ -656,6 +699,7 @@ impl Writer {
             for s in &mut self.sources {
                 s.publish(seq);
             }
+            self.commits.done(seq, &self.stats);
         }
     }
 
@@ -705,6 +749,7 @@ impl Writer {
         let wlen = self.seal(&mut b);
         self.dev.start_write_tagged(&mut b.buf, 0, wlen, b.base, WRITE_TAG)?;
         self.busy_since.get_or_insert_with(Instant::now);
+        self.commits.push(b.last_seq, b.first_framed);
         let (base, records, end) = (b.base, b.records, b.end);
         // The device only reads the buffer during the write; so does the replica.
         let replica_result = match self.replica.as_mut() {
@@ -739,6 +784,7 @@ impl Writer {
             last_seq: self.last_seq,
             records: 0,
             id: self.batches,
+            first_framed: None,
         })
     }
 
@@ -747,6 +793,9 @@ impl Writer {
     fn frame(&mut self, wait: Option<Duration>) -> Result<u64, JournalError> {
         let Some(mut b) = self.take_batch() else { return Ok(0) };
         let r = self.frame_into(&mut b, wait);
+        if b.records > 0 && b.first_framed.is_none() {
+            b.first_framed = Some(Instant::now());
+        }
         let align = self.align();
         // Keep the last partial block for the next batch.
         let keep_from = b.end / align * align;

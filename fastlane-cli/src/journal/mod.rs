@@ -10,6 +10,7 @@
 
 mod records;
 mod replica;
+mod serve;
 
 use std::fs::OpenOptions;
 use std::net::SocketAddr;
@@ -27,6 +28,7 @@ use fastlane_util::parse_size;
 
 use records::{append, dump, verify_cmd};
 use replica::replica_cmd;
+use serve::{serve, ServeArgs};
 
 /// `fastlane journal`.
 #[derive(Debug, Args)]
@@ -47,6 +49,9 @@ enum Cmd {
     Bench(BenchArgs),
     /// The far end of `--replica rdma://...`: store what the primary mirrors into FILE.
     Replica(ReplicaArgs),
+    /// The journal service: producers attach to DIR/journal.sock and append through rings of
+    /// their own; records merge into one sequence in rolling segment files.
+    Serve(ServeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -70,8 +75,9 @@ struct ReplicaArgs {
 
 #[derive(Debug, Args)]
 struct Common {
-    /// The journal file (created with --size if missing).
-    file: PathBuf,
+    /// The journal file (created with --size if missing); not with --service.
+    #[arg(required_unless_present = "service")]
+    file: Option<PathBuf>,
     /// Size of a new journal file.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     size: u64,
@@ -95,6 +101,10 @@ struct Common {
 struct AppendArgs {
     #[command(flatten)]
     common: Common,
+    /// Attach to the journal service of this directory (`fastlane journal serve --dir`)
+    /// instead of opening a journal file; the seqs printed are this producer's own.
+    #[arg(long, value_name = "DIR")]
+    service: Option<PathBuf>,
     /// Records to append; none: read one record per line from stdin.
     records: Vec<String>,
     /// Append this many generated records ("record SEQ" padded to --record-bytes) instead.
@@ -145,20 +155,26 @@ pub fn run(args: &JournalArgs) -> Result<()> {
         Cmd::Dump(a) => dump(a),
         Cmd::Bench(a) => fastlane_bench::journal::run(a),
         Cmd::Replica(a) => replica_cmd(a),
+        Cmd::Serve(a) => serve(a),
     }
 }
 
 fn open_config(c: &Common) -> Result<JournalConfig> {
-    if !c.file.exists() {
+    let Some(file) = &c.file else { anyhow::bail!("append: a journal FILE or --service DIR") };
+    open_config_at(c, file)
+}
+
+fn open_config_at(c: &Common, file: &std::path::Path) -> Result<JournalConfig> {
+    if !file.exists() {
         let f = OpenOptions::new()
             .write(true)
             .create_new(true)
-            .open(&c.file)
-            .with_context(|| format!("create {}", c.file.display()))?;
+            .open(file)
+            .with_context(|| format!("create {}", file.display()))?;
         f.set_len(c.size)?;
     }
-    let dev = open_device(&c.file, c.io.io, c.direct)?;
-    let size = std::fs::metadata(&c.file)?.len();
+    let dev = open_device(file, c.io.io, c.direct)?;
+    let size = std::fs::metadata(file)?.len();
     let mut config = JournalConfig::new(dev, c.durability);
     config.prefill = c.io.prefill;
     config.writer_io = c.io.writer_io;

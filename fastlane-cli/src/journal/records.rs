@@ -9,12 +9,29 @@ use fastlane_journal::format::FrameHeader;
 use fastlane_journal::scan::read_superblock;
 use fastlane_journal::verify::hex;
 use fastlane_journal::{
-    read_from, scan, verify, verify_dir, Anchor, Journal, JournalError, ReadEnd,
+    read_from, scan, verify, verify_dir, Anchor, Journal, JournalError, JournalProducer, ReadEnd,
 };
 
 use super::{open_config, AppendArgs, DumpArgs, VerifyArgs};
 
 pub(super) fn append(a: &AppendArgs) -> Result<()> {
+    if let Some(dir) = &a.service {
+        // With --service there is no FILE: clap hands the first record to that positional.
+        let records: Vec<String> = a
+            .common
+            .file
+            .iter()
+            .map(|f| f.to_string_lossy().into_owned())
+            .chain(a.records.iter().cloned())
+            .collect();
+        return super::serve::append_service(
+            dir,
+            &records,
+            a.generate,
+            a.record_bytes,
+            a.ack_every,
+        );
+    }
     let j = Journal::open_or_create(open_config(&a.common)?)?;
     if let Some(r) = j.recovery().replica {
         eprintln!("replica resync: {:?}, {} bytes sent", r.action, r.bytes_sent);
@@ -56,29 +73,8 @@ pub(super) fn append_generated(
     ack_every: Option<u64>,
 ) -> Result<()> {
     let mut tx = j.producer()?;
-    let mut payload = vec![b'.'; record_bytes.max(1)];
-    let out = std::io::stdout();
     let mut last = 0;
-    let run = (|| -> Result<(), JournalError> {
-        for i in 1..=n {
-            let seq = tx.next_seq();
-            let text = format!("record {seq}");
-            let k = text.len().min(payload.len());
-            payload.fill(b'.');
-            payload[..k].copy_from_slice(&text.as_bytes()[..k]);
-            last = tx.append_blocking(&payload, Duration::from_secs(10))?;
-            if ack_every.is_some_and(|e| i % e.max(1) == 0 || i == n) {
-                tx.wait_durable(last, Duration::from_secs(30))?;
-                let mut o = out.lock();
-                let _ = writeln!(o, "ACK {last}");
-                let _ = o.flush();
-            }
-        }
-        if last > 0 {
-            tx.wait_durable(last, Duration::from_secs(30))?;
-        }
-        Ok(())
-    })();
+    let run = generate_into(&mut tx, n, record_bytes, ack_every, &mut last);
     drop(tx);
     let closed = j.close();
     match (run, closed) {
@@ -89,6 +85,37 @@ pub(super) fn append_generated(
         (_, Err(e)) => Err(anyhow::Error::new(e).context("journal writer failed")),
         (Err(e), Ok(_)) => Err(e.into()),
     }
+}
+
+/// Appends `n` generated records through `tx` (a journal's producer or a service's), printing
+/// "ACK SEQ" for every `ack_every`-th once durable; `last` ends as the last seq appended.
+pub(super) fn generate_into(
+    tx: &mut JournalProducer,
+    n: u64,
+    record_bytes: usize,
+    ack_every: Option<u64>,
+    last: &mut u64,
+) -> Result<(), JournalError> {
+    let mut payload = vec![b'.'; record_bytes.max(1)];
+    let out = std::io::stdout();
+    for i in 1..=n {
+        let seq = tx.next_seq();
+        let text = format!("record {seq}");
+        let k = text.len().min(payload.len());
+        payload.fill(b'.');
+        payload[..k].copy_from_slice(&text.as_bytes()[..k]);
+        *last = tx.append_blocking(&payload, Duration::from_secs(10))?;
+        if ack_every.is_some_and(|e| i % e.max(1) == 0 || i == n) {
+            tx.wait_durable(*last, Duration::from_secs(30))?;
+            let mut o = out.lock();
+            let _ = writeln!(o, "ACK {last}");
+            let _ = o.flush();
+        }
+    }
+    if *last > 0 {
+        tx.wait_durable(*last, Duration::from_secs(30))?;
+    }
+    Ok(())
 }
 
 pub(super) fn verify_cmd(a: &VerifyArgs) -> Result<()> {

@@ -193,6 +193,8 @@ pub struct ServiceStats {
     pub faults: u64,
     /// Index of the segment being written.
     pub segment: u64,
+    /// How long batches waited in the writer before they were durable.
+    pub commit_latency: super::CommitLatency,
     /// Producers attached now or since the last [`Service::stats`] that reported them gone.
     pub producers: Vec<ProducerInfo>,
 }
@@ -470,6 +472,7 @@ impl Service {
             refused: self.accept.refused.load(Ordering::Relaxed),
             faults: producers.iter().filter(|p| p.faulted).count() as u64,
             segment: self.accept.segment.load(Ordering::Relaxed),
+            commit_latency: s.commit.snapshot(),
             producers,
         }
     }
@@ -872,8 +875,7 @@ impl JournalProducer {
         control.check_state()?;
         let tx = ring.producer()?;
         let mut p = JournalProducer::new(tx, control, info.max_record_bytes)?;
-        s.set_read_timeout(None).map_err(io("socket timeout"))?;
-        p.attach_service(bell, s, reply.producer_id);
+        p.attach_service(bell, s, reply.producer_id)?;
         Ok(p)
     }
 }

@@ -1,0 +1,277 @@
+//! `fastlane journal serve --dir DIR`: the journal service (`fastlane_journal::service`), run
+//! as a daemon: stop signals, `sd_notify` readiness, Prometheus metrics, a status line; and
+//! `fastlane journal append --service DIR`, a producer that attaches to it.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use fastlane_bench::journal::opts::open_device;
+use fastlane_daemon::metrics::{counter, gauge, Field};
+use fastlane_daemon::signals::StopSignals;
+use fastlane_journal::segments::Retention;
+use fastlane_journal::service::{Service, ServiceConfig, ServiceStats};
+use fastlane_journal::{Durability, JournalError, JournalProducer, COMMIT_BUCKETS_NS};
+use fastlane_util::parse_size;
+
+/// `fastlane journal serve`.
+#[derive(Debug, Args)]
+pub(super) struct ServeArgs {
+    /// The segment directory (created if missing, mode 0750). Producers attach through
+    /// DIR/journal.sock; who can reach it is decided by the directory's permissions.
+    #[arg(long)]
+    dir: PathBuf,
+    /// Bytes of each segment file (preallocated with written zeroes; the next one is prepared
+    /// in the background while the current one fills).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    segment_bytes: u64,
+    /// Which closed segments to keep: any of segments=N, bytes=SIZE, age=DURATION
+    /// (e.g. segments=10,age=7d); default: keep all.
+    #[arg(long)]
+    retain: Option<Retention>,
+    /// memory (written: survives a crash of this process) or local (flushed: survives a
+    /// power cut).
+    #[arg(long, default_value = "local")]
+    durability: Durability,
+    /// Ring of a producer that asks for none (power of two, 4K..256M).
+    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    ring_bytes: u64,
+    /// Most producers attached at once.
+    #[arg(long, default_value_t = 64)]
+    max_producers: usize,
+    /// Users (uid) allowed to attach besides the service's own user and root, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    allow_uid: Vec<u32>,
+    /// Groups (gid) allowed to attach, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    allow_gid: Vec<u32>,
+    /// Longest record of a new directory (an existing one keeps its own).
+    #[arg(long, default_value = "4096", value_parser = parse_size)]
+    max_record_bytes: u64,
+    /// Pin the writer thread to this core.
+    #[arg(long)]
+    writer_core: Option<usize>,
+    /// I/O engine of the segment files: uring or sync.
+    #[arg(long, default_value = "uring")]
+    io: fastlane_vhost_blk::spec::IoEngine,
+    /// Serve Prometheus metrics at http://ADDR/metrics (port 0: a free one, logged).
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
+    /// Log a status line every this many seconds (0: never).
+    #[arg(long, default_value_t = 10)]
+    status_every: u64,
+}
+
+/// The service's counters as metrics.
+const SERVICE_FIELDS: &[Field<ServiceStats>] = &[
+    counter(
+        "fastlane_journal_records_total",
+        "Records made durable by the service since start.",
+        |s| s.records,
+    ),
+    counter(
+        "fastlane_journal_bytes_written_total",
+        "Bytes written to segments since start.",
+        |s| s.bytes_written,
+    ),
+    counter("fastlane_journal_batches_total", "Batch writes (group commit) since start.", |s| {
+        s.batches
+    }),
+    counter("fastlane_journal_flushes_total", "Flushes since start.", |s| s.flushes),
+    counter("fastlane_journal_segment_rolls_total", "Segments rolled to since start.", |s| s.rolls),
+    counter(
+        "fastlane_journal_segment_roll_failures_total",
+        "Rolls retried for lack of room.",
+        |s| s.roll_failures,
+    ),
+    counter("fastlane_journal_attaches_total", "Producers attached since start.", |s| s.attaches),
+    counter(
+        "fastlane_journal_attach_refused_total",
+        "Attaches refused (credentials, limit, malformed).",
+        |s| s.refused,
+    ),
+    counter(
+        "fastlane_journal_producer_faults_total",
+        "Producers whose ring was shut off for a bad record.",
+        |s| s.faults,
+    ),
+    gauge("fastlane_journal_durable_seq", "Highest durable global sequence number.", |s| {
+        s.durable_seq
+    }),
+    gauge("fastlane_journal_segment", "Index of the segment being written.", |s| s.segment),
+    gauge("fastlane_journal_producers", "Producers attached now.", |s| {
+        s.producers.iter().filter(|p| !p.gone).count() as u64
+    }),
+];
+
+pub(super) fn serve(a: &ServeArgs) -> Result<()> {
+    let signals = StopSignals::block()?;
+    let ring_bytes = usize::try_from(a.ring_bytes).context("--ring-bytes too large")?;
+    let max_record_bytes =
+        u32::try_from(a.max_record_bytes).context("--max-record-bytes: at most 16M")?;
+    if a.segment_bytes < 4 << 20 {
+        bail!("--segment-bytes {}: at least 4M", a.segment_bytes);
+    }
+    let mut config = ServiceConfig::new(&a.dir);
+    config.segment_bytes = a.segment_bytes;
+    config.durability = a.durability;
+    config.ring_bytes = ring_bytes;
+    config.max_record_bytes = max_record_bytes;
+    config.max_producers = a.max_producers;
+    config.allow_uids = a.allow_uid.clone();
+    config.allow_gids = a.allow_gid.clone();
+    config.retention = a.retain.unwrap_or_default();
+    config.writer_core = a.writer_core;
+    let io = a.io;
+    config.open = Arc::new(move |p: &Path| {
+        open_device(p, io, false).map_err(|e| JournalError::Io {
+            op: "open segment",
+            source: std::io::Error::other(format!("{}: {e:#}", p.display())),
+        })
+    });
+    let service = Service::start(config)
+        .with_context(|| format!("journal serve --dir {}", a.dir.display()))?;
+    let r = service.recovered();
+    log::info!(
+        "journal service on {}: {} segment(s), last seq {}{}{}; producers attach at {}",
+        a.dir.display(),
+        r.segments,
+        r.last_seq,
+        if r.created { ", new" } else { "" },
+        if r.truncated { ", torn tail zeroed" } else { "" },
+        a.dir.join(fastlane_journal::service::SOCKET_NAME).display()
+    );
+    let service = Arc::new(service);
+    let exporter = fastlane_daemon::metrics::start_if(a.metrics, |f| {
+        let fields = f.fields(SERVICE_FIELDS);
+        let records = f.counter(
+            "fastlane_journal_producer_records_total",
+            "Records of one producer made durable or in flight.",
+            &["producer", "name"],
+        );
+        let bytes = f.counter(
+            "fastlane_journal_producer_bytes_total",
+            "Payload bytes of one producer.",
+            &["producer", "name"],
+        );
+        let acked = f.gauge(
+            "fastlane_journal_producer_durable_seq",
+            "The producer's own seq acknowledged durable.",
+            &["producer", "name"],
+        );
+        let commit = f.latency(
+            "fastlane_journal_commit_latency_seconds",
+            "Per batch: from the writer taking its first record out of a ring to publishing it \
+             durable (a producer's ack also waits for its record's time in the ring).",
+            &[],
+        );
+        let svc = Arc::clone(&service);
+        move || {
+            let s = svc.stats();
+            fields.update(&s);
+            let c = &s.commit_latency;
+            let mut cumulative = 0;
+            let buckets: Vec<(f64, u64)> = COMMIT_BUCKETS_NS
+                .iter()
+                .zip(&c.counts)
+                .map(|(&ns, &n)| {
+                    cumulative += n;
+                    (ns as f64 / 1e9, cumulative)
+                })
+                .collect();
+            commit.set_buckets(&[], &buckets, c.count(), c.sum_ns as f64 / 1e9);
+            for p in &s.producers {
+                let id = p.id.to_string();
+                let labels = [id.as_str(), p.name.as_str()];
+                fastlane_daemon::metrics::set_total(&records, &labels, p.records);
+                fastlane_daemon::metrics::set_total(&bytes, &labels, p.bytes);
+                fastlane_daemon::metrics::set_gauge(&acked, &labels, p.durable_local);
+            }
+        }
+    })?;
+    let stop = Arc::new(AtomicBool::new(false));
+    signals.on_stop({
+        let stop = Arc::clone(&stop);
+        move || stop.store(true, Ordering::Release)
+    })?;
+    fastlane_daemon::notify::ready(&format!("journal service, last seq {}", r.last_seq));
+    let every = Duration::from_secs(a.status_every);
+    let mut last = Instant::now();
+    // Bounded by the stop signal (or the writer's failure).
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(100));
+        if let Err(e) = service.check() {
+            log::error!("journal writer stopped: {e}");
+            break;
+        }
+        if !every.is_zero() && last.elapsed() >= every {
+            last = Instant::now();
+            let s = service.stats();
+            log::info!(
+                "durable seq {}  records {}  segment {}  producers {}  faults {}",
+                s.durable_seq,
+                s.records,
+                s.segment,
+                s.producers.iter().filter(|p| !p.gone).count(),
+                s.faults
+            );
+        }
+    }
+    fastlane_daemon::notify::stopping("draining the producers' rings");
+    drop(exporter);
+    let service = Arc::into_inner(service).context("metrics thread still holds the service")?;
+    let s = service.stop().context("journal writer failed")?;
+    log::info!(
+        "journal service stopped: durable seq {}, {} records, {} rolls, {} attaches, {} faults",
+        s.durable_seq,
+        s.records,
+        s.rolls,
+        s.attaches,
+        s.faults
+    );
+    Ok(())
+}
+
+/// `fastlane journal append --service DIR …`: the same output as appending to a file
+/// (each seq, or `ACK n` lines and `DONE n` with `--generate`), the seqs this producer's own.
+pub(super) fn append_service(
+    dir: &Path,
+    records: &[String],
+    generate: Option<u64>,
+    record_bytes: usize,
+    ack_every: Option<u64>,
+) -> Result<()> {
+    let name = format!("fastlane-append-{}", std::process::id());
+    let mut tx = JournalProducer::connect(dir, &name)
+        .with_context(|| format!("attach to the journal service at {}", dir.display()))?;
+    if let Some(n) = generate {
+        let mut last = 0;
+        super::records::generate_into(&mut tx, n, record_bytes, ack_every, &mut last)?;
+        println!("DONE {last}");
+        return Ok(());
+    }
+    let mut last = 0;
+    let mut push = |rec: &[u8]| -> Result<()> {
+        last = tx.append_blocking(rec, Duration::from_secs(10))?;
+        println!("{last}");
+        Ok(())
+    };
+    if records.is_empty() {
+        use std::io::BufRead as _;
+        for line in std::io::stdin().lock().lines() {
+            push(line?.as_bytes())?;
+        }
+    } else {
+        for r in records {
+            push(r.as_bytes())?;
+        }
+    }
+    if last > 0 {
+        tx.wait_durable(last, Duration::from_secs(30))?;
+    }
+    Ok(())
+}
