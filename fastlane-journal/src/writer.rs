@@ -87,6 +87,7 @@ use fastlane_ring::WaitStrategy;
 
 use super::control::{
     Control, Doorbell, STATE_CLOSED, STATE_DEVICE_FULL, STATE_FAILED, STATE_PRODUCER_FAULT,
+    STATE_RUNNING,
 };
 use super::flusher::Flushers;
 use super::format::{frame_len, Chain, Durability, Superblock, FRAME_HEADER_LEN};
@@ -264,8 +265,10 @@ pub(crate) struct Writer {
     core: Option<usize>,
     /// Why the writer stopped reading its (single) ring, if it did.
     fault: Option<JournalError>,
-    /// The next record does not fit the device: drain, then stop with `DeviceFull`.
+    /// The next record does not fit the device: drain, then stop with `DeviceFull` (or roll).
     device_full: bool,
+    /// The service could not roll for lack of space; producers were told.
+    out_of_space: bool,
     io: WriterIo,
     device: Arc<dyn BlockDevice>,
 }
@@ -334,6 +337,7 @@ impl Writer {
             core: p.core,
             fault: None,
             device_full: false,
+            out_of_space: false,
             io: p.io,
             device: p.device,
         }
@@ -1006,6 +1010,11 @@ impl Writer {
         if svc.arrived.swap(false, Ordering::AcqRel) {
             // Bounded: the acceptor sends at most its producer limit.
             while let Ok(src) = svc.incoming.try_recv() {
+                if self.out_of_space {
+                    if let Some(c) = &src.control {
+                        c.set_state(STATE_DEVICE_FULL);
+                    }
+                }
                 self.sources.push(src);
             }
         }
@@ -1027,6 +1036,9 @@ impl Writer {
             Ok(next) => next,
             Err(_) => {
                 self.stats.roll_failures.fetch_add(1, Ordering::Relaxed);
+                // Appends that cannot be made durable now fail with `DeviceFull` (the rings
+                // are full or filling); it ends when a roll succeeds.
+                self.set_out_of_space(true);
                 std::thread::sleep(ROLL_RETRY);
                 return Ok(false);
             }
@@ -1040,9 +1052,27 @@ impl Writer {
         self.carry.clear();
         self.head = sb.genesis();
         self.device_full = false;
+        self.set_out_of_space(false);
         self.stats.rolls.fetch_add(1, Ordering::Relaxed);
         self.stats.end.store(self.end, Ordering::Relaxed);
         Ok(true)
+    }
+}
+
+impl Writer {
+    /// Tells every producer (and the service) whether the journal is out of space.
+    fn set_out_of_space(&mut self, full: bool) {
+        if self.out_of_space == full {
+            return;
+        }
+        self.out_of_space = full;
+        let state = if full { STATE_DEVICE_FULL } else { STATE_RUNNING };
+        self.control.set_state(state);
+        for s in self.sources.iter().filter(|s| s.fault.is_none()) {
+            if let Some(c) = &s.control {
+                c.set_state(state);
+            }
+        }
     }
 }
 

@@ -241,3 +241,91 @@ fn one_service_per_directory() {
     );
     svc.stop().unwrap();
 }
+
+/// A tmpfs of `mib` MiB mounted for the test (the service's directory on a file system that
+/// fills up); unmounted on drop. Needs root, as the test suite runs in CI: fails loudly
+/// otherwise, never skips.
+struct SmallFs {
+    path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SmallFs {
+    fn mount(mib: u64) -> SmallFs {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fs");
+        std::fs::create_dir(&path).unwrap();
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}M"), "tmpfs"])
+            .arg(&path)
+            .status()
+            .expect("mount(8)");
+        assert!(st.success(), "mounting a tmpfs needs root (the suite runs as root in CI)");
+        SmallFs { path, _dir: dir }
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+/// The file system fills up: the roll to the next segment fails and is retried, appends push
+/// back (`append_blocking` times out: the ring is full) while everything acknowledged stays
+/// durable and the directory verifies (no half-made segment); when space returns, the service
+/// rolls and the producer goes on.
+#[test]
+fn a_full_file_system_pushes_back_and_the_service_resumes() {
+    let fs = SmallFs::mount(14);
+    let dir = fs.path.join("j");
+    let mut c = config(&dir);
+    c.segment_bytes = 4 << 20;
+    c.max_batch_bytes = 64 << 10;
+    c.ring_bytes = 64 << 10;
+    let svc = Service::start(c).unwrap();
+    // Segment 0 and its spare take 8 MiB; the ballast takes most of the rest.
+    let ballast = fs.path.join("ballast");
+    std::fs::write(&ballast, vec![1u8; 5 << 20]).unwrap();
+    let mut tx = JournalProducer::connect(&dir, "filler").unwrap();
+    let rec = [0x42u8; 1000];
+    let mut acked = 0;
+    let mut stalled = false;
+    // Bounded: at most 20,000 records (20 MB, more than the file system holds).
+    for _ in 0..20_000 {
+        match tx.append_blocking(&rec, Duration::from_millis(500)) {
+            Ok(s) => acked = s,
+            Err(JournalError::DeviceFull) => {
+                stalled = true;
+                break;
+            }
+            Err(e) => panic!("append: {e}"),
+        }
+    }
+    assert!(stalled, "the file system never filled up");
+    // A plain append says so at once, too, and waiting for an unacknowledged seq fails.
+    assert!(matches!(tx.append(&rec), Err(JournalError::DeviceFull)));
+    let durable = tx.durable_seq();
+    assert!(matches!(tx.wait_durable(acked.max(durable + 1), T), Err(JournalError::DeviceFull)));
+    assert!(durable > 4000, "only {durable} records durable before the disk filled");
+    let s = svc.stats();
+    assert!(s.roll_failures > 0, "no failed roll counted: {s:?}");
+    let v = verify_dir(&dir, Anchor::default()).unwrap();
+    assert!(v.problem.is_none(), "{:?}", v.problem);
+    assert!(v.last_seq >= durable);
+    // Space returns: the service rolls and the producer goes on.
+    std::fs::remove_file(&ballast).unwrap();
+    let mut more = 0;
+    for _ in 0..200 {
+        acked = tx.append_blocking(&rec, T).unwrap();
+        more += 1;
+    }
+    tx.wait_durable(acked, T).unwrap();
+    drop(tx);
+    let stats = svc.stop().unwrap();
+    assert!(stats.rolls >= 2, "{stats:?}");
+    let v = verify_dir(&dir, Anchor::default()).unwrap();
+    assert!(v.problem.is_none(), "{:?}", v.problem);
+    assert_eq!(v.last_seq, acked);
+    assert!(more == 200);
+}
