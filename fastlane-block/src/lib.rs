@@ -39,6 +39,11 @@ pub enum BlockOp {
     Read,
     /// Write the segments' bytes at `offset`.
     Write,
+    /// Write the segments' bytes at `offset`, durable when the request completes (forced unit
+    /// access): io_uring and `pwritev2` with `RWF_DSYNC`, NVMe with the FUA bit; the RAM
+    /// backend treats it as a write. A log that waits for its own writes uses it instead of
+    /// a write and a flush: each write waits for its own bytes, not for a device-wide flush.
+    WriteFua,
     /// Make every write completed before this flush was submitted durable on the device.
     Flush,
     /// Deallocate `len` bytes at `offset` (contents afterwards: unspecified, zeroes on the

@@ -323,8 +323,8 @@ impl RamQueue {
     unsafe fn execute(&self, req: &BlockRequest<'_>) -> Result<u32, BlockError> {
         match req.op {
             BlockOp::Flush => Ok(0),
-            BlockOp::Read | BlockOp::Write => {
-                let write = req.op == BlockOp::Write;
+            BlockOp::Read | BlockOp::Write | BlockOp::WriteFua => {
+                let write = req.op != BlockOp::Read;
                 if write && self.read_only {
                     return Err(BlockError::ReadOnly);
                 }

@@ -230,8 +230,9 @@ impl SyncFileQueue {
     unsafe fn execute(&mut self, req: &BlockRequest<'_>) -> Result<u32, BlockError> {
         match req.op {
             BlockOp::Flush => self.fdatasync().map(|()| 0),
-            BlockOp::Read | BlockOp::Write => {
-                let write = req.op == BlockOp::Write;
+            BlockOp::Read | BlockOp::Write | BlockOp::WriteFua => {
+                let write = req.op != BlockOp::Read;
+                let flags = if req.op == BlockOp::WriteFua { libc::RWF_DSYNC } else { 0 };
                 if write && self.info.read_only {
                     return Err(BlockError::ReadOnly);
                 }
@@ -255,7 +256,7 @@ impl SyncFileQueue {
                 }
                 // SAFETY: forwarded from our caller: the segments the iovecs name stay valid
                 // (and, for a read, untouched by anyone else) for this call.
-                unsafe { self.transfer(write, req.offset, req.segments.len(), total) }?;
+                unsafe { self.transfer(write, flags, req.offset, req.segments.len(), total) }?;
                 Ok(total as u32)
             }
             BlockOp::Discard | BlockOp::WriteZeroes { .. } => {
@@ -293,6 +294,7 @@ impl SyncFileQueue {
     unsafe fn transfer(
         &mut self,
         write: bool,
+        flags: libc::c_int,
         offset: u64,
         count: usize,
         total: u64,
@@ -317,7 +319,7 @@ impl SyncFileQueue {
             // - `self.fd` is open: `self.shared` owns the file.
             let rc = if write {
                 // SAFETY: see above (the kernel reads the caller's memory).
-                unsafe { libc::pwritev(self.fd, iov, iovcnt, pos) }
+                unsafe { libc::pwritev2(self.fd, iov, iovcnt, pos, flags) }
             } else {
                 // SAFETY: see above (the kernel writes the caller's memory).
                 unsafe { libc::preadv(self.fd, iov, iovcnt, pos) }

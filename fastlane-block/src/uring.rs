@@ -251,6 +251,8 @@ struct Slot {
     iov_first: usize,
     iov_end: usize,
     retries: u8,
+    /// `RWF_DSYNC` for [`BlockOp::WriteFua`], else 0.
+    rw_flags: i32,
 }
 
 impl Slot {
@@ -263,6 +265,7 @@ impl Slot {
         iov_first: 0,
         iov_end: 0,
         retries: 0,
+        rw_flags: 0,
     };
 }
 
@@ -385,10 +388,13 @@ impl UringQueue {
         let mut slot = Slot { tag: req.tag, offset: req.offset, ..Slot::FREE };
         match req.op {
             BlockOp::Flush => slot.op = SlotOp::Flush,
-            BlockOp::Read | BlockOp::Write => {
-                let write = req.op == BlockOp::Write;
+            BlockOp::Read | BlockOp::Write | BlockOp::WriteFua => {
+                let write = req.op != BlockOp::Read;
                 if write && self.info.read_only {
                     return Err(BlockError::ReadOnly);
+                }
+                if req.op == BlockOp::WriteFua {
+                    slot.rw_flags = libc::RWF_DSYNC;
                 }
                 if req.segments.len() > self.max_segments {
                     return Err(BlockError::TooManySegments {
@@ -465,7 +471,7 @@ impl UringQueue {
                 if s.op == SlotOp::Read {
                     opcode::Readv::new(fd, iov, n).offset(s.offset).build()
                 } else {
-                    opcode::Writev::new(fd, iov, n).offset(s.offset).build()
+                    opcode::Writev::new(fd, iov, n).offset(s.offset).rw_flags(s.rw_flags).build()
                 }
             }
             SlotOp::Flush => opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build(),

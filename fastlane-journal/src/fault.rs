@@ -174,6 +174,7 @@ impl BlockDevice for FaultDisk {
             depth,
             done: VecDeque::new(),
             held: VecDeque::new(),
+            fua_held: Vec::new(),
             gated: VecDeque::new(),
         }))
     }
@@ -185,6 +186,10 @@ struct FaultQueue {
     done: VecDeque<Completion>,
     /// Deferred flushes: completion, the last write id it covers, `complete` calls left.
     held: VecDeque<(Completion, Option<u64>, u32)>,
+    /// With a flush delay: FUA writes whose completion (and durability: that write's bytes
+    /// only) is held for a number of reaps that varies per write, so they complete, and
+    /// become durable, out of order. Completion, write id, reaps left.
+    fua_held: Vec<(Completion, u64, u32)>,
     /// Flushes held by a closed queue-side gate: completion, last write id, give-up time.
     gated: VecDeque<(Completion, Option<u64>, Instant)>,
 }
@@ -206,7 +211,7 @@ impl FaultQueue {
     fn run(&mut self, req: &BlockRequest<'_>) -> Result<u32, BlockError> {
         let seg_len: u64 = req.segments.iter().map(|s| u64::from(s.len)).sum();
         let len = match req.op {
-            BlockOp::Read | BlockOp::Write => seg_len,
+            BlockOp::Read | BlockOp::Write | BlockOp::WriteFua => seg_len,
             _ => req.len,
         };
         let end = req.offset.checked_add(len).filter(|&e| e <= self.disk.size);
@@ -226,7 +231,7 @@ impl FaultQueue {
                     off += n;
                 }
             }
-            BlockOp::Write => {
+            BlockOp::Write | BlockOp::WriteFua => {
                 let mut bytes = Vec::with_capacity(len as usize);
                 for s in req.segments {
                     // SAFETY: `submit`'s contract: the segment is valid for reads of `len`
@@ -235,9 +240,15 @@ impl FaultQueue {
                     bytes.extend_from_slice(src);
                 }
                 st.volatile[off..off + bytes.len()].copy_from_slice(&bytes);
-                let id = st.next_id;
-                st.next_id += 1;
-                st.pending.push((id, req.offset, bytes));
+                if req.op == BlockOp::WriteFua && self.disk.flush_delay == 0 {
+                    // Durable when it completes (now): these bytes only, not the writes
+                    // pending before it.
+                    st.durable[off..off + bytes.len()].copy_from_slice(&bytes);
+                } else {
+                    let id = st.next_id;
+                    st.next_id += 1;
+                    st.pending.push((id, req.offset, bytes));
+                }
             }
             BlockOp::WriteZeroes { .. } | BlockOp::Discard => {
                 let bytes = vec![0u8; len as usize];
@@ -259,7 +270,8 @@ impl FaultQueue {
 
 impl BlockQueue for FaultQueue {
     unsafe fn submit<'a>(&mut self, req: BlockRequest<'a>) -> Result<(), QueueFull<'a>> {
-        if self.done.len() + self.held.len() + self.gated.len() >= self.depth as usize {
+        let busy = self.done.len() + self.held.len() + self.gated.len() + self.fua_held.len();
+        if busy >= self.depth as usize {
             return Err(QueueFull(req));
         }
         if req.op == BlockOp::Flush {
@@ -284,6 +296,12 @@ impl BlockQueue for FaultQueue {
             return Ok(());
         }
         let result = self.run(&req);
+        if req.op == BlockOp::WriteFua && self.disk.flush_delay > 0 && result.is_ok() {
+            let id = self.disk.lock().next_id - 1;
+            let reaps = 1 + (id.wrapping_mul(2_654_435_761) % u64::from(self.disk.flush_delay));
+            self.fua_held.push((Completion { tag: req.tag, result }, id, reaps as u32));
+            return Ok(());
+        }
         self.done.push_back(Completion { tag: req.tag, result });
         Ok(())
     }
@@ -306,6 +324,23 @@ impl BlockQueue for FaultQueue {
         for h in self.held.iter_mut() {
             h.2 = h.2.saturating_sub(1);
         }
+        let mut i = 0;
+        while i < self.fua_held.len() {
+            self.fua_held[i].2 = self.fua_held[i].2.saturating_sub(1);
+            if self.fua_held[i].2 == 0 {
+                let (c, id, _) = self.fua_held.swap_remove(i);
+                let mut st = self.disk.lock();
+                let at = st.pending.iter().position(|p| p.0 == id);
+                if let Some(at) = at {
+                    let (_, o, b) = st.pending.remove(at);
+                    st.durable[o as usize..o as usize + b.len()].copy_from_slice(&b);
+                }
+                drop(st);
+                self.done.push_back(c);
+            } else {
+                i += 1;
+            }
+        }
         while self.held.front().is_some_and(|h| h.2 == 0) {
             let (c, upto, _) = self.held.pop_front().expect("checked");
             make_durable(&mut self.disk.lock(), upto);
@@ -322,7 +357,11 @@ impl BlockQueue for FaultQueue {
         // Only a gated flush makes this device slow: sleep until the gate opens (or the
         // timeout), as a real queue sleeps until its next completion.
         if let Some(g) = self.disk.gate.clone() {
-            if self.done.is_empty() && self.held.is_empty() && !self.gated.is_empty() {
+            if self.done.is_empty()
+                && self.held.is_empty()
+                && self.fua_held.is_empty()
+                && !self.gated.is_empty()
+            {
                 g.wait_open(timeout.unwrap_or(GATE_TIMEOUT).min(GATE_TIMEOUT));
             }
         }

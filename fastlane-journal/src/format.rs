@@ -497,6 +497,39 @@ pub fn decode_header(hdr: &[u8], max_record_bytes: u32) -> Result<FrameHeader, D
     })
 }
 
+/// `flags` of a padding frame (format 2): not a record (no seq, not in the hash chain), only a
+/// marker that the frames go on at the next `write_align` boundary after its header. The
+/// writer ends a batch with one when it writes with [`WriterIo::Dsync`], so that the next
+/// batch can start in a block of its own while this one is still in flight. Producer ids stay
+/// below it.
+///
+/// [`WriterIo::Dsync`]: crate::WriterIo::Dsync
+pub const PAD_FLAG: u32 = 0x8000_0000;
+
+impl FrameHeader {
+    /// Whether this is a padding frame ([`PAD_FLAG`], no payload, seq 0).
+    pub fn is_pad(&self) -> bool {
+        self.flags == PAD_FLAG && self.len == 0 && self.seq == 0
+    }
+}
+
+/// Where the frames go on after a padding frame at `offset`: the first `align` boundary at or
+/// after the end of its header.
+pub fn pad_next(offset: u64, align: u64) -> u64 {
+    (offset + FRAME_HEADER_LEN as u64).div_ceil(align) * align
+}
+
+/// Writes a padding frame's header into `out[..FRAME_HEADER_LEN]` (magic, zero length, seq,
+/// timestamp and chain, [`PAD_FLAG`], CRC32C of bytes 0..44).
+pub fn encode_pad(out: &mut [u8]) {
+    let h = &mut out[..FRAME_HEADER_LEN];
+    h.fill(0);
+    h[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
+    h[40..44].copy_from_slice(&PAD_FLAG.to_le_bytes());
+    let crc = crc32c(&h[..44]);
+    h[44..48].copy_from_slice(&crc.to_le_bytes());
+}
+
 /// Checks a whole frame's CRC and reserved bits; `frame` is exactly `frame_len(h.len)` bytes.
 /// `flags_allowed`: the superblock's [`Superblock::frames_have_flags`] (version 1 requires
 /// the flags to be 0, version 2 stores the producer id there).

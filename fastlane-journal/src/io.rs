@@ -128,6 +128,26 @@ impl Dev {
         self.queue.kick().map_err(|source| JournalError::Io { op: "kick", source })
     }
 
+    /// [`Dev::start_write_tagged`] as a write that is durable when it completes
+    /// ([`BlockOp::WriteFua`]), under the same contract for `buf`.
+    pub(crate) fn start_write_fua_tagged(
+        &mut self,
+        buf: &mut AlignedBuf,
+        len: usize,
+        offset: u64,
+        tag: u64,
+    ) -> Result<(), JournalError> {
+        let seg = [buf.segment(0, len)];
+        let req =
+            BlockRequest { op: BlockOp::WriteFua, offset, len: len as u64, segments: &seg, tag };
+        // SAFETY: as `start_write_tagged`: the segment lies inside `buf`, which the writer
+        // keeps alive and does not touch until this request's completion is reaped (the
+        // buffer sits in the writer's in-flight list until then), and the queue's drop waits
+        // for requests still in flight.
+        unsafe { self.queue.submit(req) }.map_err(|_| JournalError::QueueFull)?;
+        self.queue.kick().map_err(|source| JournalError::Io { op: "kick", source })
+    }
+
     pub(crate) fn start_flush(&mut self) -> Result<(), JournalError> {
         self.start_flush_tagged(2)
     }

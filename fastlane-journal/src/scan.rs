@@ -9,8 +9,8 @@
 use std::io;
 
 use super::format::{
-    chain_next, check_frame, decode_header, frame_len, payload, Chain, Defect, FrameHeader,
-    SuperError, Superblock, DATA_OFFSET, FRAME_HEADER_LEN, SUPER_LEN_V2,
+    chain_next, check_frame, decode_header, frame_len, pad_next, payload, Chain, Defect,
+    FrameHeader, SuperError, Superblock, DATA_OFFSET, FRAME_HEADER_LEN, SUPER_LEN_V2,
 };
 use super::io::ReadAt;
 
@@ -128,6 +128,11 @@ pub fn scan(
         r.read_at(off + FRAME_HEADER_LEN as u64, &mut frame[FRAME_HEADER_LEN..n])?;
         if let Err(defect) = check_frame(&frame[..n], &h, flags_allowed) {
             break Stop::Defect { offset: off, defect, seq: Some(h.seq) };
+        }
+        if flags_allowed && h.is_pad() {
+            // Padding: the frames go on at the next block (or the journal ends there).
+            off = pad_next(off, u64::from(sb.write_align));
+            continue;
         }
         if h.seq <= prev {
             break Stop::Seq { offset: off, seq: h.seq, prev };

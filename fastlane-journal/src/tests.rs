@@ -145,6 +145,16 @@ fn power_cut_with_flusher_threads_never_loses_an_acknowledged_record() {
     power_cuts_with(0xF1A5, 40, WriterIo::Flusher);
 }
 
+/// The power cuts with [`WriterIo::Dsync`]: writes durable at completion (FUA), several in
+/// flight, batches padded to their own blocks while another write is in flight; then with
+/// the writes completing, and becoming durable, out of order (a later write on the medium,
+/// an earlier one not yet).
+#[test]
+fn power_cut_with_dsync_writes_never_loses_an_acknowledged_record() {
+    power_cuts_with(0xD5C, 0, WriterIo::Dsync);
+    power_cuts_with(0xD5C2, 7, WriterIo::Dsync);
+}
+
 fn power_cuts(seed: u64, flush_delay: u32) {
     power_cuts_with(seed, flush_delay, WriterIo::Pipelined);
 }

@@ -214,6 +214,10 @@ fn seq_appears_later(
         if check_frame(&frame[..n], &h, sb.frames_have_flags()).is_err() {
             return Ok(false);
         }
+        if sb.frames_have_flags() && h.is_pad() {
+            off = super::format::pad_next(off, u64::from(sb.write_align));
+            continue;
+        }
         if h.seq == want {
             return Ok(true);
         }

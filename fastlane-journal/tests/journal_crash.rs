@@ -41,7 +41,11 @@ fn crash_child() {
     let Ok(arg) = std::env::var(CHILD_ENV) else { return };
     let (mode, paths) = arg.split_once('|').expect("mode|journal|side");
     let (journal_path, side_path) = paths.split_once('|').expect("journal|side");
-    let io = if mode == "flusher" { WriterIo::Flusher } else { WriterIo::Pipelined };
+    let io = match mode {
+        "flusher" => WriterIo::Flusher,
+        "dsync" => WriterIo::Dsync,
+        _ => WriterIo::Pipelined,
+    };
     let j = Journal::open_or_create(config(Path::new(journal_path), io)).expect("open");
     let mut tx = j.producer().expect("producer");
     let mut side = OpenOptions::new().append(true).create(true).open(side_path).unwrap();
@@ -89,11 +93,11 @@ fn acked_records_survive_sigkill() {
     let mut acked_rounds = 0;
     let mut fresh_starts = 0;
     for round in 0..KILLS {
-        let mode = if round % 2 == 1 { "flusher" } else { "pipelined" };
+        let mode = ["pipelined", "flusher", "dsync"][round % 3];
         let mut child = Command::new(&exe)
             .args(["crash_child", "--exact", "--nocapture", "--test-threads=1"])
-            // Both writer modes: the flusher threads on odd rounds, the pipelined writer on
-            // even ones (each recovering what the other left).
+            // Every writer mode in turn (each recovering what the one before left): the
+            // pipelined writer, the flusher threads, the FUA writes.
             .env(CHILD_ENV, format!("{mode}|{}|{}", journal.display(), side.display()))
             .stdout(Stdio::null())
             .stderr(Stdio::null())

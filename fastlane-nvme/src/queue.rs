@@ -255,7 +255,7 @@ impl NvmeQueue {
             return Err(BlockError::ReadOnly);
         }
         let len = match req.op {
-            BlockOp::Read | BlockOp::Write => {
+            BlockOp::Read | BlockOp::Write | BlockOp::WriteFua => {
                 if req.segments.len() > self.max_segments {
                     return Err(BlockError::TooManySegments {
                         count: req.segments.len(),
@@ -274,7 +274,8 @@ impl NvmeQueue {
         let oob = BlockError::OutOfRange { offset: req.offset, len };
         let end = req.offset.checked_add(len).ok_or(oob)?;
         if end > self.size_bytes
-            || len > u64::from(u32::MAX) && matches!(req.op, BlockOp::Read | BlockOp::Write)
+            || len > u64::from(u32::MAX)
+                && matches!(req.op, BlockOp::Read | BlockOp::Write | BlockOp::WriteFua)
         {
             return Err(oob);
         }
@@ -289,7 +290,7 @@ impl NvmeQueue {
     fn commands_needed(&self, op: BlockOp, len: u64) -> u64 {
         let blocks = len >> self.block_shift;
         match op {
-            BlockOp::Read | BlockOp::Write => len.div_ceil(self.max_transfer),
+            BlockOp::Read | BlockOp::Write | BlockOp::WriteFua => len.div_ceil(self.max_transfer),
             BlockOp::Flush => 1,
             BlockOp::WriteZeroes { .. } => blocks.div_ceil(NLB_MAX),
             BlockOp::Discard => {
@@ -321,7 +322,7 @@ impl NvmeQueue {
                 self.rings.push(&Sqe::flush(cid, nsid));
                 count = 1;
             }
-            BlockOp::Read | BlockOp::Write => {
+            BlockOp::Read | BlockOp::Write | BlockOp::WriteFua => {
                 let opcode = if op == BlockOp::Read { nvm::READ } else { nvm::WRITE };
                 let mut done = 0u64;
                 while done < len {
@@ -337,6 +338,10 @@ impl NvmeQueue {
                     .expect("layout checked before issuing; transfer size bounds the list");
                     let slba = slba0 + (done >> self.block_shift);
                     let mut sqe = Sqe::rw(opcode, cid, nsid, slba, (n >> self.block_shift) as u32);
+                    if op == BlockOp::WriteFua {
+                        // Forced Unit Access: complete only once the data is on the medium.
+                        sqe.cdw12 |= 1 << 30;
+                    }
                     sqe.prp1 = prp1;
                     sqe.prp2 = prp2;
                     self.rings.push(&sqe);
@@ -563,7 +568,7 @@ impl BlockQueue for NvmeQueue {
                 return Ok(());
             }
         };
-        let rw = matches!(req.op, BlockOp::Read | BlockOp::Write);
+        let rw = matches!(req.op, BlockOp::Read | BlockOp::Write | BlockOp::WriteFua);
         if rw && len == 0 {
             self.free_reqs.pop();
             let r = &mut self.reqs[usize::from(slot)];
@@ -629,7 +634,7 @@ impl BlockQueue for NvmeQueue {
                 let n = (len as usize - k * PAGE_SIZE).min(PAGE_SIZE);
                 self.chunks.push((self.bounce_iova(page), n as u32));
             }
-            if req.op == BlockOp::Write {
+            if matches!(req.op, BlockOp::Write | BlockOp::WriteFua) {
                 let mut page_i = 0usize;
                 let mut page_off = 0usize;
                 for s in req.segments {

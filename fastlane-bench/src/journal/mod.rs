@@ -8,6 +8,7 @@
 mod framing;
 pub mod opts;
 mod report;
+pub mod service;
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt as _;

@@ -94,15 +94,18 @@ pub fn make_preprocess(kind: PreprocessKind) -> Result<Box<dyn Preprocess>> {
 pub fn writer_io_name(w: WriterIo) -> &'static str {
     match w {
         WriterIo::Flusher => "flusher",
+        WriterIo::Dsync => "dsync",
         _ => "pipelined",
     }
 }
 
-fn parse_writer_io(s: &str) -> Result<WriterIo, String> {
+/// Parses `--writer-io`.
+pub fn parse_writer_io(s: &str) -> Result<WriterIo, String> {
     match s {
         "pipelined" => Ok(WriterIo::Pipelined),
         "flusher" => Ok(WriterIo::Flusher),
-        other => Err(format!("{other}: want pipelined or flusher")),
+        "dsync" => Ok(WriterIo::Dsync),
+        other => Err(format!("{other}: want pipelined, flusher or dsync")),
     }
 }
 

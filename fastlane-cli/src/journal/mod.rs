@@ -47,6 +47,9 @@ enum Cmd {
     Dump(DumpArgs),
     /// Append hot path, durable-ack latency against pwrite+fdatasync, and throughput.
     Bench(BenchArgs),
+    /// The journal service's durable-ack latency with attached producers at steady rates,
+    /// against the device's floor (pwrite+fdatasync and an O_DIRECT RWF_DSYNC write).
+    BenchService(fastlane_bench::journal::service::ServiceBenchArgs),
     /// The far end of `--replica rdma://...`: store what the primary mirrors into FILE.
     Replica(ReplicaArgs),
     /// The journal service: producers attach to DIR/journal.sock and append through rings of
@@ -154,6 +157,7 @@ pub fn run(args: &JournalArgs) -> Result<()> {
         Cmd::Verify(a) => verify_cmd(a),
         Cmd::Dump(a) => dump(a),
         Cmd::Bench(a) => fastlane_bench::journal::run(a),
+        Cmd::BenchService(a) => fastlane_bench::journal::service::run(a),
         Cmd::Replica(a) => replica_cmd(a),
         Cmd::Serve(a) => serve(a),
     }

@@ -100,6 +100,9 @@ pub struct ServiceConfig {
     pub writer_core: Option<usize>,
     /// How the idle writer waits on the doorbell.
     pub writer_wait: WaitStrategy,
+    /// How the writer does its I/O: [`WriterIo::Pipelined`] or [`WriterIo::Dsync`] (the
+    /// flusher threads acknowledge a single journal's producer only).
+    pub writer_io: WriterIo,
     /// Opens a segment file.
     pub open: OpenSegment,
 }
@@ -134,6 +137,7 @@ impl ServiceConfig {
             retention: Retention::default(),
             writer_core: None,
             writer_wait: WaitStrategy::default(),
+            writer_io: WriterIo::Pipelined,
             open: Arc::new(|p: &Path| {
                 let dev = fastlane_block::uring::UringDevice::open(p, Default::default()).map_err(
                     |e| JournalError::Io {
@@ -260,6 +264,9 @@ impl Service {
                 "ring bytes must be a power of two, 4 KiB to 256 MiB",
             ));
         }
+        if config.writer_io == WriterIo::Flusher {
+            return Err(JournalError::Config("the service writes pipelined or dsync"));
+        }
         if config.max_producers == 0 || config.max_producers > u16::MAX as usize {
             return Err(JournalError::Config("max producers must be 1 to 65535"));
         }
@@ -354,7 +361,7 @@ impl Service {
             stats: Arc::clone(&stats),
             stop: Arc::clone(&stop),
             core: config.writer_core,
-            io: WriterIo::Pipelined,
+            io: config.writer_io,
             device,
         });
         let handle = std::thread::Builder::new()

@@ -57,7 +57,7 @@ impl Worker {
                     qs.bytes_read.fetch_add(u64::from(slot.bytes), Ordering::Relaxed);
                 }
                 BlockOp::Read => {}
-                BlockOp::Write => {
+                BlockOp::Write | BlockOp::WriteFua => {
                     qs.bytes_written.fetch_add(u64::from(slot.bytes), Ordering::Relaxed);
                 }
                 BlockOp::Flush => {

@@ -1,0 +1,269 @@
+//! [`WriterIo::Dsync`](super::WriterIo::Dsync): each batch is one write that is durable when
+//! it completes, several in flight, no flushes.
+//!
+//! # Why writes never overlap, and what a crash can leave
+//!
+//! A batch is sealed with a padding frame from its end to the next block boundary
+//! ([`format::pad_next`]), so every write covers whole blocks `[base, write_end)`. The next
+//! batch starts
+//!
+//! - at `floor(end)`, rewriting the last partial block with the same leading bytes (as the
+//!   pipelined writer does), only when **no write is in flight**: the block it rewrites was
+//!   written by a write that has completed, so the two never race on the device;
+//! - at `write_end` of the batch before, a block of its own, when a write is in flight.
+//!
+//! So no two writes in flight share a byte. Completions may arrive in any order; the durable
+//! seq is published in submission order, only for a prefix of writes that have all
+//! completed: a record is acknowledged only when it and every record before it are durable.
+//! A crash can leave a later write durable and an earlier one not: recovery's scan stops at
+//! the hole (zeroes, or an older version of the block), and everything after it lies within
+//! the torn window (every in-flight write is framed within `max_batch_bytes` of the durable
+//! end, the bound the pipelined writer keeps), so recovery zeroes it; none of it was
+//! acknowledged.
+//!
+//! # Waiting
+//!
+//! With writes in flight the writer polls both the completion queue and the rings, without
+//! sleeping: a record that arrives during a write is written at once (that is what this mode
+//! is for), and on this VM a sleeping thread wakes tens of µs late. After [`SPIN`] it yields
+//! between polls, so that a kernel worker sharing its core (io_uring's, for a write the block
+//! layer cannot complete inline) gets to run. Idle, it sleeps on the rings as the other modes
+//! do.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::super::format::{encode_pad, pad_next, FRAME_HEADER_LEN};
+use super::super::io::{AlignedBuf, IO_TIMEOUT};
+use super::super::JournalError;
+use super::{Batch, Writer, IDLE_SLICE};
+
+/// Writes in flight at once (the queue is opened with depth 4).
+pub(super) const WRITES_MAX: usize = 4;
+/// How long the busy writer spins before it yields between polls.
+const SPIN: Duration = Duration::from_micros(20);
+
+/// The oldest write, if it has completed: the next one whose records may be acknowledged.
+/// A write that completed while an earlier one is still in flight waits for it (the durable
+/// seq covers a completed prefix of the writes, never a hole).
+fn completed_prefix<T: Done>(inflight: &mut VecDeque<T>) -> Option<T> {
+    if inflight.front().is_some_and(Done::done) {
+        inflight.pop_front()
+    } else {
+        None
+    }
+}
+
+/// A write that may have completed.
+trait Done {
+    fn done(&self) -> bool;
+}
+
+impl Done for InFlight {
+    fn done(&self) -> bool {
+        self.done
+    }
+}
+
+/// A batch whose write is in flight (or completed out of order, waiting for the ones before
+/// it).
+struct InFlight {
+    tag: u64,
+    batch: Batch,
+    /// The end of its write (after its padding frame).
+    write_end: u64,
+    done: bool,
+}
+
+impl Writer {
+    pub(super) fn run_dsync(&mut self) -> Result<(), JournalError> {
+        let len = self.spare.first().map_or(0, AlignedBuf::len);
+        // A buffer per write in flight and one for the pending batch.
+        while self.spare.len() < WRITES_MAX + 1 {
+            self.spare.push(AlignedBuf::new(len));
+        }
+        let mut inflight: VecDeque<InFlight> = VecDeque::with_capacity(WRITES_MAX);
+        let mut next_tag = 1u64;
+        let mut fault_published = false;
+        loop {
+            self.sync_sources();
+            let stopping = self.stop.load(Ordering::Acquire);
+            let mut moved = self.reap_dsync(&mut inflight)?;
+            if inflight.len() < WRITES_MAX {
+                moved |= self.submit_dsync(&mut inflight, &mut next_tag)?;
+            }
+            let reading = self.fault.is_none() && !self.device_full;
+            if reading && self.can_frame() {
+                if !inflight.is_empty() {
+                    self.own_block();
+                }
+                let busy = !inflight.is_empty() || self.pending.is_some();
+                let wait = if moved || stopping || busy { None } else { Some(IDLE_SLICE) };
+                if self.frame(wait)? > 0 {
+                    continue;
+                }
+                let still_reading = self.fault.is_none() && !self.device_full;
+                if stopping && still_reading && inflight.is_empty() && self.pending.is_none() {
+                    return Ok(());
+                }
+                if !moved && !inflight.is_empty() {
+                    self.poll_dsync(&mut inflight)?;
+                }
+                continue;
+            }
+            if moved {
+                continue;
+            }
+            if !inflight.is_empty() {
+                // No room to frame (buffers, torn window) or not reading: the device has the
+                // work.
+                self.poll_dsync(&mut inflight)?;
+                continue;
+            }
+            if reading {
+                // Nothing in flight and no room: only a pending batch can be waiting.
+                continue;
+            }
+            if self.pending.is_some() {
+                continue;
+            }
+            if self.stopped_reading(&mut fault_published, stopping)? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// A write is in flight: the next batch must not share its last block. Moves the end to
+    /// the block after the padding frame that ended that write.
+    fn own_block(&mut self) {
+        if self.pending.is_some() {
+            return;
+        }
+        let align = self.align();
+        if !self.end.is_multiple_of(align) {
+            self.end = pad_next(self.end, align);
+            self.carry.clear();
+        }
+    }
+
+    /// Seals the pending batch with a padding frame and submits its write, if there is one.
+    fn submit_dsync(
+        &mut self,
+        inflight: &mut VecDeque<InFlight>,
+        next_tag: &mut u64,
+    ) -> Result<bool, JournalError> {
+        if self.pending.as_ref().is_none_or(|b| b.records == 0) {
+            return Ok(false);
+        }
+        let Some(mut b) = self.pending.take() else { return Ok(false) };
+        let align = self.align();
+        let used = (b.end - b.base) as usize;
+        let write_end = if b.end.is_multiple_of(align) { b.end } else { pad_next(b.end, align) };
+        let wlen = (write_end - b.base) as usize;
+        let buf = b.buf.as_mut_slice();
+        if wlen > used {
+            encode_pad(&mut buf[used..used + FRAME_HEADER_LEN]);
+            buf[used + FRAME_HEADER_LEN..wlen].fill(0);
+        }
+        let tag = *next_tag;
+        *next_tag += 1;
+        self.dev.start_write_fua_tagged(&mut b.buf, wlen, b.base, tag)?;
+        self.busy_since.get_or_insert_with(Instant::now);
+        self.commits.push(b.last_seq, b.first_framed);
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats.records.fetch_add(b.records, Ordering::Relaxed);
+        self.stats.bytes_written.fetch_add(wlen as u64, Ordering::Relaxed);
+        self.stats.end.store(b.end, Ordering::Relaxed);
+        inflight.push_back(InFlight { tag, batch: b, write_end, done: false });
+        Ok(true)
+    }
+
+    /// Takes completions; publishes the seq of every leading write that has completed.
+    fn reap_dsync(&mut self, inflight: &mut VecDeque<InFlight>) -> Result<bool, JournalError> {
+        let n = self.dev.reap(&mut self.done);
+        for i in 0..n {
+            let c = self.done[i];
+            let Some(w) = inflight.iter_mut().find(|w| w.tag == c.tag) else {
+                return Err(JournalError::WriterFailed);
+            };
+            if let Err(e) = c.result {
+                return Err(JournalError::Block { op: "write", offset: w.batch.base, source: e });
+            }
+            w.done = true;
+        }
+        // Bounded by the writes in flight.
+        while let Some(w) = completed_prefix(inflight) {
+            self.flushed_end = self.flushed_end.max(w.write_end);
+            let seq = w.batch.last_seq;
+            self.spare.push(w.batch.buf);
+            self.stats.flushes.fetch_add(1, Ordering::Relaxed);
+            self.publish(seq);
+        }
+        if n > 0 {
+            self.busy_since = (!inflight.is_empty()).then(Instant::now);
+        }
+        Ok(n > 0)
+    }
+
+    /// Writes in flight, nothing to frame: polls completions and rings (spin, then yield
+    /// between polls) until either moves, bounded by the I/O timeout.
+    fn poll_dsync(&mut self, inflight: &mut VecDeque<InFlight>) -> Result<(), JournalError> {
+        let start = Instant::now();
+        let since = self.busy_since.unwrap_or(start);
+        let mut turn = 0u32;
+        // Bounded by IO_TIMEOUT.
+        loop {
+            if self.reap_dsync(inflight)? || inflight.is_empty() || self.ring_ready() {
+                return Ok(());
+            }
+            turn = turn.wrapping_add(1);
+            if turn.is_multiple_of(64) {
+                if since.elapsed() >= IO_TIMEOUT {
+                    return Err(JournalError::Io {
+                        op: "write",
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "block request timed out",
+                        ),
+                    });
+                }
+                if self.stop.load(Ordering::Acquire) && self.fault.is_some() {
+                    return Ok(());
+                }
+            }
+            if start.elapsed() < SPIN {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    impl Done for (u64, bool) {
+        fn done(&self) -> bool {
+            self.1
+        }
+    }
+
+    /// Writes 1, 2, 3 in flight; 3 and 2 complete first: nothing is released until 1 has,
+    /// then all three in order.
+    #[test]
+    fn only_a_completed_prefix_is_released() {
+        let mut q: VecDeque<(u64, bool)> = [(1, false), (2, false), (3, false)].into();
+        q[2].1 = true;
+        assert_eq!(completed_prefix(&mut q), None);
+        q[1].1 = true;
+        assert_eq!(completed_prefix(&mut q), None, "write 2 done, write 1 not: nothing");
+        q[0].1 = true;
+        let order: Vec<u64> =
+            std::iter::from_fn(|| completed_prefix(&mut q)).map(|w| w.0).collect();
+        assert_eq!(order, [1, 2, 3]);
+        assert!(q.is_empty());
+    }
+}
