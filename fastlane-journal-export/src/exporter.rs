@@ -280,7 +280,7 @@ impl Run<'_> {
             let durable = self.refresh_durable();
             if inflight.len() < cfg.max_in_flight && next <= durable {
                 let room = cfg.batch_max.min(cfg.max_in_flight - inflight.len());
-                if self.read_batch(next, room, durable) {
+                if self.read_batch(next, room) {
                     for rec in self.buf.drain(..) {
                         let journal_seq = rec.seq;
                         let ack = publish(&js, cfg, rec, stream_seq).await?;
@@ -323,9 +323,11 @@ impl Run<'_> {
 
     /// Reads up to `max` records from `next` into `self.buf` and checks them; false (and
     /// counted) when the source failed or broke its contract.
-    fn read_batch(&mut self, next: u64, max: usize, durable: u64) -> bool {
+    fn read_batch(&mut self, next: u64, max: usize) -> bool {
         self.buf.clear();
         let res = self.source.read_from(next, max, &mut self.buf);
+        // Read after the records: the durable seq may have moved on during the read.
+        let durable = self.refresh_durable();
         let problem = match res {
             Err(e) => Some(e.to_string()),
             Ok(()) => check_batch(&self.buf, next, max, durable),
