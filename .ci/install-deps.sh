@@ -31,6 +31,8 @@ PKGS=(
     systemd             # systemd-socket-activate: fastlane-cli/tests/serve_systemd.rs and vm_blk.rs start
                         # `fastlane serve` with a socket passed as systemd passes it (LISTEN_FDS)
     fio                 # the guest-side load generator and verifier of the vhost-user-blk guest tests
+    nats-server         # fastlane-journal-export tests: three nats-server processes form a real JetStream
+                        # cluster on loopback (Debian 12 ships 2.9.10; the packaged service is unused)
 )
 
 SUDO=()
