@@ -53,6 +53,7 @@ pub mod segments;
 pub mod service;
 mod sources;
 mod stats;
+pub mod tail;
 pub mod verify;
 mod writer;
 
@@ -84,6 +85,7 @@ pub use scan::{scan, Scan, Stop};
 pub use segments::{prepare_spare, Retention, SegmentDir, SegmentError, SegmentInfo};
 pub use sources::ProducerCounters;
 pub use stats::{CommitLatency, COMMIT_BUCKETS_NS};
+pub use tail::{TailRecord, Tailer};
 pub use verify::{verify, Anchor, Problem, VerifyReport};
 
 use control::Control;

@@ -8,6 +8,7 @@
 //! shares with it (`fastlane_bench::journal::opts`: replica, I/O, preprocessing) and what
 //! they open.
 
+mod export;
 mod records;
 mod replica;
 mod serve;

@@ -16,6 +16,7 @@ use fastlane_daemon::signals::StopSignals;
 use fastlane_journal::segments::Retention;
 use fastlane_journal::service::{Service, ServiceConfig, ServiceStats};
 use fastlane_journal::{Durability, JournalError, JournalProducer, COMMIT_BUCKETS_NS};
+use fastlane_journal_export::{ExportConfig, Exporter};
 use fastlane_util::parse_size;
 
 /// `fastlane journal serve`.
@@ -61,6 +62,27 @@ pub(super) struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics (port 0: a free one, logged).
     #[arg(long)]
     metrics: Option<SocketAddr>,
+    /// Ship every durable record, in sequence order, to a NATS JetStream stream (three
+    /// replicas) on these servers, each message with the journal seq as its Nats-Msg-Id;
+    /// on its own thread: a slow or dead cluster shows as export lag, never in the acks.
+    #[arg(long, value_name = "nats://HOST:PORT[,…]")]
+    export: Option<String>,
+    /// The JetStream stream the export writes.
+    #[arg(long, default_value = "FASTLANE_JOURNAL")]
+    export_stream: String,
+    /// The subject of the exported messages.
+    #[arg(long, default_value = "fastlane.journal")]
+    export_subject: String,
+    /// Replicas of the stream (it is created with this many; an existing one must match).
+    #[arg(long, default_value_t = 3)]
+    export_replicas: usize,
+    /// How the writer does its I/O: dsync (each batch one write durable at completion,
+    /// several in flight) or pipelined (a write, then a flush for the batches written).
+    #[arg(long, default_value = "dsync", value_parser = fastlane_bench::journal::opts::parse_writer_io)]
+    writer_io: fastlane_journal::WriterIo,
+    /// Open the segments with O_DIRECT (with dsync: the write needs no page-cache writeback).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    direct: bool,
     /// Log a status line every this many seconds (0: never).
     #[arg(long, default_value_t = 10)]
     status_every: u64,
@@ -126,9 +148,24 @@ pub(super) fn serve(a: &ServeArgs) -> Result<()> {
     config.allow_gids = a.allow_gid.clone();
     config.retention = a.retain.unwrap_or_default();
     config.writer_core = a.writer_core;
-    let io = a.io;
+    config.writer_io = a.writer_io;
+    let (io, direct) = (a.io, a.direct);
+    let warned = Arc::new(AtomicBool::new(false));
     config.open = Arc::new(move |p: &Path| {
-        open_device(p, io, false).map_err(|e| JournalError::Io {
+        let opened = match open_device(p, io, direct) {
+            // A file system without O_DIRECT (tmpfs): the page cache, said once.
+            Err(e) if direct => {
+                if !warned.swap(true, Ordering::Relaxed) {
+                    log::warn!(
+                        "{}: no O_DIRECT here ({e:#}); segments use the page cache",
+                        p.display()
+                    );
+                }
+                open_device(p, io, false)
+            }
+            r => r,
+        };
+        opened.map_err(|e| JournalError::Io {
             op: "open segment",
             source: std::io::Error::other(format!("{}: {e:#}", p.display())),
         })
@@ -145,9 +182,26 @@ pub(super) fn serve(a: &ServeArgs) -> Result<()> {
         if r.truncated { ", torn tail zeroed" } else { "" },
         a.dir.join(fastlane_journal::service::SOCKET_NAME).display()
     );
+    let export = match &a.export {
+        Some(urls) => {
+            let mut c = ExportConfig::from_urls(urls).context("--export")?;
+            c.stream = a.export_stream.clone();
+            c.subject = a.export_subject.clone();
+            c.replicas = a.export_replicas;
+            c.validate().context("--export")?;
+            let source = super::export::DirSource::new(a.dir.clone(), service.durable_view()?);
+            let e = Exporter::start(c, Box::new(source)).context("--export: start")?;
+            log::info!("exporting to NATS JetStream at {urls} (stream {})", a.export_stream);
+            Some(e)
+        }
+        None => None,
+    };
+    let export_stats = export.as_ref().map(Exporter::stats_handle);
     let service = Arc::new(service);
     let exporter = fastlane_daemon::metrics::start_if(a.metrics, |f| {
         let fields = f.fields(SERVICE_FIELDS);
+        let export_fields = export_stats.as_ref().map(|_| f.fields(super::export::EXPORT_FIELDS));
+        let export_stats = export_stats.clone();
         let records = f.counter(
             "fastlane_journal_producer_records_total",
             "Records of one producer made durable or in flight.",
@@ -173,6 +227,9 @@ pub(super) fn serve(a: &ServeArgs) -> Result<()> {
         move || {
             let s = svc.stats();
             fields.update(&s);
+            if let (Some(f), Some(h)) = (&export_fields, &export_stats) {
+                f.update(&h.get());
+            }
             let c = &s.commit_latency;
             let mut cumulative = 0;
             let buckets: Vec<(f64, u64)> = COMMIT_BUCKETS_NS
@@ -211,13 +268,21 @@ pub(super) fn serve(a: &ServeArgs) -> Result<()> {
         if !every.is_zero() && last.elapsed() >= every {
             last = Instant::now();
             let s = service.stats();
+            let lag = export_stats.as_ref().map(|h| h.get());
             log::info!(
-                "durable seq {}  records {}  segment {}  producers {}  faults {}",
+                "durable seq {}  records {}  segment {}  producers {}  faults {}{}",
                 s.durable_seq,
                 s.records,
                 s.segment,
                 s.producers.iter().filter(|p| !p.gone).count(),
-                s.faults
+                s.faults,
+                lag.map(|e| format!(
+                    "  exported {} (lag {}{})",
+                    e.exported_seq,
+                    e.lag_records,
+                    if e.connected { "" } else { ", disconnected" }
+                ))
+                .unwrap_or_default()
             );
         }
     }
@@ -233,6 +298,18 @@ pub(super) fn serve(a: &ServeArgs) -> Result<()> {
         s.attaches,
         s.faults
     );
+    if let Some(e) = export {
+        // The service is stopped: what it made durable while draining is exported now
+        // (bounded by the exporter's drain timeout; the rest goes at the next start).
+        let e = e.stop();
+        log::info!(
+            "export stopped: exported seq {} of {}, {} published, {} publish errors",
+            e.exported_seq,
+            e.durable_seq,
+            e.published_total,
+            e.publish_errors_total
+        );
+    }
     Ok(())
 }
 

@@ -237,6 +237,19 @@ impl std::fmt::Debug for Service {
     }
 }
 
+/// Reads the service's durable seq ([`Service::durable_view`]).
+#[derive(Debug)]
+pub struct DurableView {
+    control: Control,
+}
+
+impl DurableView {
+    /// The highest durable global seq. One load.
+    pub fn get(&self) -> Seq {
+        self.control.durable_seq()
+    }
+}
+
 /// What start found in the directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Recovered {
@@ -435,6 +448,13 @@ impl Service {
     /// The highest durable global seq. One load.
     pub fn durable_seq(&self) -> Seq {
         self.control.durable_seq()
+    }
+
+    /// A handle that reads the durable seq (one load) from any thread, and keeps working after
+    /// the service stopped (it then reads the final value): for a reader of the segments, such
+    /// as the export, that must not read past what is durable.
+    pub fn durable_view(&self) -> Result<DurableView, JournalError> {
+        Ok(DurableView { control: self.control.reopen()? })
     }
 
     /// Waits until global `seq` is durable.
