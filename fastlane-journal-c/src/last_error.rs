@@ -81,13 +81,9 @@ fn record(write: impl FnOnce(&mut Cursor<'_>) -> std::fmt::Result) {
     });
 }
 
-/// The message of the last call on this thread that failed (a NUL-terminated string, empty if
-/// none has): which OS error a connect met, why the service refused, which limit a record
-/// exceeded. Successful calls leave it as it is, as `errno`. The pointer stays valid for the
-/// life of the thread; the text changes at this thread's next failure, so copy it before
-/// another call if it is needed later. Never NULL, never to be freed.
-#[no_mangle]
-pub extern "C" fn fl_journal_last_error() -> *const c_char {
+/// The buffer's address: a NUL-terminated string that lives as long as the thread (a static
+/// empty string once the thread is being torn down).
+pub(crate) fn as_ptr() -> *const c_char {
     LAST_ERROR.try_with(|cell| cell.as_ptr().cast::<c_char>().cast_const()).unwrap_or(c"".as_ptr())
 }
 
@@ -98,7 +94,7 @@ mod tests {
 
     fn last() -> String {
         // SAFETY: the buffer is NUL-terminated and lives as long as this thread.
-        unsafe { CStr::from_ptr(fl_journal_last_error()) }.to_str().unwrap().to_string()
+        unsafe { CStr::from_ptr(as_ptr()) }.to_str().unwrap().to_string()
     }
 
     #[test]

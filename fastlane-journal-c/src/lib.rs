@@ -19,10 +19,9 @@ mod last_error;
 mod producer;
 mod status;
 
-pub use last_error::fl_journal_last_error;
 pub use producer::{
     fl_journal_append, fl_journal_append_blocking, fl_journal_close, fl_journal_connect,
     fl_journal_connect_with, fl_journal_durable_seq, fl_journal_max_record_bytes,
     fl_journal_producer, fl_journal_producer_id, fl_journal_wait_durable,
 };
-pub use status::{fl_journal_status, fl_journal_strerror};
+pub use status::{fl_journal_last_error, fl_journal_status, fl_journal_strerror};

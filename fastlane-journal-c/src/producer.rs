@@ -181,7 +181,7 @@ pub unsafe extern "C" fn fl_journal_connect_with(
 }
 
 /// Appends the `len` bytes at `data` as one record and stores its seq (this producer's own:
-/// 1, 2, 3, …) in `*seq_out` (which may be NULL). The hot path: one copy into the shared
+/// 1, 2, 3, ...) in `*seq_out` (which may be NULL). The hot path: one copy into the shared
 /// ring, no allocation, no lock, no syscall (a `FUTEX_WAKE` only when the service's writer
 /// sleeps on an empty journal).
 ///

@@ -126,6 +126,16 @@ pub extern "C" fn fl_journal_strerror(code: c_int) -> *const c_char {
     fl_journal_status::from_code(code).map_or(UNKNOWN, fl_journal_status::message).as_ptr()
 }
 
+/// The message of the last call on this thread that failed (a NUL-terminated string, empty if
+/// none has): which OS error a connect met, why the service refused, which limit a record
+/// exceeded. Successful calls leave it as it is, as `errno`. The pointer stays valid for the
+/// life of the thread; the text changes at this thread's next failure, so copy it before
+/// another call if it is needed later. Never NULL, never to be freed.
+#[no_mangle]
+pub extern "C" fn fl_journal_last_error() -> *const c_char {
+    crate::last_error::as_ptr()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
