@@ -197,9 +197,10 @@ fn c_beside_rust(link: Link, n: u64) {
     let d = tempfile::tempdir().unwrap();
     let svc = Service::start(config(d.path())).unwrap();
 
-    // The Rust producer appends for as long as the C program runs (and at least `n`
-    // records), so that the two rings are drained side by side.
+    // The Rust producer appends from before the C program starts until it has ended (and at
+    // least `n` records), so that the two rings are drained side by side.
     let c_done = Arc::new(AtomicBool::new(false));
+    let (started_tx, started) = std::sync::mpsc::channel();
     let rust = {
         let (dir, c_done) = (d.path().to_path_buf(), Arc::clone(&c_done));
         std::thread::spawn(move || {
@@ -209,11 +210,15 @@ fn c_beside_rust(link: Link, n: u64) {
                 let i = last + 1;
                 last = tx.append_blocking(format!("rust {i}").as_bytes(), T).unwrap();
                 assert_eq!(last, i);
+                if i == 1 {
+                    let _ = started_tx.send(());
+                }
             }
             tx.wait_durable(last, T).unwrap();
             (tx.producer_id().unwrap(), last)
         })
     };
+    started.recv_timeout(T).expect("the Rust producer appended nothing");
     let child = Command::new(&exe)
         .args(["run".as_ref(), d.path().as_os_str(), n.to_string().as_ref()])
         .stdout(Stdio::piped())
@@ -251,7 +256,8 @@ fn c_beside_rust(link: Link, n: u64) {
     let want_rust: Vec<Vec<u8>> = (1..=rust_n).map(|i| format!("rust {i}").into_bytes()).collect();
     assert!(of(rust_id) == want_rust, "the Rust producer's records differ");
     // Both rings were drained in the same stretch: a Rust record lies between the C
-    // producer's first and last.
+    // producer's first and last (the C program waits for durability 20 times on its way, the
+    // Rust producer appends throughout).
     let c_seqs: Vec<u64> = recs.iter().filter(|(_, (p, _))| *p == c_id).map(|(s, _)| *s).collect();
     let (first, last) = (c_seqs[0], c_seqs[c_seqs.len() - 1]);
     assert!(

@@ -2,8 +2,10 @@
  * A C producer of the journal service, driven by tests/c_producer.rs. Three modes:
  *
  *   producer run DIR N             attach as "c-producer", append "c 1" .. "c N" (retrying
- *                                  FL_JOURNAL_FULL), wait until the last is durable, print
- *                                  "ok id=<producer id> last=<last seq> durable=<durable seq>"
+ *                                  FL_JOURNAL_FULL) in 20 stretches, waiting until each is
+ *                                  durable (so that the run spans many of the writer's
+ *                                  batches), print "ok id=<producer id> last=<last seq>
+ *                                  durable=<durable seq> full=<retries>"
  *   producer errors NOSVC DIR      the error paths: NULL pointers, no service at NOSVC, a
  *                                  record over max_record_bytes, a timeout; prints "ready",
  *                                  waits for a line on stdin (the test stops the service
@@ -74,6 +76,7 @@ static int run(const char *dir, uint64_t n) {
         return 1;
     }
     uint64_t seq = 0, full = 0;
+    uint64_t stretch = n / 20 > 0 ? n / 20 : 1;
     char buf[64];
     for (uint64_t i = 1; i <= n; i++) {
         int len = snprintf(buf, sizeof buf, "c %" PRIu64, i);
@@ -85,6 +88,11 @@ static int run(const char *dir, uint64_t n) {
             return 1;
         }
         EXPECT(seq == i, "record %" PRIu64 " got seq %" PRIu64, i, seq);
+        if (i % stretch == 0) {
+            rc = fl_journal_wait_durable(p, seq, 30 * SECOND_NS);
+            EXPECT(rc == FL_JOURNAL_OK, "wait_durable(%" PRIu64 "): %s", seq,
+                   fl_journal_strerror(rc));
+        }
     }
     rc = fl_journal_wait_durable(p, seq, 30 * SECOND_NS);
     EXPECT(rc == FL_JOURNAL_OK, "wait_durable(%" PRIu64 "): %s", seq, fl_journal_strerror(rc));
