@@ -52,3 +52,24 @@ fn header_declares_every_function() {
         assert!(text.contains(f), "the header lacks {f:?}");
     }
 }
+
+/// docs/journal-c.md lists every result code with the value the header gives it (a row
+/// "| `FL_JOURNAL_X` | -n |"), so that a renumbered or added code cannot leave the table stale.
+#[test]
+fn docs_list_every_code_with_its_value() {
+    let header = std::fs::read_to_string(header::header_path()).unwrap();
+    let docs_path = header::crate_dir().join("../docs/journal-c.md");
+    let docs = std::fs::read_to_string(&docs_path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", docs_path.display()));
+    let codes: Vec<(&str, &str)> = header
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("FL_JOURNAL_"))
+        .filter_map(|l| l.trim_end_matches(',').split_once(" = "))
+        .collect();
+    assert_eq!(codes.len(), 13, "the header's codes: {codes:?}");
+    for (name, value) in codes {
+        let row = format!("| `{name}` | {value} |");
+        assert!(docs.contains(&row), "docs/journal-c.md has no row {row:?}");
+    }
+}
