@@ -344,3 +344,10 @@ pub unsafe extern "C" fn fl_journal_close(p: *mut fl_journal_producer) {
         panicked(payload);
     }
 }
+
+// The documentation lets a handle move between threads (one at a time): that is sound only
+// while the producer is `Send`. This fails to compile if it stops being so.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<fl_journal_producer>();
+};
