@@ -16,7 +16,9 @@ PKGS=(
     librdmacm-dev       # fastlane-rdma: rdma-sys's build script also requires librdmacm
     libclang-dev        # fastlane-rdma: bindgen (in rdma-sys's build script) needs libclang
     pkg-config          # fastlane-rdma: rdma-sys finds the two libraries with it
-    g++                 # the fuzz crates: libfuzzer-sys compiles libFuzzer (C++) (scripts/test.sh)
+    g++                 # the fuzz crates: libfuzzer-sys compiles libFuzzer (C++) (scripts/test.sh);
+                        # fastlane-journal-c/tests/c_producer.rs compiles the header as C++
+    gcc                 # /usr/bin/cc: fastlane-journal-c/tests/c_producer.rs compiles and links a C producer
     ibverbs-providers   # the rxe provider (librxe-rdmav34.so + rxe.driver) copied into the guest
     iproute2            # /usr/bin/rdma: creates rxe0 inside the guest
     perftest            # ib_write_lat / ib_write_bw: the peer of `fastlane rdma bench`
