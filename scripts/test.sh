@@ -79,7 +79,7 @@ if ! command -v cargo-deny >/dev/null && [ "$skip_install" = 0 ]; then
   cargo install --locked "cargo-deny@$deny_version"
 fi
 if command -v cargo-deny >/dev/null; then
-  cargo deny --log-level error check licenses bans sources
+  cargo deny --workspace --log-level error check licenses bans sources
 else
   echo "SKIPPED: cargo-deny is not installed (--skip-install); cargo install --locked cargo-deny@$deny_version"
 fi
