@@ -82,7 +82,9 @@ pub use replica::{
 };
 pub use resync::{ResyncAction, ResyncReport};
 pub use scan::{scan, Scan, Stop};
-pub use segments::{prepare_spare, Retention, SegmentDir, SegmentError, SegmentInfo};
+pub use segments::{
+    prepare_spare, prepare_spare_paced, Retention, SegmentDir, SegmentError, SegmentInfo,
+};
 pub use sources::ProducerCounters;
 pub use stats::{CommitLatency, COMMIT_BUCKETS_NS};
 pub use tail::{TailRecord, Tailer};

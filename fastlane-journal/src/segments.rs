@@ -463,6 +463,20 @@ fn take_lock(dir: &Path) -> Result<File, SegmentError> {
 /// `ENOSPC` included ([`SegmentError::is_no_space`]: retry later), the partial spare is
 /// removed; it never carries a segment's name.
 pub fn prepare_spare(dir: &Path, bytes: u64) -> Result<PathBuf, JournalError> {
+    prepare_spare_paced(dir, bytes, 0)
+}
+
+/// [`prepare_spare`] at most `bytes_per_s` (0: as fast as the device goes): the zeroes are
+/// written in [`PACE_CHUNK`] pieces, each pushed to the device and waited for
+/// (`sync_file_range`, no cache flush) before the next, with a pause that keeps the average
+/// rate. A journal writing beside it then waits behind at most one piece, instead of behind
+/// the writeback of a whole segment at the final `fdatasync` (measured: a 256 MiB spare
+/// prepared at full speed held durable acks for ~100 ms).
+pub fn prepare_spare_paced(
+    dir: &Path,
+    bytes: u64,
+    bytes_per_s: u64,
+) -> Result<PathBuf, JournalError> {
     check_size(bytes)?;
     let path = dir.join(SPARE_FILE);
     match fs::remove_file(&path) {
@@ -470,7 +484,7 @@ pub fn prepare_spare(dir: &Path, bytes: u64) -> Result<PathBuf, JournalError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(SegmentError::Io { op: "remove", path, source: e }.into()),
     }
-    let result = write_zeroes(&path, bytes);
+    let result = write_zeroes(&path, bytes, bytes_per_s);
     if let Err(e) = result {
         let _ = fs::remove_file(&path);
         return Err(e.into());
@@ -478,7 +492,10 @@ pub fn prepare_spare(dir: &Path, bytes: u64) -> Result<PathBuf, JournalError> {
     Ok(path)
 }
 
-fn write_zeroes(path: &Path, bytes: u64) -> Result<(), SegmentError> {
+/// The piece [`prepare_spare_paced`] writes and waits for at a time.
+pub const PACE_CHUNK: usize = 512 << 10;
+
+fn write_zeroes(path: &Path, bytes: u64, bytes_per_s: u64) -> Result<(), SegmentError> {
     let f = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -486,12 +503,30 @@ fn write_zeroes(path: &Path, bytes: u64) -> Result<(), SegmentError> {
         .custom_flags(libc::O_CLOEXEC)
         .open(path)
         .map_err(SegmentError::io("create", path))?;
-    let zeroes = vec![0u8; ZERO_CHUNK];
+    let chunk = if bytes_per_s == 0 { ZERO_CHUNK } else { PACE_CHUNK };
+    let zeroes = vec![0u8; chunk];
+    let start = std::time::Instant::now();
     let mut off = 0u64;
-    // Bounded: `bytes / ZERO_CHUNK + 1` writes.
+    // Bounded: `bytes / chunk + 1` writes.
     while off < bytes {
-        let n = (bytes - off).min(ZERO_CHUNK as u64) as usize;
+        let n = (bytes - off).min(chunk as u64) as usize;
         f.write_all_at(&zeroes[..n], off).map_err(SegmentError::io("write zeroes", path))?;
+        if bytes_per_s > 0 {
+            use std::os::fd::AsRawFd as _;
+            let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                | libc::SYNC_FILE_RANGE_WRITE
+                | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+            // SAFETY: sync_file_range on a descriptor this function owns; no memory passed.
+            let rc = unsafe { libc::sync_file_range(f.as_raw_fd(), off as i64, n as i64, flags) };
+            if rc != 0 {
+                return Err(SegmentError::io("sync_file_range", path)(io::Error::last_os_error()));
+            }
+            let due =
+                std::time::Duration::from_secs_f64((off + n as u64) as f64 / bytes_per_s as f64);
+            if let Some(wait) = due.checked_sub(start.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
         off += n as u64;
     }
     f.sync_data().map_err(SegmentError::io("fdatasync", path))

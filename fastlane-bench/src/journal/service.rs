@@ -61,6 +61,10 @@ pub struct ServiceBenchArgs {
     /// Pin the service's writer thread to this core.
     #[arg(long)]
     writer_core: Option<usize>,
+    /// How the idle writer waits for records: park (spin, yield, then sleep on the doorbell;
+    /// the default) or poll (spin and yield, never sleep: no wake-up, a core kept busy).
+    #[arg(long, default_value = "park")]
+    writer_wait: String,
     /// Print one JSON object with every case instead of the table.
     #[arg(long)]
     json: bool,
@@ -200,6 +204,11 @@ fn run_case(
     c.segment_bytes = a.segment_bytes;
     c.writer_io = a.writer_io;
     c.writer_core = a.writer_core;
+    c.writer_wait = match a.writer_wait.as_str() {
+        "park" => fastlane_ring::WaitStrategy::default(),
+        "poll" => fastlane_ring::WaitStrategy::SpinYield { spins: 1024 },
+        other => bail!("--writer-wait {other}: want park or poll"),
+    };
     c.ring_bytes = 16 << 20;
     c.max_batch_bytes = 4 << 20;
     c.max_producers = producers.max(1);
@@ -210,6 +219,15 @@ fn run_case(
         })
     });
     let svc = Service::start(c).context("start the journal service")?;
+    // The next segment's file is prepared in the background at start (and after each roll);
+    // the run starts once it is, so that what is measured is the steady state.
+    let t0 = Instant::now();
+    while !svc.stats().spare_ready {
+        if t0.elapsed() > Duration::from_secs(120) {
+            bail!("the spare segment was not ready within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let per = rate as f64 / producers as f64;
     let total_each = (per * a.seconds).max(1.0) as u64;
     let payload = vec![0xA5u8; a.record_bytes];

@@ -96,6 +96,11 @@ pub struct ServiceConfig {
     pub allow_gids: Vec<u32>,
     /// Which segments to keep.
     pub retention: Retention,
+    /// How fast the next segment's file is prepared (written zeroes) in the background, bytes
+    /// per second (0: as fast as the device goes). Paced so that the journal's own writes
+    /// wait behind at most one piece of it; fast enough to be ready before the segment in use
+    /// fills (a roll with no spare ready prepares one and waits).
+    pub spare_bytes_per_s: u64,
     /// Pin the writer thread to this core.
     pub writer_core: Option<usize>,
     /// How the idle writer waits on the doorbell.
@@ -135,6 +140,7 @@ impl ServiceConfig {
             allow_uids: Vec::new(),
             allow_gids: Vec::new(),
             retention: Retention::default(),
+            spare_bytes_per_s: 128 << 20,
             writer_core: None,
             writer_wait: WaitStrategy::default(),
             writer_io: WriterIo::Pipelined,
@@ -197,6 +203,8 @@ pub struct ServiceStats {
     pub faults: u64,
     /// Index of the segment being written.
     pub segment: u64,
+    /// The next segment's file is prepared (a roll now costs only its superblock).
+    pub spare_ready: bool,
     /// How long batches waited in the writer before they were durable.
     pub commit_latency: super::CommitLatency,
     /// Producers attached now or since the last [`Service::stats`] that reported them gone.
@@ -209,6 +217,8 @@ struct AcceptCounters {
     attaches: AtomicU64,
     refused: AtomicU64,
     segment: AtomicU64,
+    /// Set by the spare's thread when it is ready, cleared by the roll that takes it.
+    spare_ready: Arc<AtomicBool>,
 }
 
 struct Attached {
@@ -343,6 +353,7 @@ impl Service {
             dir: config.dir.clone(),
             segments: dir,
             bytes: config.segment_bytes,
+            pace: config.spare_bytes_per_s,
             open: Arc::clone(&config.open),
             retention: config.retention,
             current: sb,
@@ -499,6 +510,7 @@ impl Service {
             refused: self.accept.refused.load(Ordering::Relaxed),
             faults: producers.iter().filter(|p| p.faulted).count() as u64,
             segment: self.accept.segment.load(Ordering::Relaxed),
+            spare_ready: self.accept.spare_ready.load(Ordering::Relaxed),
             commit_latency: s.commit.snapshot(),
             producers,
         }
@@ -541,6 +553,7 @@ struct SegmentRoll {
     dir: PathBuf,
     segments: SegmentDir,
     bytes: u64,
+    pace: u64,
     open: OpenSegment,
     retention: Retention,
     current: Superblock,
@@ -554,10 +567,15 @@ impl SegmentRoll {
         if self.spare.is_some() {
             return;
         }
-        let (dir, bytes) = (self.dir.clone(), self.bytes);
+        let (dir, bytes, pace) = (self.dir.clone(), self.bytes, self.pace);
+        let ready = Arc::clone(&self.accept.spare_ready);
         self.spare = std::thread::Builder::new()
             .name("journal-spare".into())
-            .spawn(move || segments::prepare_spare(&dir, bytes))
+            .spawn(move || {
+                let r = segments::prepare_spare_paced(&dir, bytes, pace);
+                ready.store(r.is_ok(), Ordering::Release);
+                r
+            })
             .ok();
     }
 }
@@ -573,6 +591,7 @@ impl Roll for SegmentRoll {
         if let Some(h) = self.spare.take() {
             let _ = h.join();
         }
+        self.accept.spare_ready.store(false, Ordering::Release);
         let sb = self.current.next_segment(super::preprocess::realtime_ns(), last_seq + 1, head);
         let path = match self.segments.install(&sb, self.bytes) {
             Ok(p) => p,
