@@ -34,6 +34,11 @@ pub(super) struct ServeArgs {
     /// (e.g. segments=10,age=7d); default: keep all.
     #[arg(long)]
     retain: Option<Retention>,
+    /// How fast the next segment's file is prepared in the background, bytes per second (0:
+    /// as fast as the device goes); paced so that acks wait behind at most one 512 KiB piece.
+    /// Must outpace the rate segments fill, or a roll waits for the spare.
+    #[arg(long, default_value = "128M", value_parser = parse_size)]
+    spare_rate: u64,
     /// memory (written: survives a crash of this process) or local (flushed: survives a
     /// power cut).
     #[arg(long, default_value = "local")]
@@ -147,6 +152,7 @@ pub(super) fn serve(a: &ServeArgs) -> Result<()> {
     config.allow_uids = a.allow_uid.clone();
     config.allow_gids = a.allow_gid.clone();
     config.retention = a.retain.unwrap_or_default();
+    config.spare_bytes_per_s = a.spare_rate;
     config.writer_core = a.writer_core;
     config.writer_io = a.writer_io;
     let (io, direct) = (a.io, a.direct);
