@@ -13,7 +13,10 @@
 //! - [`vhost_blk`]: the vhost-user-blk device and the backend factory of `fastlane serve`.
 //! - [`disk`]: the disk daemon (`fastlane serve`, the `fastlane-disk` binary): options,
 //!   socket, signals, stats and metrics around the vhost-user-blk device.
-//! - [`journal`]: the record journal (durable, hash-chained, replicated records).
+//! - [`journal`]: the record journal (durable, hash-chained, replicated records) and its
+//!   service (many producers, rolling segments).
+//! - [`journal_export`]: the journal's durable records to a NATS JetStream stream.
+//!   (`fastlane-journal-c`, the C producer, is a C library: `libfastlane_journal`.)
 //! - [`market`]: ITCH 5.0 decoding, order books, the normalized event, the feed generator.
 //! - [`fpga`]: the preprocessing card (ring ABI, software model, CRC32C, card clock).
 //! - [`rdma`]: RDMA verbs, the remote memory pool and the write mirror.
@@ -35,6 +38,7 @@ pub use fastlane_disk as disk;
 pub use fastlane_fpga as fpga;
 pub use fastlane_hist as hist;
 pub use fastlane_journal as journal;
+pub use fastlane_journal_export as journal_export;
 pub use fastlane_kvswap as kvswap;
 pub use fastlane_llm as llm;
 pub use fastlane_market as market;

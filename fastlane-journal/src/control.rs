@@ -22,12 +22,13 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use fastlane_ring::shm::sealed_memfd;
 use fastlane_ring::WaitStrategy;
 use memmap2::{MmapOptions, MmapRaw};
 
@@ -116,7 +117,7 @@ impl Control {
         next_seq: u64,
         durable_seq: u64,
     ) -> Result<Control, JournalError> {
-        let file = sealed_memfd(c"fastlane-journal-ctl", CONTROL_LEN)?;
+        let file = sealed_memfd("fastlane-journal-ctl", CONTROL_LEN as u64)?;
         Self::init(file, journal_id, max_record_bytes, durability, next_seq, durable_seq)
     }
 
@@ -178,21 +179,17 @@ impl Control {
             .write(true)
             .open(path)
             .map_err(io_err("open control file"))?;
-        let len = file.metadata().map_err(io_err("fstat control"))?.len();
-        if len < CONTROL_LEN as u64 {
-            return Err(JournalError::BadControl { what: "control file too short", value: len });
-        }
-        let map =
-            MmapOptions::new().len(CONTROL_LEN).map_raw(&file).map_err(io_err("mmap control"))?;
-        let c = Control { map, file };
-        let info = c.validate()?;
-        Ok((c, info))
+        Self::map_existing(file)
     }
 
     /// Maps a control block received as a file descriptor (a producer of the journal service,
     /// which gets its own block over the attach socket) and validates it.
     pub(crate) fn from_fd(fd: OwnedFd) -> Result<(Control, ControlInfo), JournalError> {
-        let file = File::from(fd);
+        Self::map_existing(File::from(fd))
+    }
+
+    /// Maps a block someone else created and validates it.
+    fn map_existing(file: File) -> Result<(Control, ControlInfo), JournalError> {
         let len = file.metadata().map_err(io_err("fstat control"))?.len();
         if len < CONTROL_LEN as u64 {
             return Err(JournalError::BadControl { what: "control file too short", value: len });
@@ -415,7 +412,7 @@ pub(crate) struct Doorbell {
 impl Doorbell {
     /// A new doorbell in a memfd.
     pub(crate) fn create() -> Result<Doorbell, JournalError> {
-        Self::map(sealed_memfd(c"fastlane-journal-doorbell", DOORBELL_LEN)?)
+        Self::map(sealed_memfd("fastlane-journal-doorbell", DOORBELL_LEN as u64)?)
     }
 
     /// Maps a doorbell received as a file descriptor.
@@ -456,23 +453,3 @@ impl Doorbell {
 
 /// Size of the doorbell mapping.
 const DOORBELL_LEN: usize = 4096;
-
-/// A memfd of `len` bytes sealed against shrinking and growing: a peer that receives it cannot
-/// truncate it under this process's mapping (which would turn the next access into `SIGBUS`).
-fn sealed_memfd(name: &std::ffi::CStr, len: usize) -> Result<File, JournalError> {
-    // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
-    let fd =
-        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    if fd < 0 {
-        return Err(io_err("memfd_create")(io::Error::last_os_error()));
-    }
-    // SAFETY: `fd` was just returned by `memfd_create`; nobody else owns it.
-    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-    file.set_len(len as u64).map_err(io_err("ftruncate memfd"))?;
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-    // SAFETY: F_ADD_SEALS on an fd this function owns; no memory is passed.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
-        return Err(io_err("F_ADD_SEALS")(io::Error::last_os_error()));
-    }
-    Ok(file)
-}

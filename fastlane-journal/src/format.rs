@@ -156,13 +156,15 @@ pub enum SuperError {
     },
 }
 
-fn u32_at(b: &[u8], off: usize) -> u32 {
+/// The little-endian u32 at `b[off..off + 4]` (the caller has checked the length).
+pub(crate) fn u32_at(b: &[u8], off: usize) -> u32 {
     let mut w = [0u8; 4];
     w.copy_from_slice(&b[off..off + 4]);
     u32::from_le_bytes(w)
 }
 
-fn u64_at(b: &[u8], off: usize) -> u64 {
+/// The little-endian u64 at `b[off..off + 8]` (the caller has checked the length).
+pub(crate) fn u64_at(b: &[u8], off: usize) -> u64 {
     let mut w = [0u8; 8];
     w.copy_from_slice(&b[off..off + 8]);
     u64::from_le_bytes(w)

@@ -24,6 +24,8 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
+use super::super::format::{u32_at, u64_at};
+
 /// Bytes of a hello.
 pub(crate) const HELLO_LEN: usize = 88;
 /// Bytes of a reply.
@@ -82,18 +84,6 @@ pub(crate) struct Reply {
     pub(crate) ring_bytes: u64,
     pub(crate) journal_id: [u8; 16],
     pub(crate) message: String,
-}
-
-fn u32_at(b: &[u8], off: usize) -> u32 {
-    let mut w = [0u8; 4];
-    w.copy_from_slice(&b[off..off + 4]);
-    u32::from_le_bytes(w)
-}
-
-fn u64_at(b: &[u8], off: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[off..off + 8]);
-    u64::from_le_bytes(w)
 }
 
 impl Hello {

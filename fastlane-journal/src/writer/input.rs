@@ -211,7 +211,8 @@ impl Writer {
     /// acknowledged. Called once per loop turn; no allocation unless a producer arrived.
     pub(super) fn sync_sources(&mut self) {
         let Some(svc) = &self.service else { return };
-        if svc.arrived.swap(false, Ordering::AcqRel) {
+        // A load first: the swap (a write to the acceptor's line) only when a producer arrived.
+        if svc.arrived.load(Ordering::Relaxed) && svc.arrived.swap(false, Ordering::AcqRel) {
             // Bounded: the acceptor sends at most its producer limit.
             while let Ok(src) = svc.incoming.try_recv() {
                 if self.out_of_space {

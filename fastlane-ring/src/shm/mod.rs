@@ -164,7 +164,7 @@ use crate::sync::{AtomicU32, AtomicU64, Ordering};
 pub use consumer::{Batch, Consumer, Record};
 use layout::Header;
 pub use producer::Producer;
-pub use ring::ShmRing;
+pub use ring::{sealed_memfd, ShmRing};
 
 #[cfg(doc)]
 use crate::WaitStrategy;

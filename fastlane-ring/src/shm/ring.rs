@@ -19,25 +19,7 @@ impl ShmRing {
     /// [`from_fd`](ShmRing::from_fd).
     pub fn create_memfd(name: &str, capacity: usize) -> Result<ShmRing, ShmError> {
         let capacity = check_capacity(capacity as u64)?;
-        let cname = CString::new(name).map_err(|_| ShmError::Io {
-            op: "memfd_create",
-            source: io::Error::from(io::ErrorKind::InvalidInput),
-        })?;
-        // SAFETY: `cname` is a valid NUL-terminated string for the duration of the call.
-        let fd = unsafe {
-            libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        };
-        if fd < 0 {
-            return Err(io_err("memfd_create")(io::Error::last_os_error()));
-        }
-        // SAFETY: `fd` was just returned by `memfd_create`, is open and owned by nobody else.
-        let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        file.set_len(layout::DATA_OFFSET as u64 + capacity).map_err(io_err("ftruncate"))?;
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        // SAFETY: F_ADD_SEALS on an fd we own; no memory is passed.
-        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
-            return Err(io_err("F_ADD_SEALS")(io::Error::last_os_error()));
-        }
+        let file = sealed_memfd(name, layout::DATA_OFFSET as u64 + capacity)?;
         Self::init(file, capacity)
     }
 
@@ -218,4 +200,31 @@ fn ensure_shrink_seal(file: &File) -> Result<(), ShmError> {
         return Err(ShmError::Unsealed);
     }
     Ok(())
+}
+
+/// A new memfd named `name` (for `/proc/<pid>/fd`) of `len` bytes, close-on-exec, sealed
+/// against shrinking and growing (and against further seals): a peer that receives it cannot
+/// truncate it under this process's mapping, which would turn the next access into `SIGBUS`.
+/// What [`ShmRing::create_memfd`] maps; other shared pages passed to untrusted peers (the
+/// journal service's control blocks and doorbell) use it too.
+pub fn sealed_memfd(name: &str, len: u64) -> Result<File, ShmError> {
+    let cname = CString::new(name).map_err(|_| ShmError::Io {
+        op: "memfd_create",
+        source: io::Error::from(io::ErrorKind::InvalidInput),
+    })?;
+    // SAFETY: `cname` is a valid NUL-terminated string for the duration of the call.
+    let fd =
+        unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(io_err("memfd_create")(io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` was just returned by `memfd_create`, is open and owned by nobody else.
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.set_len(len).map_err(io_err("ftruncate"))?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: F_ADD_SEALS on an fd we own; no memory is passed.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(io_err("F_ADD_SEALS")(io::Error::last_os_error()));
+    }
+    Ok(file)
 }
