@@ -20,7 +20,7 @@
 //!   that writes garbage into its ring is shut off alone (its control block says
 //!   `ProducerFault`, [`ServiceStats::faults`] counts it); one that dies leaves a closed
 //!   socket: its ring is drained, acknowledged and dropped.
-//! - **Segments** ([`segments`](super::segments)): when the next record does not fit, the
+//! - **Segments** ([`super::segments`]): when the next record does not fit, the
 //!   writer drains, installs the next segment (prepared in the background, superblock with the
 //!   next first seq and the chain head), and goes on; retention runs after each roll. With no
 //!   room for a segment the roll is retried every 100 ms while the producers' rings fill and

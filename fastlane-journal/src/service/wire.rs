@@ -1,7 +1,7 @@
 //! The attach protocol of the journal service, on the Unix socket `DIR/journal.sock`.
 //!
-//! A producer connects and sends one [`Hello`]; the service checks who it is (`SO_PEERCRED`),
-//! and answers with one [`Reply`] that carries, when the attach is accepted, three file
+//! A producer connects and sends one hello; the service checks who it is (`SO_PEERCRED`),
+//! and answers with one reply that carries, when the attach is accepted, three file
 //! descriptors (`SCM_RIGHTS`): the producer's ring, its control block and the service's
 //! doorbell, each a sealed memfd. The connection then stays open and silent: its end (the
 //! producer exited, was killed, or dropped its handle) is how the service learns that the
