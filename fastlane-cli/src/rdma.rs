@@ -11,7 +11,7 @@
 //! another engineer's file; docs/rdma.md says so.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -89,10 +89,7 @@ fn serve(a: &ServeArgs) -> Result<()> {
         let monitor = pool.monitor();
         move || fields.update(&monitor.stats())
     })?;
-    signals.on_stop({
-        let stop = stop.clone();
-        move || stop.store(true, Ordering::Relaxed)
-    })?;
+    signals.on_stop_set(&stop)?;
     eprintln!(
         "fastlane rdma serve: {} bytes on {} (GID index {}, MTU {}), listening on {}",
         pool.size(),

@@ -65,6 +65,16 @@ impl StopSignals {
         self.on_stop_or_report(stop, || {})
     }
 
+    /// [`StopSignals::on_stop`] that sets `flag` (with `Release`): for a daemon whose main
+    /// loop polls a stop flag.
+    pub fn on_stop_set(
+        self,
+        flag: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> anyhow::Result<()> {
+        let flag = std::sync::Arc::clone(flag);
+        self.on_stop(move || flag.store(true, std::sync::atomic::Ordering::Release))
+    }
+
     /// [`StopSignals::on_stop`], and `report` on every SIGUSR1 (blocked only by
     /// [`StopSignals::block_with_report`]).
     pub fn on_stop_or_report(

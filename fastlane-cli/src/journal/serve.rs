@@ -257,10 +257,7 @@ pub(super) fn serve(a: &ServeArgs) -> Result<()> {
         }
     })?;
     let stop = Arc::new(AtomicBool::new(false));
-    signals.on_stop({
-        let stop = Arc::clone(&stop);
-        move || stop.store(true, Ordering::Release)
-    })?;
+    signals.on_stop_set(&stop)?;
     fastlane_daemon::notify::ready(&format!("journal service, last seq {}", r.last_seq));
     let every = Duration::from_secs(a.status_every);
     let mut last = Instant::now();

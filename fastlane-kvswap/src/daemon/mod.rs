@@ -230,10 +230,7 @@ pub fn serve(cfg: &ServeConfig) -> Result<()> {
     .inspect_err(|_| {
         let _ = std::fs::remove_file(&cfg.socket);
     })?;
-    signals.on_stop({
-        let stop = stop.clone();
-        move || stop.store(true, Ordering::Relaxed)
-    })?;
+    signals.on_stop_set(&stop)?;
     eprintln!(
         "fastlane kv serve: {} blocks of {} bytes, host tier {} bytes{}, content-addressed \
          store {cas}, listening on {:?} (protocol v{}), peers allowed: {allowed}",
