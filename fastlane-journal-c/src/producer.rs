@@ -204,6 +204,23 @@ pub unsafe extern "C" fn fl_journal_append(
     len: usize,
     seq_out: *mut u64,
 ) -> c_int {
+    // SAFETY: forwarded: the caller's promises about `p`, `data`, `len` and `seq_out`.
+    unsafe { append_with(p, data, len, seq_out, |tx, bytes| tx.append(bytes)) }
+}
+
+/// What both appends share: the NULL checks, the length check (before a slice is formed), the
+/// guard, and writing the seq back; `op` is the append itself.
+///
+/// # Safety
+/// `p` is NULL or a live handle this thread alone uses; `data` names `len` readable bytes (or
+/// is NULL with `len` 0); `seq_out` is NULL or writable.
+unsafe fn append_with(
+    p: *mut fl_journal_producer,
+    data: *const c_void,
+    len: usize,
+    seq_out: *mut u64,
+    op: impl FnOnce(&mut JournalProducer, &[u8]) -> Result<u64, JournalError>,
+) -> c_int {
     // SAFETY: NULL or a live handle used by this thread only (the caller's promise).
     let Some(p) = (unsafe { p.as_mut() }) else { return null("producer") };
     if data.is_null() && len > 0 {
@@ -217,7 +234,7 @@ pub unsafe extern "C" fn fl_journal_append(
         // SAFETY: `len` readable bytes at `data` (the caller's promise), `len` at most
         // `max_record_bytes`, far below `isize::MAX`.
         let bytes = unsafe { payload(data, len) };
-        match tx.append(bytes) {
+        match op(tx, bytes) {
             Ok(seq) => {
                 // SAFETY: NULL or writable (the caller's promise).
                 unsafe { put_seq(seq_out, seq) };
@@ -242,27 +259,9 @@ pub unsafe extern "C" fn fl_journal_append_blocking(
     timeout_ns: u64,
     seq_out: *mut u64,
 ) -> c_int {
-    // SAFETY: NULL or a live handle used by this thread only (the caller's promise).
-    let Some(p) = (unsafe { p.as_mut() }) else { return null("producer") };
-    if data.is_null() && len > 0 {
-        return null("data");
-    }
-    guarded(p, |tx| {
-        let max = tx.max_record_bytes();
-        if len > max {
-            return fail(&JournalError::TooLarge { len, max });
-        }
-        // SAFETY: as in `fl_journal_append`.
-        let bytes = unsafe { payload(data, len) };
-        match tx.append_blocking(bytes, Duration::from_nanos(timeout_ns)) {
-            Ok(seq) => {
-                // SAFETY: NULL or writable (the caller's promise).
-                unsafe { put_seq(seq_out, seq) };
-                OK
-            }
-            Err(e) => fail(&e),
-        }
-    })
+    let timeout = Duration::from_nanos(timeout_ns);
+    // SAFETY: forwarded: the caller's promises about `p`, `data`, `len` and `seq_out`.
+    unsafe { append_with(p, data, len, seq_out, |tx, bytes| tx.append_blocking(bytes, timeout)) }
 }
 
 /// The highest of this producer's seqs that is durable (0: none yet, or `p` is NULL). One
