@@ -2,7 +2,6 @@
 //! per-tenant TTFT in Prometheus) as a proxy before an OpenAI-compatible server.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -60,9 +59,8 @@ pub fn run(a: &RouterArgs) -> Result<()> {
     if upstream.scheme_str() != Some("http") || upstream.host().is_none() {
         bail!("--upstream: http://HOST:PORT (no TLS)");
     }
-    if !(a.upstream_timeout_seconds.is_finite() && a.upstream_timeout_seconds > 0.0) {
-        bail!("--upstream-timeout-seconds must be positive");
-    }
+    let upstream_timeout =
+        fastlane_llm::args::seconds("--upstream-timeout-seconds", a.upstream_timeout_seconds)?;
     if a.upstream_slots == 0 {
         bail!("--upstream-slots must be at least 1");
     }
@@ -76,8 +74,9 @@ pub fn run(a: &RouterArgs) -> Result<()> {
         batch_prefills: a.batch_prefills,
         upstream_key: a.upstream_key.clone(),
         upstream_batch_key: a.upstream_batch_key.clone(),
-        upstream_timeout: Duration::from_secs_f64(a.upstream_timeout_seconds),
+        upstream_timeout,
         quantum_tokens: a.quantum_tokens.max(1),
+        body_limits: a.http.body_limits()?,
     };
     let what = format!(
         "routing to {} ({} tenants, {} upstream slots)",

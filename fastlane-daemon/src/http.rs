@@ -1,21 +1,28 @@
 //! The HTTP/1.1 listener `fastlane llm serve` and `fastlane router` share: hyper under the
 //! axum router, with a header-read timeout (a client that trickles its headers is cut off),
-//! a cap on open connections, and a graceful drain on SIGTERM/SIGINT.
+//! a cap on open connections, a write deadline (a client that takes none of what is written
+//! to it for `write_timeout` is disconnected: [`WriteDeadline`]), and a graceful drain on
+//! SIGTERM/SIGINT.
 //!
 //! Drain: after the signal the listener closes (new connections are refused), idle
 //! keep-alive connections close, and requests in flight, streams included, run to their end;
 //! after `drain` the process stops waiting and the caller exits.
 
 use std::future::Future;
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio::time::Sleep;
 
 /// Listener settings.
 #[derive(Debug, Clone, Copy)]
@@ -27,18 +34,119 @@ pub struct HttpOptions {
     pub max_connections: usize,
     /// After the shutdown signal, how long requests in flight may run on.
     pub drain: Duration,
+    /// A connection whose writes make no progress for this long (the client reads nothing
+    /// and its socket buffer is full) is closed; its response is dropped, which aborts the
+    /// request behind it.
+    pub write_timeout: Duration,
+    /// `SO_SNDBUF` of each accepted socket (`None`: the kernel's autotuning, up to
+    /// `net.ipv4.tcp_wmem`'s maximum, 4 MiB by default). Bounds the kernel memory a client
+    /// that reads nothing can pin, and how much is queued before the write timeout runs.
+    pub send_buffer: Option<usize>,
 }
 
 impl Default for HttpOptions {
-    /// Headers within 10 s, 16,384 connections, 30 s of drain.
+    /// Headers within 10 s, 16,384 connections, 30 s of drain, 30 s of write stall.
     fn default() -> Self {
         HttpOptions {
             header_timeout: Duration::from_secs(10),
             max_connections: 16_384,
             drain: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
+            send_buffer: Some(256 << 10),
         }
     }
 }
+
+/// A socket whose writes fail with `TimedOut` once one has waited `timeout` without the
+/// kernel taking a byte (the peer stopped reading). Reads are untouched. The timer is
+/// allocated once per connection and armed only while a write waits.
+#[derive(Debug)]
+pub struct WriteDeadline<T> {
+    io: T,
+    timeout: Duration,
+    sleep: Pin<Box<Sleep>>,
+    armed: bool,
+}
+
+impl<T> WriteDeadline<T> {
+    /// Wraps `io`.
+    pub fn new(io: T, timeout: Duration) -> WriteDeadline<T> {
+        WriteDeadline { io, timeout, sleep: Box::pin(tokio::time::sleep(timeout)), armed: false }
+    }
+
+    /// After a write attempt: ready disarms the timer; pending arms it (once) and fails the
+    /// write when it has run out.
+    fn check<R>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<R>>) -> Poll<io::Result<R>> {
+        match r {
+            Poll::Ready(r) => {
+                self.armed = false;
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                if !self.armed {
+                    self.armed = true;
+                    let at = tokio::time::Instant::now() + self.timeout;
+                    self.sleep.as_mut().reset(at);
+                }
+                match self.sleep.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "client took nothing within the write timeout",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for WriteDeadline<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.check(cx, r)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.check(cx, r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let r = Pin::new(&mut self.io).poll_flush(cx);
+        self.check(cx, r)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// hyper's per-connection buffer, at most (its default is about 400 KB): what a client that
+/// reads nothing can hold in this process besides the kernel's send buffer, and the most a
+/// request's headers may take.
+pub const CONNECTION_BUFFER_BYTES: usize = 64 << 10;
 
 /// How serving ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +190,26 @@ pub fn raise_fd_limit() -> u64 {
     r.rlim_cur
 }
 
+/// Sets `SO_SNDBUF` (the kernel doubles it for its bookkeeping); a failure is logged.
+fn set_send_buffer(sock: &tokio::net::TcpStream, bytes: usize) {
+    use std::os::fd::AsRawFd;
+    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: setsockopt reads one c_int from our stack for the socket we hold.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&v as *const libc::c_int).cast(),
+            len,
+        )
+    };
+    if r != 0 {
+        log::debug!("SO_SNDBUF {bytes}: {}", std::io::Error::last_os_error());
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves, then drains (see the module doc).
 pub async fn serve(
     listener: TcpListener,
@@ -90,7 +218,11 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Drained {
     let mut builder = hyper::server::conn::http1::Builder::new();
-    builder.timer(TokioTimer::new()).header_read_timeout(opts.header_timeout).keep_alive(true);
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(opts.header_timeout)
+        .keep_alive(true)
+        .max_buf_size(CONNECTION_BUFFER_BYTES);
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(opts.max_connections.max(1)));
     tokio::pin!(shutdown);
@@ -116,8 +248,12 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         let _ = sock.set_nodelay(true);
+        if let Some(bytes) = opts.send_buffer {
+            set_send_buffer(&sock, bytes);
+        }
         let svc = TowerToHyperService::new(app.clone());
-        let conn = builder.serve_connection(TokioIo::new(sock), svc);
+        let io = TokioIo::new(WriteDeadline::new(sock, opts.write_timeout));
+        let conn = builder.serve_connection(io, svc);
         let fut = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = fut.await {

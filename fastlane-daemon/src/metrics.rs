@@ -36,6 +36,8 @@ const OPTIONS: HttpOptions = HttpOptions {
     header_timeout: Duration::from_secs(5),
     max_connections: 16,
     drain: Duration::from_secs(1),
+    write_timeout: Duration::from_secs(5),
+    send_buffer: None,
 };
 
 /// The content type of the text exposition format.

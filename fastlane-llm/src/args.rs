@@ -28,18 +28,74 @@ pub struct HttpArgs {
     /// Open connections at most (beyond, new ones wait in the accept backlog).
     #[arg(long, default_value_t = 16_384)]
     pub max_connections: usize,
+    /// Request bodies over this size are refused with 413 (K/M suffixes); a Content-Length
+    /// over it is refused before any byte of the body is read.
+    #[arg(long, default_value = "1M", value_name = "SIZE")]
+    pub max_body_bytes: String,
+    /// A request's body must arrive within this many seconds, else 408 (a client that
+    /// trickles its body is cut off). The API key is checked before the body is read.
+    #[arg(long, default_value_t = fastlane_openai::api::BODY_TIMEOUT_SECONDS)]
+    pub body_timeout_seconds: f64,
+    /// A client that takes none of the bytes written to it for this many seconds (its
+    /// socket buffer full) is disconnected, and its request aborted in the engine.
+    #[arg(long, default_value_t = 30.0)]
+    pub client_write_timeout_seconds: f64,
+    /// Send buffer of each client connection (SO_SNDBUF; K/M suffixes; 0: the kernel's
+    /// autotuning, up to 4 MiB a connection). Bounds the kernel memory a client that reads
+    /// nothing pins; streams need little.
+    #[arg(long, default_value = "256K", value_name = "SIZE")]
+    pub send_buffer_bytes: String,
+}
+
+pub use fastlane_openai::api::SECONDS_MAX;
+
+/// `value` seconds as a duration, or an error naming `flag` and the limits.
+pub fn seconds(flag: &str, value: f64) -> Result<Duration> {
+    if !(value.is_finite() && value > 0.0 && value <= SECONDS_MAX) {
+        bail!("{flag} {value}: more than 0 and at most {SECONDS_MAX} (a week)");
+    }
+    Ok(Duration::from_secs_f64(value))
 }
 
 impl HttpArgs {
     /// The listener options.
     pub fn options(&self) -> Result<fastlane_daemon::http::HttpOptions> {
-        if !(self.header_timeout_seconds.is_finite() && self.header_timeout_seconds > 0.0) {
-            bail!("--header-timeout-seconds must be positive");
+        if self.drain_seconds as f64 > SECONDS_MAX {
+            bail!("--drain-seconds {}: at most {SECONDS_MAX} (a week)", self.drain_seconds);
+        }
+        if self.max_connections == 0 {
+            bail!("--max-connections must be at least 1");
         }
         Ok(fastlane_daemon::http::HttpOptions {
-            header_timeout: Duration::from_secs_f64(self.header_timeout_seconds),
+            header_timeout: seconds("--header-timeout-seconds", self.header_timeout_seconds)?,
             max_connections: self.max_connections,
             drain: Duration::from_secs(self.drain_seconds),
+            write_timeout: seconds(
+                "--client-write-timeout-seconds",
+                self.client_write_timeout_seconds,
+            )?,
+            send_buffer: match fastlane_util::parse_size(&self.send_buffer_bytes)
+                .map_err(|e| anyhow::anyhow!("--send-buffer-bytes: {e}"))?
+            {
+                0 => None,
+                n if !(4096..=64 << 20).contains(&n) => {
+                    bail!("--send-buffer-bytes {}: 0, or 4K to 64M", self.send_buffer_bytes)
+                }
+                n => Some(n as usize),
+            },
+        })
+    }
+
+    /// Request bodies' limits (`--max-body-bytes`, `--body-timeout-seconds`).
+    pub fn body_limits(&self) -> Result<fastlane_openai::api::BodyLimits> {
+        let bytes = fastlane_util::parse_size(&self.max_body_bytes)
+            .map_err(|e| anyhow::anyhow!("--max-body-bytes: {e}"))?;
+        if !(1..=1 << 30).contains(&bytes) {
+            bail!("--max-body-bytes {}: 1 byte to 1G", self.max_body_bytes);
+        }
+        Ok(fastlane_openai::api::BodyLimits {
+            max_bytes: bytes as usize,
+            timeout: seconds("--body-timeout-seconds", self.body_timeout_seconds)?,
         })
     }
 
@@ -321,6 +377,39 @@ mod tests {
         let cli = Cli::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
             .map_err(|e| e.to_string())?;
         cli.engine.engine_config().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn every_duration_and_size_flag_is_checked_not_panicked_on() {
+        #[derive(Debug, Parser)]
+        struct Http {
+            #[command(flatten)]
+            http: super::HttpArgs,
+        }
+        let check = |args: &[&str]| -> Result<(), String> {
+            let h = Http::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
+                .map_err(|e| e.to_string())?
+                .http;
+            h.options().map_err(|e| e.to_string())?;
+            h.body_limits().map(|_| ()).map_err(|e| e.to_string())
+        };
+        assert_eq!(check(&[]), Ok(()));
+        for flag in
+            ["--header-timeout-seconds", "--body-timeout-seconds", "--client-write-timeout-seconds"]
+        {
+            for bad in ["1e30", "0", "-1", "NaN", "inf", "604801"] {
+                let e = check(&[&format!("{flag}={bad}")]).unwrap_err();
+                assert!(e.contains(flag) && e.contains("at most"), "{flag} {bad}: {e}");
+            }
+            assert_eq!(check(&[flag, "604800"]), Ok(()));
+        }
+        let e = check(&["--drain-seconds", "18446744073709551615"]).unwrap_err();
+        assert!(e.contains("--drain-seconds"), "{e}");
+        for bad in ["0", "2G", "lots"] {
+            let e = check(&["--max-body-bytes", bad]).unwrap_err();
+            assert!(e.contains("--max-body-bytes"), "{bad}: {e}");
+        }
+        assert!(check(&["--max-connections", "0"]).unwrap_err().contains("--max-connections"));
     }
 
     #[test]

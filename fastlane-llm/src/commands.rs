@@ -37,6 +37,10 @@ pub struct ServeArgs {
     listen: std::net::SocketAddr,
     #[command(flatten)]
     http: HttpArgs,
+    /// Fault injection for tests: the engine thread ends with an error after this many
+    /// steps, as on a fatal fault (the server stays up and answers 503).
+    #[arg(long, hide = true)]
+    fault_engine_exit_after_steps: Option<u64>,
 }
 
 /// Arguments of `fastlane llm generate`.
@@ -109,9 +113,13 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         Some(p) => Tenants::load(p)?,
         None => Tenants::open(),
     };
-    let model = a.engine.load_model()?;
+    // Every flag is checked before the model loads.
+    let body_limits = a.http.body_limits()?;
+    a.http.options()?;
     let mut cfg = a.engine.serve_config()?;
+    let model = a.engine.load_model()?;
     cfg.tenants = tenants.sched_configs();
+    cfg.exit_after_steps = a.fault_engine_exit_after_steps;
     let engine = Arc::new(Engine::start(model.clone(), cfg)?);
     let metrics = Metrics::new().with_tenants(tenants.entries().iter().map(|e| e.name.as_str()));
     let engine_metrics = EngineMetrics::new(&metrics).with_engine(engine.histograms());
@@ -121,6 +129,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         metrics,
         engine_metrics,
         model_id: model.name().to_string(),
+        body_limits,
     });
     let what = format!("serving {} ({} tenants)", model.name(), state.tenants.entries().len());
     a.http.run(a.listen, crate::server::router(state), &what)?;

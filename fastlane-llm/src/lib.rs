@@ -45,8 +45,8 @@ pub mod weights;
 
 pub use config::LlamaConfig;
 pub use engine::{
-    Engine, EngineConfig, EngineCounters, EngineHistograms, FinishReason, Finished, GenRequest,
-    PreemptChoice, Stream, StreamEvent,
+    Engine, EngineConfig, EngineCounters, EngineHealth, EngineHistograms, FinishReason, Finished,
+    GenRequest, PreemptChoice, Stream, StreamEvent, STALL_AFTER,
 };
 pub use error::LlmError;
 pub use model::{BatchItem, Forward, Model, Scratch, TOKENS_PER_BLOCK};

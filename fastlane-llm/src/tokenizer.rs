@@ -77,29 +77,48 @@ impl Tokenizer {
             }
             Tokenizer::Hf(_) => {
                 // Decoding a token alone is wrong for SentencePiece-style vocabularies
-                // (leading spaces, byte fallback): decode the whole output and emit the new
-                // suffix. Quadratic in the output length, fine for the lengths served here.
-                let full = self.decode(generated);
-                if full.ends_with('\u{fffd}') || full.len() < st.emitted {
+                // (leading spaces, byte fallback), and decoding the whole output every token
+                // is quadratic. Decode a window instead: the tokens not yet emitted plus the
+                // ones of the last piece as context, and emit what the new tokens add to the
+                // context's text. Constant work per token.
+                let (p, r) = (st.prefix_offset.min(generated.len()), st.read_offset);
+                let r = r.clamp(p, generated.len());
+                let context = self.decode(&generated[p..r]);
+                let window = self.decode(&generated[p..]);
+                // An incomplete UTF-8 sequence is held back, but never for more than
+                // `HOLD_TOKENS_MAX` tokens (an output of invalid bytes must not grow the
+                // window without bound).
+                let held = generated.len() - r;
+                if window.len() <= context.len()
+                    || (window.ends_with('\u{fffd}') && held < HOLD_TOKENS_MAX)
+                {
                     return String::new();
                 }
-                let mut from = st.emitted;
-                while !full.is_char_boundary(from) {
+                let mut from = context.len();
+                while !window.is_char_boundary(from) {
                     from -= 1;
                 }
-                st.emitted = full.len();
-                full[from..].to_string()
+                st.prefix_offset = r;
+                st.read_offset = generated.len();
+                window[from..].to_string()
             }
         }
     }
 }
+
+/// Tokens an incomplete UTF-8 sequence may be held back over (a character is at most 4
+/// bytes, so 4 byte-fallback tokens).
+const HOLD_TOKENS_MAX: usize = 4;
 
 /// Turns a stream of tokens into text pieces, holding back an incomplete UTF-8 sequence
 /// until its last byte arrives.
 #[derive(Debug, Default, Clone)]
 pub struct TextStream {
     pending: Vec<u8>,
-    emitted: usize,
+    /// Decoded vocabularies: the first token of the context window ...
+    prefix_offset: usize,
+    /// ... and the first token not yet emitted.
+    read_offset: usize,
 }
 
 impl TextStream {
@@ -195,7 +214,8 @@ mod tests {
         let p = dir.path().join("tokenizer.json");
         std::fs::write(&p, byte_tokenizer_json().to_string()).unwrap();
         let hf = Tokenizer::from_file(&p).unwrap();
-        for text in ["hello world", "héllo, wörld! ✓\n\ttabs", ""] {
+        let long = "a long output, ünïcödé ✓ and all, ".repeat(200);
+        for text in ["hello world", "héllo, wörld! ✓\n\ttabs", "", &long] {
             assert_eq!(
                 hf.encode(text).unwrap(),
                 Tokenizer::Bytes.encode(text).unwrap(),
@@ -205,7 +225,14 @@ mod tests {
             assert_eq!(hf.decode(&ids), text);
             // Streaming pieces add up to the text.
             let mut st = TextStream::default();
-            let pieces: String = (1..ids.len()).map(|i| hf.piece(&ids[1..=i], &mut st)).collect();
+            let pieces: String = (1..ids.len())
+                .map(|i| {
+                    let p = hf.piece(&ids[1..=i], &mut st);
+                    // The decoded window stays a few tokens long, however long the output.
+                    assert!(i - st.prefix_offset <= 2 * HOLD_TOKENS_MAX, "{i} {st:?}");
+                    p
+                })
+                .collect();
             assert_eq!(pieces, text);
         }
         assert!(Tokenizer::from_file(&dir.path().join("missing.json")).is_err());

@@ -21,7 +21,8 @@ pub struct Metrics {
     /// Request arrival → last byte.
     pub e2e: HistogramVec,
     /// Requests by outcome: admitted, rejected_rate, rejected_queue_full, rejected_invalid,
-    /// unauthorized, aborted, fenced, finished, upstream_error (router).
+    /// rejected_body (413/408), unauthorized, aborted, fenced, finished, unavailable (engine
+    /// down), upstream_error (router).
     pub requests: IntCounterVec,
     /// Streams open now.
     pub streams_open: IntGaugeVec,
@@ -57,11 +58,13 @@ impl Metrics {
     }
 
     /// Every outcome of [`Metrics::requests`].
-    pub const OUTCOMES: [&'static str; 9] = [
+    pub const OUTCOMES: [&'static str; 11] = [
         "admitted",
         "rejected_rate",
         "rejected_queue_full",
         "rejected_invalid",
+        "rejected_body",
+        "unavailable",
         "unauthorized",
         "aborted",
         "fenced",

@@ -350,8 +350,34 @@ impl<'a> ModelList<'a> {
 /// `GET /health`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Health {
-    /// `ok`.
+    /// `ok`, or what is wrong in one word (`dead`, `stalled`, `upstream_unavailable`).
     pub status: &'static str,
+    /// What is wrong, in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Health {
+    /// `200 {"status": "ok"}`.
+    pub fn ok() -> Health {
+        Health { status: "ok", reason: None }
+    }
+
+    /// `status` with `reason`.
+    pub fn bad(status: &'static str, reason: impl Into<String>) -> Health {
+        Health { status, reason: Some(reason.into()) }
+    }
+
+    /// The response: 200 when ok, else 503.
+    pub fn response(self) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let code = if self.status == "ok" {
+            axum::http::StatusCode::OK
+        } else {
+            axum::http::StatusCode::SERVICE_UNAVAILABLE
+        };
+        (code, axum::Json(self)).into_response()
+    }
 }
 
 /// An error body, OpenAI's shape: `{"error": {"message", "type", "code"}}`.

@@ -27,7 +27,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-use crate::api::{body_bytes, fence_event, tenant_of_headers, ApiError, DEFAULT_MAX_TOKENS};
+use crate::api::{
+    fence_event, tenant_body, tenant_of_headers, ApiError, BodyLimits, DEFAULT_MAX_TOKENS,
+};
 use crate::gate::{Gate, GateError, Permit};
 use crate::protocol::Health;
 use crate::{Metrics, Router, TenantLatency, Tenants};
@@ -52,6 +54,8 @@ pub struct ProxyConfig {
     pub upstream_timeout: Duration,
     /// DRR quantum, estimated tokens.
     pub quantum_tokens: u64,
+    /// Request bodies' size and time limits.
+    pub body_limits: BodyLimits,
 }
 
 /// What the proxy's handlers share.
@@ -93,10 +97,13 @@ impl ProxyState {
 }
 
 /// The router's endpoints: the two generation endpoints gated and proxied, `/v1/models`
-/// proxied, `/health` and `/metrics` its own.
+/// proxied, `/metrics` its own, and health: `/livez` (the router answers), `/readyz` and
+/// `/health` (503 unless the upstream's `/health` answers 200 within 2 s).
 pub fn router(state: Arc<ProxyState>) -> Router {
     Router::new()
-        .route("/health", get(|| async { axum::Json(Health { status: "ok" }) }))
+        .route("/health", get(ready))
+        .route("/readyz", get(ready))
+        .route("/livez", get(|| async { Health::ok().response() }))
         .route("/metrics", get(metrics_text))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(generate))
@@ -152,6 +159,28 @@ async fn send(
     }
 }
 
+/// How long readiness waits for the upstream's `/health`.
+const UPSTREAM_HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn ready(State(st): State<Arc<ProxyState>>) -> Response {
+    let check = send(&st, axum::http::Method::GET, "/health", Bytes::new(), false);
+    let h = match tokio::time::timeout(UPSTREAM_HEALTH_TIMEOUT, check).await {
+        Ok(Ok(r)) if r.status().is_success() => Health::ok(),
+        Ok(Ok(r)) => Health::bad(
+            "upstream_unavailable",
+            format!("upstream /health answered {}", r.status().as_u16()),
+        ),
+        Ok(Err(e)) => {
+            Health::bad("upstream_unavailable", format!("upstream /health: {}", e.message()))
+        }
+        Err(_) => Health::bad(
+            "upstream_unavailable",
+            format!("upstream /health: no answer within {UPSTREAM_HEALTH_TIMEOUT:?}"),
+        ),
+    };
+    h.response()
+}
+
 async fn models(State(st): State<Arc<ProxyState>>) -> Response {
     match send(&st, axum::http::Method::GET, "/v1/models", Bytes::new(), false).await {
         Ok(r) => {
@@ -163,7 +192,7 @@ async fn models(State(st): State<Arc<ProxyState>>) -> Response {
 }
 
 /// A rough token count for DRR's cost: 4 bytes a token (the estimate only orders tenants).
-fn estimate_tokens(v: &Value) -> u64 {
+pub fn estimate_tokens(v: &Value) -> u64 {
     let text_len = |v: &Value| -> usize {
         match v {
             Value::String(s) => s.len(),
@@ -187,9 +216,10 @@ async fn generate(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     let arrived = Instant::now();
     let path = req.uri().path().to_string();
     let r = async {
-        let (headers, bytes) = body_bytes(req).await?;
-        let t = tenant_of_headers(&st.tenants, &st.metrics, &headers)?;
+        // The key first: a request without a valid one costs no body read.
+        let t = tenant_of_headers(&st.tenants, &st.metrics, req.headers())?;
         let tname = st.tenants.get(t).name.clone();
+        let bytes = tenant_body(&st.metrics, &tname, req, st.cfg.body_limits).await?;
         let v: Value = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::bad(format!("request body: {e}")))?;
         if !v.is_object() {

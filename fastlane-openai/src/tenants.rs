@@ -21,6 +21,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use fastlane_sched::{Overflow, TenantConfig, Tier};
+
+use crate::api::SECONDS_MAX;
 use serde::Deserialize;
 use thiserror::Error;
 
@@ -162,8 +164,9 @@ impl Tenants {
             if t.tier != "interactive" && t.tier != "batch" {
                 return bad("tier", "interactive or batch");
             }
-            if t.max_stream_seconds.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
-                return bad("max_stream_seconds", "must be positive");
+            if t.max_stream_seconds.is_some_and(|s| !(s.is_finite() && s > 0.0 && s <= SECONDS_MAX))
+            {
+                return bad("max_stream_seconds", "more than 0 and at most 604800 (a week)");
             }
             if t.keys.is_empty() {
                 return bad("keys", "at least one key");
@@ -267,5 +270,19 @@ tier = "batch"
         let rpm = GOOD.replace("rpm = 60", "rpm = 0");
         assert!(Tenants::parse(&rpm).unwrap_err().contains("rpm"));
         assert!(Tenants::parse("").is_err());
+    }
+
+    #[test]
+    fn durations_past_a_week_are_refused_not_panicked_on() {
+        for bad in ["1e30", "604801", "0", "-5", "nan", "inf"] {
+            let t = GOOD.replace("max_stream_seconds = 60", &format!("max_stream_seconds = {bad}"));
+            let e = Tenants::parse(&t).unwrap_err();
+            assert!(e.contains("max_stream_seconds") && e.contains("604800"), "{bad}: {e}");
+        }
+        let week = GOOD.replace("max_stream_seconds = 60", "max_stream_seconds = 604800");
+        let t = Tenants::parse(&week).unwrap();
+        // What the server computes from it cannot overflow.
+        let fence = std::time::Duration::from_secs_f64(t.get(0).max_stream_seconds.unwrap());
+        assert!(std::time::Instant::now().checked_add(fence).is_some());
     }
 }

@@ -107,6 +107,9 @@ pub struct EngineConfig {
     /// up before layer `.1` (the last layer when beyond), as if an interactive request had
     /// arrived then.
     pub force_step_aborts: Option<(u32, usize)>,
+    /// Fault injection (tests; `llm serve --fault-engine-exit-after-steps`): the engine
+    /// thread ends with an error after this many steps, as it would on a fatal fault.
+    pub exit_after_steps: Option<u64>,
 }
 
 /// Prefix reuse settings (see `docs/llm.md`, "Prefix reuse").
@@ -163,6 +166,7 @@ impl Default for EngineConfig {
             prefix: PrefixConfig::default(),
             preemptible_steps: false,
             force_step_aborts: None,
+            exit_after_steps: None,
         }
     }
 }
@@ -525,9 +529,36 @@ enum Command {
     Shutdown,
 }
 
+/// Live requests with no turn of the engine loop for this long make the engine
+/// [`EngineHealth::Stalled`].
+pub const STALL_AFTER: Duration = Duration::from_secs(30);
+
+/// What [`Engine::health`] finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineHealth {
+    /// The engine thread runs: idle, or its loop turned within [`STALL_AFTER`].
+    Ok,
+    /// The engine thread (or its prefix lookup thread) has ended: no request can be served.
+    Dead,
+    /// Requests are live but the loop has not turned for this long (a step that does not
+    /// end).
+    Stalled(Duration),
+}
+
+/// The engine loop's heartbeat: when its last turn began and how many requests were live.
+#[derive(Debug, Default)]
+pub(crate) struct Beat {
+    at_ns: AtomicU64,
+    live: AtomicU64,
+    /// Set when the loop has ended, before its streams get their last events.
+    ended: std::sync::atomic::AtomicBool,
+}
+
 /// A running engine.
 #[derive(Debug)]
 pub struct Engine {
+    start: Instant,
+    beat: Arc<Beat>,
     tx: Sender<Command>,
     thread: Option<JoinHandle<Result<(), LlmError>>>,
     next_id: AtomicU64,
@@ -650,6 +681,8 @@ impl Engine {
             prefix_cluster: prefix.as_ref().is_some_and(|p| p.has_cluster()),
             ..EngineCounters::default()
         }));
+        let start = Instant::now();
+        let beat = Arc::new(Beat::default());
         let mut lp = Loop {
             model: model.clone(),
             pool,
@@ -665,7 +698,8 @@ impl Engine {
                 ..EngineCounters::default()
             },
             prefix: prefix.clone(),
-            start: Instant::now(),
+            start,
+            beat: beat.clone(),
             cfg,
             prefill_ns,
             swap_ns,
@@ -705,6 +739,8 @@ impl Engine {
         };
         let arrivals = if lookup.is_some() { None } else { arrivals };
         Ok(Engine {
+            start,
+            beat,
             tx,
             thread: Some(thread),
             next_id: AtomicU64::new(1),
@@ -715,6 +751,29 @@ impl Engine {
             lookup,
             arrivals,
         })
+    }
+
+    /// Whether the engine can serve: its threads alive and, with requests live, its loop
+    /// turning (`/health`, `/livez` and `/readyz` of `llm serve` answer from this).
+    pub fn health(&self) -> EngineHealth {
+        let ended = |t: &Option<JoinHandle<_>>| t.as_ref().is_some_and(JoinHandle::is_finished);
+        if self.beat.ended.load(Ordering::Acquire)
+            || self.thread.as_ref().is_none_or(JoinHandle::is_finished)
+            || ended(&self.lookup)
+        {
+            return EngineHealth::Dead;
+        }
+        if self.beat.live.load(Ordering::Relaxed) == 0 {
+            return EngineHealth::Ok;
+        }
+        let now = self.start.elapsed().as_nanos() as u64;
+        let since =
+            Duration::from_nanos(now.saturating_sub(self.beat.at_ns.load(Ordering::Relaxed)));
+        if since > STALL_AFTER {
+            EngineHealth::Stalled(since)
+        } else {
+            EngineHealth::Ok
+        }
     }
 
     /// The prefix cache's counters (`None`: prefix reuse off).
@@ -778,6 +837,13 @@ impl Engine {
     /// Aborts a request (its stream ends with [`FinishReason::Abort`]); within one step.
     pub fn abort(&self, id: u64) {
         let _ = self.tx.send(Command::Abort { id });
+    }
+
+    /// Aborts a request and gives its tenant's slot back now, though its [`Stream`] is still
+    /// held (the fence of a stream nobody reads); within one step. Dropping the stream later
+    /// does nothing more.
+    pub fn abort_and_release(&self, id: u64) {
+        let _ = self.tx.send(Command::Release { id });
     }
 
     /// A snapshot of the counters (updated after every step).

@@ -29,6 +29,8 @@ pub(super) struct Loop {
     pub(super) histograms: EngineHistograms,
     pub(super) local: EngineCounters,
     pub(super) start: Instant,
+    /// Written at the top of every loop turn ([`Engine::health`] reads it).
+    pub(super) beat: Arc<Beat>,
     pub(super) cfg: EngineConfig,
     pub(super) prefill_ns: f64,
     pub(super) swap_ns: f64,
@@ -52,6 +54,7 @@ impl Loop {
 
     pub(super) fn run(mut self) -> Result<(), LlmError> {
         let result = self.serve();
+        self.beat.ended.store(true, Ordering::Release);
         // Whatever ended the loop, every open stream gets its end.
         let reason = if result.is_ok() { FinishReason::Abort } else { FinishReason::Error };
         let ids: Vec<u64> = self.live.keys().copied().collect();
@@ -70,6 +73,8 @@ impl Loop {
         // Bounded: each turn either runs a step or waits on the channel with a timeout.
         loop {
             let idle = self.live.is_empty();
+            self.beat.at_ns.store(self.now(), Ordering::Relaxed);
+            self.beat.live.store(self.live.len() as u64, Ordering::Relaxed);
             let first = if idle {
                 match self.rx.recv() {
                     Ok(c) => Some(c),
@@ -97,6 +102,11 @@ impl Loop {
             self.maybe_chaos()?;
             let now = self.now();
             let ran = self.step(now)?;
+            if let Some(n) = self.cfg.exit_after_steps.filter(|&n| self.local.steps >= n) {
+                return Err(LlmError::Stopped {
+                    reason: format!("fault injection: {n} steps run"),
+                });
+            }
             if !ran && !self.live.is_empty() {
                 // Waiting for a swap, the bucket, or nothing to do: sleep until the next
                 // event the scheduler knows of, a command, or 200 µs.

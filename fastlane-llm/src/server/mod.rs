@@ -3,8 +3,11 @@
 //! server-sent events, TTFT measured where the client sees it, Prometheus metrics.
 //!
 //! Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both with `stream: true`
-//! as SSE ending in `data: [DONE]`, with `usage`), `GET /v1/models`, `GET /health`,
-//! `GET /metrics`. Errors are OpenAI-shaped: `{"error": {"message", "type", "code"}}`.
+//! as SSE ending in `data: [DONE]`, with `usage`), `GET /v1/models`, `GET /metrics`, and
+//! health: `GET /readyz` and `GET /health` (503 when the engine thread has ended, or when
+//! requests are live and no step has begun for [`crate::STALL_AFTER`]: send me nothing) and
+//! `GET /livez` (503 when the engine thread has ended or stalled for [`LIVENESS_STALL`]:
+//! restart me). Errors are OpenAI-shaped: `{"error": {"message", "type", "code"}}`.
 //!
 //! Chat template (the random models have none of their own): each message becomes
 //! `<|ROLE|>\nCONTENT\n`, and `<|assistant|>\n` follows the last one.
@@ -22,11 +25,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 pub use axum::Router;
 
-use crate::engine::{Engine, FinishReason, Finished, GenRequest, Stream, StreamEvent};
+use crate::engine::{
+    Engine, EngineHealth, FinishReason, Finished, GenRequest, Stream, StreamEvent,
+};
+use crate::error::LlmError;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::Tokenizer;
 use fastlane_openai::api::{
-    body_bytes, fence_event, parse, tenant_of_headers, ApiError, DEFAULT_MAX_TOKENS,
+    fence_event, parse, tenant_body, tenant_of_headers, ApiError, BodyLimits, DEFAULT_MAX_TOKENS,
+    STOP_STRINGS_MAX, STOP_STRING_BYTES_MAX, STOP_TOKEN_IDS_MAX,
 };
 use fastlane_openai::protocol::{
     json_text, sse_event, ChatChoice, ChatChunkChoice, ChatMessage, ChatRequest, Completion,
@@ -49,12 +56,16 @@ pub struct AppState {
     pub engine_metrics: EngineMetrics,
     /// The model id `/v1/models` reports.
     pub model_id: String,
+    /// Request bodies' size and time limits.
+    pub body_limits: BodyLimits,
 }
 
 /// The router with every endpoint.
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
-        .route("/health", get(health))
+        .route("/health", get(ready))
+        .route("/readyz", get(ready))
+        .route("/livez", get(live))
         .route("/metrics", get(metrics_text))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
@@ -65,8 +76,31 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-async fn health() -> impl IntoResponse {
-    axum::Json(Health { status: "ok" })
+/// The engine's health in OpenAI-server terms.
+fn engine_health(engine: &Engine) -> Health {
+    match engine.health() {
+        EngineHealth::Ok => Health::ok(),
+        EngineHealth::Dead => Health::bad("dead", "the engine thread has ended"),
+        EngineHealth::Stalled(d) => Health::bad(
+            "stalled",
+            format!("requests live and no engine step for {:.0}s", d.as_secs_f64()),
+        ),
+    }
+}
+
+/// A stall this long fails liveness too (a restart is the way out).
+pub const LIVENESS_STALL: Duration = Duration::from_secs(120);
+
+async fn live(State(st): State<Arc<AppState>>) -> Response {
+    match st.engine.health() {
+        EngineHealth::Stalled(d) if d < LIVENESS_STALL => Health::ok(),
+        _ => engine_health(&st.engine),
+    }
+    .response()
+}
+
+async fn ready(State(st): State<Arc<AppState>>) -> Response {
+    engine_health(&st.engine).response()
 }
 
 async fn metrics_text(State(st): State<Arc<AppState>>) -> impl IntoResponse {
@@ -86,8 +120,9 @@ fn tenant(st: &AppState, headers: &HeaderMap) -> Result<usize, ApiError> {
 async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response {
     let arrived = Instant::now();
     let r = async {
-        let (headers, bytes) = body_bytes(req).await?;
-        let t = tenant(&st, &headers)?;
+        // The key first: a request without a valid one costs no body read.
+        let t = tenant(&st, req.headers())?;
+        let bytes = tenant_body(&st.metrics, &st.tenants.get(t).name, req, st.body_limits).await?;
         let b: CompletionRequest = parse(&bytes)?;
         check_model(&st, b.model.as_deref())?;
         let prompt = completion_prompt(st.engine.model().tokenizer(), b.prompt)?;
@@ -100,8 +135,9 @@ async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response 
 async fn chat(State(st): State<Arc<AppState>>, req: Request) -> Response {
     let arrived = Instant::now();
     let r = async {
-        let (headers, bytes) = body_bytes(req).await?;
-        let t = tenant(&st, &headers)?;
+        // The key first: a request without a valid one costs no body read.
+        let t = tenant(&st, req.headers())?;
+        let bytes = tenant_body(&st.metrics, &st.tenants.get(t).name, req, st.body_limits).await?;
         let b: ChatRequest = parse(&bytes)?;
         check_model(&st, b.model.as_deref())?;
         let prompt = chat_prompt(st.engine.model().tokenizer(), &b.messages)?;
@@ -152,6 +188,23 @@ fn engine_request(
     }
     c.refuse_unsupported()?;
     let _ = &c.user;
+    let stop = match &c.stop {
+        None => Vec::new(),
+        Some(OneOrMany::One(s)) => vec![s.clone()],
+        Some(OneOrMany::Many(v)) => v.clone(),
+    };
+    // Every generated token is checked against every stop string and id: the limits keep
+    // that work per token constant, whatever a client sends.
+    if stop.len() > STOP_STRINGS_MAX {
+        return Err(ApiError::bad(format!("stop: at most {STOP_STRINGS_MAX} strings")));
+    }
+    if stop.iter().any(|s| s.is_empty() || s.len() > STOP_STRING_BYTES_MAX) {
+        return Err(ApiError::bad(format!("stop: each string 1 to {STOP_STRING_BYTES_MAX} bytes")));
+    }
+    let stop_token_ids = c.stop_token_ids.clone().unwrap_or_default();
+    if stop_token_ids.len() > STOP_TOKEN_IDS_MAX {
+        return Err(ApiError::bad(format!("stop_token_ids: at most {STOP_TOKEN_IDS_MAX} ids")));
+    }
     Ok(GenRequest {
         prompt,
         max_tokens: c.max_tokens.or(c.max_completion_tokens).unwrap_or(DEFAULT_MAX_TOKENS),
@@ -164,12 +217,8 @@ fn engine_request(
             // the time since arrival, nearly the same for every request.)
             seed: c.seed.unwrap_or_else(rand::random::<u64>),
         },
-        stop: match &c.stop {
-            None => Vec::new(),
-            Some(OneOrMany::One(s)) => vec![s.clone()],
-            Some(OneOrMany::Many(v)) => v.clone(),
-        },
-        stop_token_ids: c.stop_token_ids.clone().unwrap_or_default(),
+        stop,
+        stop_token_ids,
         ignore_eos: c.ignore_eos.unwrap_or(false),
         tenant,
         digest_logits: false,
@@ -200,12 +249,43 @@ struct AbortOnDrop {
     done: bool,
     metrics: Metrics,
     tenant: String,
+    fence: Arc<Fence>,
+    _watchdog: Watchdog,
+}
+
+/// Who counts a request as fenced: the first of its watchdog and its response to see the
+/// deadline pass (each may, and the count must be one).
+#[derive(Debug, Default)]
+struct Fence {
+    fired: std::sync::atomic::AtomicBool,
+}
+
+impl Fence {
+    /// `true` for the first caller only.
+    fn claim(&self) -> bool {
+        !self.fired.swap(true, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    fn fired(&self) -> bool {
+        self.fired.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// The fence's timer task, cancelled when the request's response ends.
+struct Watchdog(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        if let Some(t) = self.0.take() {
+            t.abort();
+        }
+    }
 }
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.metrics.streams_open.with_label_values(&[&self.tenant]).dec();
-        if !self.done {
+        if !self.done && !self.fence.fired() {
             self.metrics.requests.with_label_values(&[&self.tenant, "aborted"]).inc();
         }
     }
@@ -235,12 +315,55 @@ async fn run(
     let tname = st.tenants.get(t).name.clone();
     let req = engine_request(&c, prompt, t)?;
     let prompt_tokens = req.prompt.len();
-    let stream = st.engine.submit(req).map_err(|e| {
-        st.metrics.requests.with_label_values(&[&tname, "rejected_invalid"]).inc();
-        ApiError::bad(e.to_string())
+    let unavailable = |why: String| {
+        st.metrics.requests.with_label_values(&[&tname, "unavailable"]).inc();
+        ApiError::unavailable(format!("the engine cannot take requests: {why}"))
+    };
+    if st.engine.health() == EngineHealth::Dead {
+        return Err(unavailable("its thread has ended".into()));
+    }
+    let stream = st.engine.submit(req).map_err(|e| match e {
+        LlmError::Stopped { .. } => unavailable(e.to_string()),
+        e => {
+            st.metrics.requests.with_label_values(&[&tname, "rejected_invalid"]).inc();
+            ApiError::bad(e.to_string())
+        }
     })?;
+    let fence = st.tenants.get(t).max_stream_seconds.map(Duration::from_secs_f64);
+    let deadline = fence.map(|f| arrived + f);
+    // The fence holds even while nothing reads this request's events (queued, waiting for
+    // its first token, or a client that does not read): at the deadline the engine aborts
+    // the request and gives its slot back, within one step.
+    let fence_state = Arc::new(Fence::default());
+    let watchdog = deadline.map(|d| {
+        let engine = Arc::downgrade(&st.engine);
+        let id = stream.id;
+        let (fence, metrics, tname) = (fence_state.clone(), st.metrics.clone(), tname.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep_until(d.into()).await;
+            if fence.claim() {
+                metrics.requests.with_label_values(&[&tname, "fenced"]).inc();
+            }
+            if let Some(e) = engine.upgrade() {
+                e.abort_and_release(id);
+            }
+        })
+    });
+    let watchdog = Watchdog(watchdog);
     // The first event says whether the request was admitted.
-    let first = stream.next_async().await;
+    let first = match next_event(&stream, deadline).await {
+        Some(Ok(ev)) => Some(ev),
+        Some(Err(())) => {
+            if fence_state.claim() {
+                st.metrics.requests.with_label_values(&[&tname, "fenced"]).inc();
+            }
+            return Err(ApiError::fenced());
+        }
+        None => None,
+    };
+    if first.is_none() {
+        return Err(unavailable("it stopped".into()));
+    }
     if let Some(StreamEvent::Done(f)) = &first {
         match f.reason {
             FinishReason::Rejected => {
@@ -260,8 +383,13 @@ async fn run(
     }
     st.metrics.requests.with_label_values(&[&tname, "admitted"]).inc();
     st.metrics.streams_open.with_label_values(&[&tname]).inc();
-    let guard = AbortOnDrop { done: false, metrics: st.metrics.clone(), tenant: tname.clone() };
-    let fence = st.tenants.get(t).max_stream_seconds.map(Duration::from_secs_f64);
+    let guard = AbortOnDrop {
+        done: false,
+        metrics: st.metrics.clone(),
+        tenant: tname.clone(),
+        fence: fence_state.clone(),
+        _watchdog: watchdog,
+    };
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -274,7 +402,8 @@ async fn run(
         id: format!("cmpl-{}", stream.id),
         created,
         prompt_tokens,
-        fence,
+        deadline,
+        fence: fence_state,
     };
     if c.stream.unwrap_or(false) {
         Ok(sse(ctx, stream, first, guard, c.return_token_ids.unwrap_or(false)))
@@ -292,7 +421,9 @@ struct Ctx {
     id: String,
     created: u64,
     prompt_tokens: usize,
-    fence: Option<Duration>,
+    /// The fence: arrival + the tenant's `max_stream_seconds`.
+    deadline: Option<Instant>,
+    fence: Arc<Fence>,
 }
 
 impl Ctx {
@@ -323,8 +454,16 @@ impl Ctx {
 
     fn record_end(&self, outcome: &str) {
         self.lat.e2e.observe(self.arrived.elapsed().as_secs_f64());
+        if outcome == "fenced" && !self.fence.claim() {
+            return; // the watchdog counted it
+        }
         self.st.metrics.requests.with_label_values(&[&self.tname, outcome]).inc();
     }
+}
+
+/// Whether the fence's deadline has passed.
+fn past(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|d| Instant::now() >= d)
 }
 
 /// Waits for the next event within the fence.
@@ -345,7 +484,7 @@ async fn whole(
     mut guard: AbortOnDrop,
     return_ids: bool,
 ) -> Result<Response, ApiError> {
-    let deadline = ctx.fence.map(|f| ctx.arrived + f);
+    let deadline = ctx.deadline;
     let mut pending = first;
     let mut first_seen = false;
     let finished: Finished = loop {
@@ -357,13 +496,7 @@ async fn whole(
                     ctx.record_end("fenced");
                     return Err(ApiError::fenced());
                 }
-                None => {
-                    return Err(ApiError::new(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "server_error",
-                        "engine stopped",
-                    ))
-                }
+                None => return Err(ApiError::unavailable("the engine stopped")),
             },
         };
         match ev {
@@ -377,6 +510,11 @@ async fn whole(
         }
     };
     guard.done = true;
+    if finished.reason == FinishReason::Abort && past(deadline) {
+        // The fence's watchdog aborted it.
+        ctx.record_end("fenced");
+        return Err(ApiError::fenced());
+    }
     if matches!(finished.reason, FinishReason::Error | FinishReason::Abort) {
         ctx.record_end("error");
         return Err(ApiError::new(
@@ -511,6 +649,12 @@ impl Sse {
                 self.tokens += 1;
                 Some(axum::body::Bytes::from(self.token_event(id, &text)))
             }
+            Ok(StreamEvent::Done(f)) if f.reason == FinishReason::Abort && past(self.deadline) => {
+                // The fence's watchdog aborted it in the engine.
+                self.ended = true;
+                self.ctx.record_end("fenced");
+                Some(axum::body::Bytes::from(fence_event()))
+            }
             Ok(StreamEvent::Done(f)) => {
                 self.ended = true;
                 self.guard.done = true;
@@ -538,7 +682,7 @@ fn sse(
     guard: AbortOnDrop,
     return_ids: bool,
 ) -> Response {
-    let deadline = ctx.fence.map(|f| ctx.arrived + f);
+    let deadline = ctx.deadline;
     let state = Sse {
         ctx,
         stream,
@@ -624,5 +768,29 @@ mod tests {
         assert!(chat_prompt(&tok, &[]).is_err());
         let tool = chat(r#"{"messages": [{"role": "tool", "content": "x"}]}"#);
         assert!(chat_prompt(&tok, &tool.messages).is_err());
+    }
+
+    #[test]
+    fn what_costs_engine_time_per_token_is_bounded() {
+        let refused = |json: &str, field: &str| {
+            let e = engine_request(&completion(json).common, vec![1], 0).unwrap_err();
+            assert_eq!(e.status(), StatusCode::BAD_REQUEST, "{json}");
+            assert!(e.message().starts_with(field), "{json}: {}", e.message());
+        };
+        let ok = |json: &str| engine_request(&completion(json).common, vec![1], 0).unwrap();
+        let four = r#"{"prompt": "x", "stop": ["a", "b", "c", "d"]}"#;
+        assert_eq!(ok(four).stop.len(), STOP_STRINGS_MAX);
+        refused(r#"{"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}"#, "stop:");
+        let long = "x".repeat(STOP_STRING_BYTES_MAX);
+        assert_eq!(
+            ok(&format!(r#"{{"prompt": "x", "stop": "{long}"}}"#)).stop,
+            std::slice::from_ref(&long)
+        );
+        refused(&format!(r#"{{"prompt": "x", "stop": "{long}y"}}"#), "stop:");
+        refused(r#"{"prompt": "x", "stop": [""]}"#, "stop:");
+        let ids = |n: usize| vec!["7"; n].join(",");
+        let json = |n| format!(r#"{{"prompt": "x", "stop_token_ids": [{}]}}"#, ids(n));
+        assert_eq!(ok(&json(STOP_TOKEN_IDS_MAX)).stop_token_ids.len(), STOP_TOKEN_IDS_MAX);
+        refused(&json(STOP_TOKEN_IDS_MAX + 1), "stop_token_ids:");
     }
 }
