@@ -30,6 +30,7 @@ PKGS=(
     prometheus          # a real scrape of `fastlane llm serve` checks every dashboard query
     redis-server        # kvswap's cluster tier tests: six redis-server processes form a real Redis Cluster
     redis-tools         # redis-cli --cluster create forms that cluster (the packaged service on 6379 is unused)
+    openssl             # kvswap's TLS cluster tests: the openssl command makes the test CA and node certificate
     systemd             # systemd-socket-activate: fastlane-cli/tests/serve_systemd.rs and vm_blk.rs start
                         # `fastlane serve` with a socket passed as systemd passes it (LISTEN_FDS)
     fio                 # the guest-side load generator and verifier of the vhost-user-blk guest tests

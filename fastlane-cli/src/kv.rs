@@ -29,7 +29,7 @@ pub struct KvArgs {
 #[derive(Debug, Subcommand)]
 enum KvCommand {
     /// Serve the swap engine on a Unix socket (protocol: docs/kvswap.md).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Tier bandwidth against memcpy / O_DIRECT, and swap-in latency histograms.
     Bench(fastlane_bench::kv_tiers::BenchArgs),
     /// Simulate the multi-tenant scheduler (docs/scheduler.md): per-tenant TTFT table, .hlog, SVG.
@@ -98,11 +98,23 @@ struct ServeArgs {
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     cas_bytes: u64,
     /// Back the content-addressed store with a Redis Cluster, shared by every `fastlane kv
-    /// serve` that names it: redis://HOST:PORT[,HOST:PORT...], any nodes of the cluster. Puts reach it asynchronously; host misses are looked up in it; every
-    /// value is verified (key, length, CRC32C). Needs --cas-bytes above 0; refuses to start
-    /// when no node answers.
-    #[arg(long, value_name = "redis://HOST:PORT[,HOST:PORT...]")]
+    /// serve` that names it: redis://HOST:PORT[,HOST:PORT...], any nodes of the cluster, or
+    /// rediss://… for TLS. Puts reach it asynchronously; host misses are looked up in it;
+    /// every value is verified (key, length, CRC32C). Needs --cas-bytes above 0; refuses to
+    /// start when no node answers, the password is refused or TLS fails. No user or password
+    /// in the URL (refused: `ps` would show it): they come from FASTLANE_REDIS_PASSWORD (and
+    /// FASTLANE_REDIS_USERNAME) or --kv-cluster-password-file.
+    #[arg(long, value_name = "redis[s]://HOST:PORT[,HOST:PORT...]")]
     kv_cluster: Option<String>,
+    /// File holding the --kv-cluster password (one line), instead of FASTLANE_REDIS_PASSWORD.
+    /// Refused when its group or others may read it (chmod 600). The user, if not `default`,
+    /// comes from FASTLANE_REDIS_USERNAME.
+    #[arg(long, value_name = "PATH")]
+    kv_cluster_password_file: Option<PathBuf>,
+    /// PEM file of the CA that signed the cluster nodes' certificates, trusted for
+    /// --kv-cluster rediss://… instead of the system's roots (which are used without it).
+    #[arg(long, value_name = "PATH")]
+    kv_cluster_ca: Option<PathBuf>,
     /// NVMe tier of the content-addressed store, between host memory and the cluster: a
     /// file (created 0600, preallocated, O_DIRECT where the filesystem allows) that blocks
     /// evicted from host memory spill to in the background and are read back from, verified
@@ -143,6 +155,8 @@ impl ServeArgs {
             namespace: self.namespace.clone(),
             cas_bytes: self.cas_bytes,
             kv_cluster: self.kv_cluster.as_deref().map(daemon::parse_cluster_urls).transpose()?,
+            kv_cluster_password_file: self.kv_cluster_password_file.clone(),
+            kv_cluster_ca: self.kv_cluster_ca.clone(),
             cas_nvme: self.cas_nvme.clone(),
             cas_nvme_bytes: self.cas_nvme_bytes,
             metrics: self.metrics,

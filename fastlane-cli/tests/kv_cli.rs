@@ -311,3 +311,108 @@ fn kv_serve_refuses_to_start_without_its_cluster() {
         assert!(!out.status.success() && stderr.contains(want), "{flags:?}: {stderr}");
     }
 }
+
+/// `fastlane kv serve` with `extra` flags and `env` set (the Redis credential variables
+/// cleared first), its exit status and stderr once it ends; bounded by the server's own
+/// connect timeouts (it ends by itself when its cluster refuses it).
+fn kv_serve_refused(dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> String {
+    let t0 = Instant::now();
+    let mut cmd = fastlane();
+    cmd.args(["kv", "serve", "--device-blocks", "8", "--tokens-per-block", "1"])
+        .args(["--cas-bytes", "16M"])
+        .args(extra)
+        .arg("--socket")
+        .arg(dir.join("refused.sock"))
+        .env_remove("FASTLANE_REDIS_PASSWORD")
+        .env_remove("FASTLANE_REDIS_USERNAME");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{extra:?} started: {stderr}");
+    assert!(t0.elapsed() < Duration::from_secs(20), "{extra:?} took {:?}", t0.elapsed());
+    stderr
+}
+
+#[test]
+fn kv_servers_share_blocks_through_a_tls_cluster_with_a_password() {
+    use fastlane_kvswap::client::Where;
+    use fastlane_kvswap::testing::{RedisCluster, RedisClusterOptions};
+    use std::os::unix::fs::PermissionsExt;
+    const PASSWORD: &str = "cli-test-pass-91c2";
+    let cluster = RedisCluster::start_with(RedisClusterOptions {
+        password: Some(PASSWORD.into()),
+        tls: true,
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("rediss://127.0.0.1:{},127.0.0.1:{}", cluster.port(0), cluster.port(1));
+    let ca = cluster.ca_file().unwrap();
+    let ca = ca.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("redis.pw");
+    std::fs::write(&pw, format!("{PASSWORD}\n")).unwrap();
+    std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let pw = pw.to_str().unwrap();
+
+    // What is refused, and says why: no password, a world-readable password file, no CA,
+    // a password in the URL.
+    let tls = ["--kv-cluster", &url, "--kv-cluster-ca", ca];
+    let e = kv_serve_refused(dir.path(), &tls, &[]);
+    let node0 = format!("rediss://127.0.0.1:{}", cluster.port(0));
+    assert!(e.contains("authentication failed") && e.contains(&node0), "{e}");
+    let e = kv_serve_refused(
+        dir.path(),
+        &[&tls[..], &["--kv-cluster-password-file", pw]].concat(),
+        &[],
+    );
+    assert!(e.contains("readable by its group or others"), "{e}");
+    let e = kv_serve_refused(
+        dir.path(),
+        &["--kv-cluster", &url],
+        &[("FASTLANE_REDIS_PASSWORD", PASSWORD)],
+    );
+    assert!(e.contains("TLS failed") && e.contains("UnknownIssuer"), "{e}");
+    let in_url = format!("rediss://default:{PASSWORD}@127.0.0.1:{}", cluster.port(0));
+    let e = kv_serve_refused(dir.path(), &["--kv-cluster", &in_url, "--kv-cluster-ca", ca], &[]);
+    assert!(e.contains("never the command line") && !e.contains(PASSWORD), "{e}");
+
+    // A takes the password from its file, B from the environment; both trust the test CA.
+    std::fs::set_permissions(pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (sa, sb) = (dir.path().join("a.sock"), dir.path().join("b.sock"));
+    let a = kv_serve(&sa, &[&tls[..], &["--kv-cluster-password-file", pw]].concat());
+    let b = {
+        let mut b = fastlane();
+        b.args(["kv", "serve", "--device-blocks", "8", "--host-bytes", "16M"])
+            .args(["--tokens-per-block", "1", "--cas-bytes", "16M"])
+            .args(tls)
+            .arg("--socket")
+            .arg(&sb)
+            .env("FASTLANE_REDIS_PASSWORD", PASSWORD)
+            .stderr(Stdio::piped());
+        b.spawn().unwrap()
+    };
+    let (mut ca_client, mut cb) = (connect_when_up(&sa), connect_when_up(&sb));
+    let bb = 128 << 10;
+    let data: Vec<u8> = (0..bb).map(|i| (i * 13 + i / 512) as u8).collect();
+    let key = [0x5au8; 32];
+    let blocks_a = ca_client.alloc(1, 1).unwrap();
+    ca_client.write_block(blocks_a[0], &data);
+    assert_eq!(ca_client.put(&[(key, blocks_a[0])]).unwrap(), [true]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cb.exists(&[key]).unwrap() != [Where::Cluster] {
+        assert!(Instant::now() < deadline, "A's block did not reach the cluster in 20 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let blocks_b = cb.alloc(1, 1).unwrap();
+    cb.write_block(blocks_b[0], &vec![0u8; bb]);
+    assert_eq!(cb.get(&[(key, blocks_b[0])]).unwrap(), [true]);
+    let mut got = vec![0u8; bb];
+    cb.read_block(blocks_b[0], &mut got);
+    assert!(got == data, "B read other bytes than A stored");
+    drop((ca_client, cb));
+    let (ea, eb) = (stop(a), stop(b));
+    assert!(ea.contains("cluster: 1 puts, 0 dropped, 0 put errors"), "{ea}");
+    assert!(eb.contains("1 keys got (1 hits: 1 cluster)"), "{eb}");
+    assert!(!ea.contains(PASSWORD) && !eb.contains(PASSWORD), "a log shows the password");
+}

@@ -33,6 +33,17 @@
 //! Anything else is a miss ([`MissReason::Integrity`], counted in
 //! [`ClusterStats::integrity_misses`]); nothing is copied into the caller's buffer then.
 //!
+//! # Security
+//!
+//! The URLs are all `redis://` (plain TCP) or all `rediss://` (TLS through rustls, with the
+//! `ring` provider); none may carry a user or password. [`ClusterTierConfig::access`] holds
+//! the `AUTH` credentials, applied to every node connection (those the slot map leads to as
+//! well), and the CA to trust for TLS (the system's roots without one); see
+//! [`crate::cluster_access`] for where they come from. At connect a refused password is
+//! [`ClusterTierError::Auth`] and a failed TLS handshake or certificate check
+//! [`ClusterTierError::Tls`], both naming the URLs; the TLS handshake and `AUTH` are bounded
+//! by `connect_timeout` like the TCP connection.
+//!
 //! # Timeouts and failures
 //!
 //! Every call ([`ClusterTier::put`], [`ClusterTier::get`], [`ClusterTier::exists`]) returns
@@ -74,6 +85,7 @@ use redis::cluster::{ClusterClient, ClusterConnection, ClusterPipeline};
 use redis::{Cmd, RedisError, RedisWrite, ToRedisArgs, Value};
 
 use crate::cas::BlockKey;
+use crate::cluster_access::{ClusterAccess, PASSWORD_ENV, USERNAME_ENV};
 
 /// `KVCB` read as a little-endian `u32`.
 pub const VALUE_MAGIC: u32 = 0x4243_564B;
@@ -110,6 +122,8 @@ pub struct ClusterTierConfig {
     /// split evenly over `lanes` primaries, as `redis-cli --cluster create` does, each lane
     /// talks to one primary and the primaries work on a batch in parallel.
     pub lanes: usize,
+    /// `AUTH` credentials and the TLS CA (see the module doc, "Security").
+    pub access: ClusterAccess,
 }
 
 impl Default for ClusterTierConfig {
@@ -123,6 +137,7 @@ impl Default for ClusterTierConfig {
             reconnect_backoff: Duration::from_millis(100),
             ttl: None,
             lanes: 3,
+            access: ClusterAccess::default(),
         }
     }
 }
@@ -141,6 +156,27 @@ pub enum ClusterTierError {
     Connect {
         /// The client's error.
         detail: String,
+    },
+    /// The cluster refused the credentials (or wants some and got none), at connect.
+    #[error(
+        "cluster {urls}: authentication failed ({detail}); the password comes from \
+         {PASSWORD_ENV} or --kv-cluster-password-file, the user from {USERNAME_ENV}"
+    )]
+    Auth {
+        /// The URLs connected to, comma separated.
+        urls: String,
+        /// The client's error.
+        detail: String,
+    },
+    /// The TLS handshake or the check of a node's certificate failed, at connect.
+    #[error("cluster {urls}: TLS failed ({detail}){hint}")]
+    Tls {
+        /// The URLs connected to, comma separated.
+        urls: String,
+        /// The client's error.
+        detail: String,
+        /// What to look at, or empty.
+        hint: String,
     },
     /// The call did not finish within the configured timeout.
     #[error("cluster call timed out after {timeout_ms} ms")]
@@ -347,8 +383,11 @@ pub struct ClusterTier {
 }
 
 impl ClusterTier {
-    /// Connects to the cluster through any of `urls` (`redis://host:port`), reads its slot
-    /// map and starts the worker. Fails when no node answers within the timeouts.
+    /// Connects to the cluster through any of `urls` (all `redis://host:port` or all
+    /// `rediss://host:port`, no credentials in them: those are `cfg.access`), reads its slot
+    /// map and starts the workers. Fails when no node answers within the timeouts
+    /// ([`ClusterTierError::Connect`]), refuses the credentials ([`ClusterTierError::Auth`])
+    /// or fails TLS ([`ClusterTierError::Tls`]).
     pub fn connect(
         urls: &[String],
         cfg: ClusterTierConfig,
@@ -375,22 +414,42 @@ impl ClusterTier {
         if cfg.lanes == 0 || cfg.lanes > LANES_MAX {
             return Err(bad(&format!("lanes {} not in 1..={LANES_MAX}", cfg.lanes)));
         }
-        let client = ClusterClient::builder(urls.iter().map(|u| u.as_str()))
+        let tls = url_scheme_is_tls(urls)?;
+        if !tls && cfg.access.ca_pem.is_some() {
+            return Err(bad("a CA to trust is given but the URLs are redis:// (no TLS)"));
+        }
+        let mut builder = ClusterClient::builder(urls.iter().map(|u| u.as_str()))
             .connection_timeout(cfg.connect_timeout)
             .response_timeout(cfg.response_timeout)
             .retries(cfg.retries)
             .min_retry_wait(1)
-            .max_retry_wait(50)
-            .build()
-            .map_err(|e| bad(&e.to_string()))?;
-        // Every lane's connection now, so that a cluster that does not answer fails here.
+            .max_retry_wait(50);
+        if let Some(user) = &cfg.access.username {
+            builder = builder.username(user);
+        }
+        if let Some(password) = &cfg.access.password {
+            builder = builder.password(password);
+        }
+        if tls {
+            // rustls takes the process's default provider: ring, the one built in, unless the
+            // program installed another first (then that one stays). rustls 0.23.48 marks
+            // ring's provider deprecated for its lack of post-quantum key exchange; it is the
+            // provider the workspace builds (no aws-lc, no cmake), as for the NATS client.
+            #[allow(deprecated)]
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            if let Some(ca) = &cfg.access.ca_pem {
+                builder = builder.certs(redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(ca.clone()),
+                });
+            }
+        }
+        let client = builder.build().map_err(|e| bad(&e.to_string()))?;
+        // Every lane's connection now, so that a cluster that does not answer, refuses the
+        // password or fails the TLS handshake fails here.
         let mut conns = Vec::with_capacity(cfg.lanes);
         for _ in 0..cfg.lanes {
-            conns.push(
-                client
-                    .get_connection()
-                    .map_err(|e| ClusterTierError::Connect { detail: e.to_string() })?,
-            );
+            conns.push(client.get_connection().map_err(|e| connect_error(urls, tls, &e))?);
         }
         let (jobs, rx) = mpsc::sync_channel(JOB_QUEUE_MAX * cfg.lanes);
         let rx = Arc::new(Mutex::new(rx));
@@ -749,6 +808,73 @@ impl Worker {
         }
         Ok(out)
     }
+}
+
+/// Whether the URLs are `rediss://` (TLS), all of them, or `redis://`, all of them; a URL
+/// with a user or password is refused (credentials come from [`ClusterAccess`]).
+fn url_scheme_is_tls(urls: &[String]) -> Result<bool, ClusterTierError> {
+    let bad = |detail: String| ClusterTierError::BadConfig { detail };
+    let mut tls = None;
+    for u in urls {
+        let (t, rest) = if let Some(r) = u.strip_prefix("rediss://") {
+            (true, r)
+        } else if let Some(r) = u.strip_prefix("redis://") {
+            (false, r)
+        } else {
+            return Err(bad(format!("{u:?}: not a redis:// or rediss:// URL")));
+        };
+        if let Some((_, host)) = rest.rsplit_once('@') {
+            return Err(bad(format!(
+                "a URL carries a user or password (…@{host}): credentials come from \
+                 {USERNAME_ENV}/{PASSWORD_ENV} or a password file, never the URL"
+            )));
+        }
+        if *tls.get_or_insert(t) != t {
+            return Err(bad("the URLs mix redis:// and rediss://".to_string()));
+        }
+    }
+    Ok(tls.unwrap_or(false))
+}
+
+/// The error of a first connection that failed: a refused password and a failed TLS
+/// handshake or certificate check are told apart from an unreachable cluster, and the URLs
+/// are named. The client reports each node's error in one text (it has no finer kinds for
+/// them), so the text is what is looked at.
+fn connect_error(urls: &[String], tls: bool, e: &RedisError) -> ClusterTierError {
+    let detail = e.to_string();
+    let urls = urls.join(",");
+    let has = |words: &[&str]| words.iter().any(|w| detail.contains(w));
+    if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || has(&["WRONGPASS", "NOAUTH", "AuthenticationFailed", "invalid password"])
+    {
+        return ClusterTierError::Auth { urls, detail };
+    }
+    if has(&["certificate", "Certificate", "UnknownIssuer", "NotValidForName"]) {
+        let hint = if detail.contains("UnknownIssuer") {
+            "; is the CA that signed the nodes' certificates given (--kv-cluster-ca)?"
+        } else {
+            ""
+        };
+        return ClusterTierError::Tls { urls, detail, hint: hint.to_string() };
+    }
+    if tls && has(&["InvalidContentType", "CorruptMessage", "InvalidMessage", "HandshakeFailure"]) {
+        return ClusterTierError::Tls {
+            urls,
+            detail,
+            hint: "; do the nodes serve TLS on these ports?".to_string(),
+        };
+    }
+    // A read timeout shows as EAGAIN ("Resource temporarily unavailable") on a socket with
+    // SO_RCVTIMEO.
+    let timed_out = e.is_timeout() || has(&["timed out", "TimedOut", "os error 11"]);
+    let hint = if tls && timed_out {
+        " (no answer to the TLS handshake: if the nodes serve plain TCP, use redis://)"
+    } else if !tls && has(&["reset by peer", "Broken pipe", "dropped", "end of file", "EOF"]) {
+        " (the node closed the connection: if it serves TLS, use rediss://)"
+    } else {
+        ""
+    };
+    ClusterTierError::Connect { detail: format!("{urls}: {detail}{hint}") }
 }
 
 /// Whether `e` leaves the connection or the slot map unusable (as opposed to the server

@@ -26,6 +26,8 @@
 //! - `cluster` (cargo feature `cluster`, on by default): `cluster::ClusterTier`, a Redis
 //!   Cluster holding such blocks for every machine that reaches it, each value checked
 //!   (key, length, CRC32C) before use; every call bounded by a timeout, failures are misses.
+//!   `redis://` or `rediss://` (TLS); [`cluster_access`]: the `AUTH` credentials (from the
+//!   environment or a private file, never the command line) and the CA to trust.
 //! - [`prefix`]: [`PrefixStore`], the content-addressed block store of prefix reuse: a
 //!   host-memory LRU bounded in bytes, optionally an NVMe tier of fixed slots under it (blocks
 //!   the host evicts are spilled there by a background thread; reads checked by CRC32C) and
@@ -97,6 +99,7 @@ pub mod checksum;
 pub mod client;
 #[cfg(feature = "cluster")]
 pub mod cluster;
+pub mod cluster_access;
 pub mod daemon;
 pub mod device;
 pub mod engine;
@@ -112,6 +115,7 @@ mod worker;
 
 pub use cas::{prefix_keys, BlockKey, ModelDigest};
 pub use checksum::ChecksumMode;
+pub use cluster_access::ClusterAccess;
 pub use device::{DeviceAllocator, DeviceMemory, HostDeviceMemory, Slab, SlabDeviceMemory};
 pub use engine::{
     CustomTiers, EngineConfig, EngineStats, RemoteTierConfig, SeqInfo, SeqPhase, SpillPolicy,

@@ -235,9 +235,22 @@ pub struct EngineArgs {
     #[arg(long, value_name = "SIZE", default_value = "1G", requires = "prefix_cache_nvme")]
     pub prefix_cache_nvme_bytes: String,
     /// Redis Cluster behind the prefix cache, shared by every engine that names it:
-    /// redis://HOST:PORT[,HOST:PORT...] (any nodes of the cluster).
-    #[arg(long)]
+    /// redis://HOST:PORT[,HOST:PORT...] (any nodes of the cluster), or rediss://… for TLS.
+    /// No user or password in the URL (refused: `ps` would show it): a cluster with
+    /// `requirepass` or ACL users gets them from FASTLANE_REDIS_PASSWORD (and
+    /// FASTLANE_REDIS_USERNAME) or --kv-cluster-password-file. A refused password or a failed
+    /// TLS handshake stops the start; an unreachable cluster leaves the local tiers alone.
+    #[arg(long, value_name = "redis[s]://HOST:PORT[,HOST:PORT...]")]
     pub kv_cluster: Option<String>,
+    /// File holding the --kv-cluster password (one line), instead of FASTLANE_REDIS_PASSWORD.
+    /// Refused when its group or others may read it (chmod 600). The user, if not `default`,
+    /// comes from FASTLANE_REDIS_USERNAME.
+    #[arg(long, value_name = "PATH", requires = "kv_cluster")]
+    pub kv_cluster_password_file: Option<PathBuf>,
+    /// PEM file of the CA that signed the cluster nodes' certificates, trusted for
+    /// --kv-cluster rediss://… instead of the system's roots (which are used without it).
+    #[arg(long, value_name = "PATH", requires = "kv_cluster")]
+    pub kv_cluster_ca: Option<PathBuf>,
 }
 
 impl EngineArgs {
@@ -338,6 +351,10 @@ impl EngineArgs {
             if !cfg.prefix.enabled {
                 bail!("--kv-cluster needs --prefix-cache on");
             }
+            cfg.prefix.cluster_access = fastlane_kvswap::ClusterAccess::load(
+                self.kv_cluster_password_file.as_deref(),
+                self.kv_cluster_ca.as_deref(),
+            )?;
         }
         Ok(cfg)
     }
@@ -468,5 +485,30 @@ mod tests {
         assert!(e.unwrap_err().contains("more than 0"));
         let e = engine(&["--prefix-cache", "off", "--prefix-cache-nvme", "/x"]).unwrap_err();
         assert_eq!(e, "--prefix-cache-nvme needs --prefix-cache on");
+    }
+
+    #[test]
+    fn kv_cluster_flags() {
+        let c = engine(&["--kv-cluster", "rediss://a:1,b:2"]).unwrap();
+        assert_eq!(c.prefix.cluster, ["rediss://a:1", "rediss://b:2"]);
+        let e = engine(&["--kv-cluster", "redis://u:p4ss@a:1"]).unwrap_err();
+        assert!(e.contains("never the command line") && !e.contains("p4ss"), "{e}");
+        let e = engine(&["--kv-cluster-ca", "/ca.pem"]).unwrap_err();
+        assert!(e.contains("--kv-cluster <redis[s]://"), "{e}");
+        let e = engine(&["--kv-cluster", "rediss://a:1", "--kv-cluster-ca", "/nonexistent.pem"])
+            .unwrap_err();
+        assert!(e.starts_with("--kv-cluster-ca /nonexistent.pem"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, "s3cret\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let pw_flag = pw.to_str().unwrap();
+        let args = ["--kv-cluster", "redis://a:1", "--kv-cluster-password-file", pw_flag];
+        let e = engine(&args).unwrap_err();
+        assert!(e.contains("readable by its group or others"), "{e}");
+        std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let c = engine(&args).unwrap();
+        assert_eq!(c.prefix.cluster_access.password.as_deref(), Some("s3cret"));
     }
 }

@@ -60,7 +60,8 @@ pub enum LlmError {
     /// The swap engine or the KV pool failed.
     #[error("kvswap: {0}")]
     KvSwap(#[from] fastlane_kvswap::KvSwapError),
-    /// The prefix cache could not be set up (its NVMe tier: the file, its size).
+    /// The prefix cache could not be set up (its NVMe tier: the file, its size; its cluster
+    /// tier: refused credentials, TLS).
     #[error("prefix cache: {reason}")]
     PrefixCache {
         /// What failed (names the file and the step).

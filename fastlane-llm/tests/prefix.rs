@@ -367,3 +367,43 @@ fn a_primary_killed_under_load_costs_misses_never_a_wrong_token() {
     assert!(s.cluster_errors + s.put_errors > 0, "{s:?}");
     e.shutdown().expect("clean shutdown");
 }
+
+#[test]
+fn a_cluster_refusing_the_password_stops_the_start_and_the_password_opens_it() {
+    use fastlane_kvswap::testing::RedisClusterOptions;
+    use fastlane_kvswap::ClusterAccess;
+    const PASSWORD: &str = "llm-test-pass-3e8d";
+    let cluster = RedisCluster::start_with(RedisClusterOptions {
+        password: Some(PASSWORD.into()),
+        tls: false,
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    // No password: a mistake to fix, so the engine does not start (unlike a cluster down).
+    let Err(err) = Engine::start(model(), with_cluster(&cluster, "auth")) else {
+        panic!("started without the password")
+    };
+    let text = err.to_string();
+    assert!(text.contains("authentication failed") && text.contains(&cluster.urls()[0]), "{text}");
+    // With it: blocks go to the cluster and a second engine, its host cache cold, hits them.
+    let access = ClusterAccess { password: Some(PASSWORD.into()), ..ClusterAccess::default() };
+    let cfg = |ns: &str| {
+        let mut c = with_cluster(&cluster, ns);
+        c.prefix.cluster_access = access.clone();
+        c
+    };
+    let a = prompt(9, 7, 0);
+    let want = reference(std::slice::from_ref(&a));
+    let e1 = Engine::start(model(), cfg("auth")).expect("engine starts with the password");
+    assert!(e1.counters().prefix_cluster);
+    let g = run(&e1, &a);
+    assert_eq!((g.0.as_slice(), g.1), (want[0].0.as_slice(), want[0].1));
+    assert!(e1.flush_prefix(Duration::from_secs(10)), "blocks reach the cluster");
+    let e2 = Engine::start(model(), cfg("auth")).expect("engine starts with the password");
+    let g = run(&e2, &a);
+    assert_eq!((g.0.as_slice(), g.1), (want[0].0.as_slice(), want[0].1));
+    let s = e2.prefix_stats().expect("on");
+    assert_eq!(s.cluster_hits, SHARED_BLOCKS as u64, "{s:?}");
+    for e in [e1, e2] {
+        e.shutdown().expect("clean shutdown");
+    }
+}

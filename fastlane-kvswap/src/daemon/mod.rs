@@ -23,6 +23,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use fastlane_daemon::signals::StopSignals;
 
+use crate::cluster_access::{ClusterAccess, PASSWORD_ENV, USERNAME_ENV};
 use crate::prefix::{PrefixNvmeConfig, PUT_QUEUE_MAX};
 use crate::server::{Server, ServerConfig};
 use crate::{
@@ -76,8 +77,14 @@ pub struct ServeConfig {
     pub namespace: Vec<(String, Vec<u32>)>,
     /// Host memory of the content-addressed block store; 0 turns the store off.
     pub cas_bytes: u64,
-    /// Redis Cluster nodes (`redis://HOST:PORT` each) behind the store.
+    /// Redis Cluster nodes (`redis://HOST:PORT` or `rediss://HOST:PORT` each) behind the
+    /// store.
     pub kv_cluster: Option<Vec<String>>,
+    /// The cluster's password, in a file only its owner may read (else from the environment,
+    /// `FASTLANE_REDIS_PASSWORD`; see [`crate::cluster_access`]).
+    pub kv_cluster_password_file: Option<PathBuf>,
+    /// PEM CA to trust for `rediss://` instead of the system roots.
+    pub kv_cluster_ca: Option<PathBuf>,
     /// NVMe tier of the store: a file.
     pub cas_nvme: Option<PathBuf>,
     /// Bytes of `cas_nvme`.
@@ -128,6 +135,14 @@ impl ServeConfig {
     /// The content-addressed store's configuration (`None`: off), or why the flags that
     /// describe it do not fit together.
     pub fn store_config(&self) -> Result<Option<PrefixStoreConfig>> {
+        if self.kv_cluster.is_none() {
+            if self.kv_cluster_password_file.is_some() {
+                bail!("--kv-cluster-password-file is the password of --kv-cluster: give both");
+            }
+            if self.kv_cluster_ca.is_some() {
+                bail!("--kv-cluster-ca is the CA of --kv-cluster rediss://…: give both");
+            }
+        }
         if self.cas_bytes == 0 {
             if self.kv_cluster.is_some() {
                 bail!(
@@ -171,24 +186,39 @@ impl ServeConfig {
             }
             return Ok(Some(Arc::new(store)));
         };
-        with_cluster(cfg, urls).map(|s| Some(Arc::new(s)))
+        let access = ClusterAccess::load(
+            self.kv_cluster_password_file.as_deref(),
+            self.kv_cluster_ca.as_deref(),
+        )?;
+        with_cluster(cfg, urls, access).map(|s| Some(Arc::new(s)))
     }
 }
 
 /// A store backed by the cluster at `urls`.
 #[cfg(feature = "cluster")]
-fn with_cluster(cfg: PrefixStoreConfig, urls: &[String]) -> Result<PrefixStore> {
+fn with_cluster(
+    cfg: PrefixStoreConfig,
+    urls: &[String],
+    access: ClusterAccess,
+) -> Result<PrefixStore> {
     use crate::cluster::{ClusterTier, ClusterTierConfig};
-    let ccfg =
-        ClusterTierConfig { namespace: CLUSTER_KEY_PREFIX.into(), ..ClusterTierConfig::default() };
+    let ccfg = ClusterTierConfig {
+        namespace: CLUSTER_KEY_PREFIX.into(),
+        access,
+        ..ClusterTierConfig::default()
+    };
     let tier = ClusterTier::connect(urls, ccfg)
-        .with_context(|| format!("--kv-cluster: connecting to {urls:?}"))?;
+        .with_context(|| format!("--kv-cluster: connecting to {}", urls.join(",")))?;
     PrefixStore::with_cluster(cfg, tier).context("--kv-cluster / --cas-nvme: starting the store")
 }
 
 /// Without the `cluster` feature there is no cluster tier to back the store.
 #[cfg(not(feature = "cluster"))]
-fn with_cluster(_cfg: PrefixStoreConfig, _urls: &[String]) -> Result<PrefixStore> {
+fn with_cluster(
+    _cfg: PrefixStoreConfig,
+    _urls: &[String],
+    _access: ClusterAccess,
+) -> Result<PrefixStore> {
     bail!(
         "--kv-cluster: this build has no cluster tier (cargo feature `cluster` of fastlane-kvswap)"
     )
@@ -315,22 +345,43 @@ pub fn parse_namespace(s: &str) -> Result<(String, Vec<u32>)> {
     Ok((name.to_string(), uids))
 }
 
-/// `--kv-cluster redis://HOST:PORT[,HOST:PORT...]`, as `fastlane kv serve` and `fastlane llm`
-/// both take it → one URL per node, the nodes `cluster::ClusterTier::connect` starts from.
+/// `--kv-cluster redis://HOST:PORT[,HOST:PORT...]` (or `rediss://…` for TLS), as `fastlane
+/// kv serve` and `fastlane llm` both take it → one URL per node, the nodes
+/// `cluster::ClusterTier::connect` starts from. A node may repeat the scheme, not change it.
+/// A user or password in the URL is refused, without repeating it: it would show in `ps`
+/// (see [`crate::cluster_access`] for where credentials come from).
 pub fn parse_cluster_urls(text: &str) -> Result<Vec<String>> {
-    let rest = text
-        .strip_prefix("redis://")
-        .with_context(|| format!("--kv-cluster {text:?}: redis://HOST:PORT[,HOST:PORT...]"))?;
+    const FORM: &str = "redis://HOST:PORT[,HOST:PORT...] or rediss://HOST:PORT[,…] (TLS)";
+    let (scheme, rest) = if let Some(r) = text.strip_prefix("redis://") {
+        ("redis://", r)
+    } else if let Some(r) = text.strip_prefix("rediss://") {
+        ("rediss://", r)
+    } else {
+        let shown = text.rsplit_once('@').map_or(text, |(_, h)| h);
+        bail!("--kv-cluster {shown:?}: {FORM}");
+    };
     let mut urls = Vec::new();
     for node in rest.split(',').map(str::trim) {
-        let node = node.strip_prefix("redis://").unwrap_or(node);
+        let other = if scheme == "redis://" { "rediss://" } else { "redis://" };
+        if node.starts_with(other) {
+            bail!("--kv-cluster: the nodes mix redis:// and rediss://");
+        }
+        let node = node.strip_prefix(scheme).unwrap_or(node);
+        if let Some((_, host)) = node.rsplit_once('@') {
+            bail!(
+                "--kv-cluster: the URL of {host:?} carries a user or password: credentials \
+                 come from the environment ({USERNAME_ENV}, {PASSWORD_ENV}) or \
+                 --kv-cluster-password-file, never the command line, where `ps` shows them \
+                 to every user"
+            );
+        }
         let ok = node
             .rsplit_once(':')
             .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
         if !ok {
             bail!("--kv-cluster: {node:?} is not HOST:PORT");
         }
-        urls.push(format!("redis://{node}"));
+        urls.push(format!("{scheme}{node}"));
     }
     Ok(urls)
 }
@@ -360,6 +411,8 @@ mod tests {
             namespace: Vec::new(),
             cas_bytes: 1 << 30,
             kv_cluster: None,
+            kv_cluster_password_file: None,
+            kv_cluster_ca: None,
             cas_nvme: None,
             cas_nvme_bytes: 4 << 30,
             metrics: None,
@@ -393,8 +446,16 @@ mod tests {
             .store_config()
             .unwrap_err();
         assert!(e.to_string().contains("needs --cas-bytes above 0"), "{e}");
-        let e = ServeConfig { cas_nvme: Some("/x".into()), ..off }.store_config().unwrap_err();
+        let e =
+            ServeConfig { cas_nvme: Some("/x".into()), ..off.clone() }.store_config().unwrap_err();
         assert!(e.to_string().starts_with("--cas-nvme is a tier"), "{e}");
+        let e = ServeConfig { kv_cluster_password_file: Some("/p".into()), ..config() }
+            .store_config()
+            .unwrap_err();
+        assert!(e.to_string().contains("give both"), "{e}");
+        let e =
+            ServeConfig { kv_cluster_ca: Some("/ca".into()), ..off }.store_config().unwrap_err();
+        assert!(e.to_string().contains("give both"), "{e}");
         let c = ServeConfig { cas_nvme: Some("/x".into()), cas_nvme_bytes: 0, ..config() };
         assert_eq!(
             c.store_config().unwrap_err().to_string(),
@@ -440,6 +501,28 @@ mod tests {
         );
         for bad in ["a:1", "redis://", "redis://a", "redis://a:0", "redis://a:1,b", "redis://:1"] {
             assert!(parse_cluster_urls(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse_cluster_urls("rediss://a:1,b:2,rediss://c:3").unwrap(),
+            vec!["rediss://a:1", "rediss://b:2", "rediss://c:3"]
+        );
+        for mixed in ["redis://a:1,rediss://b:2", "rediss://a:1,redis://b:2"] {
+            let e = parse_cluster_urls(mixed).unwrap_err().to_string();
+            assert!(e.contains("mix"), "{mixed}: {e}");
+        }
+        for creds in [
+            "redis://user:hunter2@h:1",
+            "rediss://:hunter2@h:1",
+            "redis://a:1,user:hunter2@h:2",
+            "redis://a:1,redis://hunter2@h:2",
+            "user:hunter2@h:1",
+        ] {
+            let e = parse_cluster_urls(creds).unwrap_err().to_string();
+            assert!(!e.contains("hunter2"), "{creds}: the error repeats the secret: {e}");
+            if creds.starts_with("redis") {
+                assert!(e.contains("never the command line"), "{creds}: {e}");
+                assert!(e.contains(PASSWORD_ENV), "{creds}: {e}");
+            }
         }
     }
 }

@@ -11,7 +11,7 @@ use fastlane_block::Segment;
 use crate::tier::{TierDone, TierIo, TierKind, REMOTE_GONE_ERRNO};
 
 pub mod redis_cluster;
-pub use redis_cluster::{RedisCluster, RedisHarnessError};
+pub use redis_cluster::{RedisCluster, RedisClusterOptions, RedisHarnessError};
 
 /// Faults to inject into a [`MemTier`], shared with the test.
 #[derive(Debug, Default)]

@@ -14,6 +14,14 @@
 //! `redis-server` and `redis-cli` must be on `PATH` (Debian packages `redis-server` and
 //! `redis-tools`; `.ci/install-deps.sh` installs them); without them
 //! [`RedisCluster::start`] fails and says so, so tests fail rather than skip.
+//!
+//! [`RedisCluster::start_with`] can also make the nodes ask for a password (`requirepass`,
+//! and `masterauth` for the replicas) and serve TLS only: then a CA and one certificate for
+//! every node (subject alternative names `IP:127.0.0.1` and `DNS:localhost`, EC P-256) are
+//! made with the `openssl` command (Debian package `openssl`) in the cluster's directory, and
+//! each node runs with `--port 0 --tls-port P --tls-cluster yes --tls-replication yes
+//! --tls-auth-clients no` (clients need no certificate of their own). Debian's redis-server
+//! is built with TLS.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -50,6 +58,88 @@ struct Node {
 pub struct RedisCluster {
     dir: PathBuf,
     nodes: Vec<Node>,
+    opts: RedisClusterOptions,
+}
+
+/// How the nodes of a [`RedisCluster`] guard themselves; the default: no password, plain TCP.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisClusterOptions {
+    /// `requirepass` (and `masterauth`) of every node.
+    pub password: Option<String>,
+    /// Serve TLS only, with a CA and certificates made in the cluster's directory.
+    pub tls: bool,
+}
+
+/// File names, in the cluster's directory, of the TLS material of a TLS cluster.
+pub const TLS_CA_FILE: &str = "ca.crt";
+const TLS_CERT_FILE: &str = "node.crt";
+const TLS_KEY_FILE: &str = "node.key";
+
+/// Makes a CA and a node certificate signed by it (`IP:127.0.0.1`, `DNS:localhost`) in `dir`
+/// with the `openssl` command: [`TLS_CA_FILE`], `node.crt`, `node.key`.
+pub fn make_tls_files(dir: &Path) -> Result<(), RedisHarnessError> {
+    if find_on_path("openssl").is_none() {
+        return err(
+            "openssl not found on PATH: install the Debian package openssl (.ci/install-deps.sh              does)",
+        );
+    }
+    let ext = dir.join("node.ext");
+    std::fs::write(
+        &ext,
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=critical,CA:FALSE\n\
+         keyUsage=critical,digitalSignature,keyEncipherment\n\
+         extendedKeyUsage=serverAuth,clientAuth\n",
+    )
+    .map_err(|e| RedisHarnessError(format!("writing {}: {e}", ext.display())))?;
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let steps: [Vec<&str>; 3] = [
+        [&["req", "-x509"][..], &ec, &["-keyout", "ca.key", "-out", TLS_CA_FILE, "-days", "2"]]
+            .concat()
+            .into_iter()
+            .chain([
+                "-subj",
+                "/CN=fastlane test CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ])
+            .collect(),
+        [
+            &["req"][..],
+            &ec,
+            &["-keyout", TLS_KEY_FILE, "-out", "node.csr", "-subj", "/CN=127.0.0.1"],
+        ]
+        .concat(),
+        vec![
+            "x509",
+            "-req",
+            "-in",
+            "node.csr",
+            "-CA",
+            TLS_CA_FILE,
+            "-CAkey",
+            "ca.key",
+            "-set_serial",
+            "2",
+            "-days",
+            "2",
+            "-extfile",
+            "node.ext",
+            "-out",
+            TLS_CERT_FILE,
+        ],
+    ];
+    for args in steps {
+        let out = run_bounded(Command::new("openssl").args(&args).current_dir(dir), CLI_TIMEOUT)?;
+        if !out.status.success() {
+            return err(format!(
+                "openssl {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn find_on_path(name: &str) -> Option<PathBuf> {
@@ -149,6 +239,11 @@ static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
 impl RedisCluster {
     /// Starts six nodes, forms the cluster and waits until it is fully up (about 2-5 s).
     pub fn start() -> Result<RedisCluster, RedisHarnessError> {
+        Self::start_with(RedisClusterOptions::default())
+    }
+
+    /// [`start`](Self::start) with a password and/or TLS (see the module doc).
+    pub fn start_with(opts: RedisClusterOptions) -> Result<RedisCluster, RedisHarnessError> {
         for (bin, pkg) in [("redis-server", "redis-server"), ("redis-cli", "redis-tools")] {
             if find_on_path(bin).is_none() {
                 return err(format!(
@@ -161,7 +256,7 @@ impl RedisCluster {
         for _ in 0..START_ATTEMPTS {
             // A port picked here may be taken by someone else before redis binds it: then
             // that node dies at once and the whole start is tried again on new ports.
-            match Self::start_once() {
+            match Self::start_once(&opts) {
                 Ok(c) => return Ok(c),
                 Err(e) => last = e,
             }
@@ -169,7 +264,7 @@ impl RedisCluster {
         Err(last)
     }
 
-    fn start_once() -> Result<RedisCluster, RedisHarnessError> {
+    fn start_once(opts: &RedisClusterOptions) -> Result<RedisCluster, RedisHarnessError> {
         let ports = free_ports(2 * NODES)?;
         let dir = std::env::temp_dir().join(format!(
             "kvswap-redis-{}-{}",
@@ -179,7 +274,11 @@ impl RedisCluster {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)
             .map_err(|e| RedisHarnessError(format!("creating {}: {e}", dir.display())))?;
-        let mut cluster = RedisCluster { dir, nodes: Vec::with_capacity(NODES) };
+        if opts.tls {
+            make_tls_files(&dir)?;
+        }
+        let mut cluster =
+            RedisCluster { dir, nodes: Vec::with_capacity(NODES), opts: opts.clone() };
         for i in 0..NODES {
             let (port, bus_port) = (ports[i], ports[NODES + i]);
             let child = cluster.spawn_node(port, bus_port)?;
@@ -194,6 +293,7 @@ impl RedisCluster {
             create.arg(format!("127.0.0.1:{}", n.port));
         }
         create.args(["--cluster-replicas", "1", "--cluster-yes"]);
+        create.args(cluster.cli_access_args());
         let out = run_bounded(&mut create, Duration::from_secs(30))?;
         if !out.status.success() {
             return err(format!(
@@ -209,8 +309,24 @@ impl RedisCluster {
     fn spawn_node(&self, port: u16, bus_port: u16) -> Result<Child, RedisHarnessError> {
         let p = port.to_string();
         let file = |suffix: &str| self.dir.join(format!("{port}{suffix}"));
-        Command::new("redis-server")
-            .args(["--port", &p, "--bind", "127.0.0.1", "--daemonize", "no"])
+        let mut cmd = Command::new("redis-server");
+        if self.opts.tls {
+            cmd.args(["--port", "0", "--tls-port", &p])
+                .arg("--tls-cert-file")
+                .arg(self.dir.join(TLS_CERT_FILE))
+                .arg("--tls-key-file")
+                .arg(self.dir.join(TLS_KEY_FILE))
+                .arg("--tls-ca-cert-file")
+                .arg(self.dir.join(TLS_CA_FILE))
+                .args(["--tls-auth-clients", "no", "--tls-cluster", "yes"])
+                .args(["--tls-replication", "yes"]);
+        } else {
+            cmd.args(["--port", &p]);
+        }
+        if let Some(pass) = &self.opts.password {
+            cmd.args(["--requirepass", pass, "--masterauth", pass]);
+        }
+        cmd.args(["--bind", "127.0.0.1", "--daemonize", "no"])
             .args(["--cluster-enabled", "yes", "--cluster-port", &bus_port.to_string()])
             .arg("--cluster-config-file")
             .arg(file("-nodes.conf"))
@@ -290,9 +406,34 @@ impl RedisCluster {
         Ok(())
     }
 
-    /// `redis://127.0.0.1:PORT` of every node, killed ones included.
+    /// `redis://127.0.0.1:PORT` (`rediss://` for a TLS cluster) of every node, killed ones
+    /// included.
     pub fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(|n| format!("redis://127.0.0.1:{}", n.port)).collect()
+        let scheme = if self.opts.tls { "rediss" } else { "redis" };
+        self.nodes.iter().map(|n| format!("{scheme}://127.0.0.1:{}", n.port)).collect()
+    }
+
+    /// The CA file that signed a TLS cluster's certificates (`None`: plain TCP).
+    pub fn ca_file(&self) -> Option<PathBuf> {
+        self.opts.tls.then(|| self.dir.join(TLS_CA_FILE))
+    }
+
+    /// The options it was started with.
+    pub fn options(&self) -> &RedisClusterOptions {
+        &self.opts
+    }
+
+    /// `redis-cli`'s arguments for the password and TLS.
+    fn cli_access_args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        if let Some(pass) = &self.opts.password {
+            a.extend(["-a".to_string(), pass.clone(), "--no-auth-warning".to_string()]);
+        }
+        if self.opts.tls {
+            a.extend(["--tls".to_string(), "--cacert".to_string()]);
+            a.push(self.dir.join(TLS_CA_FILE).display().to_string());
+        }
+        a
     }
 
     /// Client port of node `i`.
@@ -319,7 +460,10 @@ impl RedisCluster {
     pub fn cli(&self, i: usize, args: &[&str]) -> Result<String, RedisHarnessError> {
         let port = self.nodes[i].port.to_string();
         let out = run_bounded(
-            Command::new("redis-cli").args(["-h", "127.0.0.1", "-p", &port]).args(args),
+            Command::new("redis-cli")
+                .args(["-h", "127.0.0.1", "-p", &port])
+                .args(self.cli_access_args())
+                .args(args),
             CLI_TIMEOUT,
         )?;
         if !out.status.success() {

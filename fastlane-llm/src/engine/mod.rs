@@ -119,8 +119,11 @@ pub struct PrefixConfig {
     pub enabled: bool,
     /// Bytes of KV blocks the in-process host cache holds at most.
     pub host_bytes: usize,
-    /// Redis Cluster nodes (`redis://host:port`) of the shared tier; empty: host cache only.
+    /// Redis Cluster nodes (`redis://host:port` or `rediss://host:port`) of the shared
+    /// tier; empty: host cache only.
     pub cluster: Vec<String>,
+    /// The cluster's `AUTH` credentials and TLS CA (`fastlane_kvswap::cluster_access`).
+    pub cluster_access: fastlane_kvswap::ClusterAccess,
     /// Key prefix in the cluster.
     pub cluster_namespace: String,
     /// Bound on one cluster call (lookups wait at most this long).
@@ -136,6 +139,7 @@ impl Default for PrefixConfig {
             enabled: true,
             host_bytes: 256 << 20,
             cluster: Vec::new(),
+            cluster_access: fastlane_kvswap::ClusterAccess::default(),
             cluster_namespace: "fastlane-kv".into(),
             cluster_timeout: Duration::from_millis(250),
             nvme: None,

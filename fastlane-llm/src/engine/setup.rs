@@ -33,7 +33,9 @@ pub fn prefix_keys(model: &Model, prompt: &[u32]) -> Vec<BlockKey> {
 
 /// The engine's block store: a host cache, the NVMe tier when one is configured (an error
 /// opening it fails the engine's start), and the cluster tier when one is configured and
-/// reachable (when it is not, a warning, and the local tiers alone).
+/// reachable (when it is not, a warning, and the local tiers alone). A cluster that refuses
+/// the credentials or fails the TLS handshake, or a configuration the tier refuses, fails the
+/// start: that is a mistake to fix, not an outage to ride out.
 pub(super) fn prefix_store(
     cfg: &EngineConfig,
     geom: &fastlane_kvswap::KvGeometry,
@@ -57,10 +59,15 @@ pub(super) fn prefix_store(
         timeout: t,
         connect_timeout: t / 4,
         response_timeout: t / 2,
+        access: pc.cluster_access.clone(),
         ..fastlane_kvswap::cluster::ClusterTierConfig::default()
     };
+    use fastlane_kvswap::cluster::ClusterTierError as E;
     let tier = match fastlane_kvswap::cluster::ClusterTier::connect(&pc.cluster, ccfg) {
         Ok(t) => t,
+        Err(e @ (E::Auth { .. } | E::Tls { .. } | E::BadConfig { .. })) => {
+            return Err(LlmError::PrefixCache { reason: format!("--kv-cluster: {e}") });
+        }
         Err(e) => {
             log::warn!(
                 "prefix cache: cluster {:?} unreachable ({e}); local tiers only",

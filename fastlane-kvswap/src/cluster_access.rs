@@ -1,0 +1,248 @@
+//! Who the Redis tier says it is to the cluster, and whom it trusts: the `AUTH` user and
+//! password, and the CA that signed the nodes' TLS certificates (`rediss://`).
+//!
+//! # Where credentials come from, and why
+//!
+//! Never from the command line: a flag's value, or a password in a `redis://user:pass@host`
+//! URL, shows in `ps` and `/proc/PID/cmdline` to every user of the machine. So
+//! [`parse_cluster_urls`](crate::daemon::parse_cluster_urls) refuses a URL with a user or
+//! password, and [`ClusterAccess::load`] reads them from
+//!
+//! - the environment: [`USERNAME_ENV`] (optional; Redis 6 ACL user, default `default`) and
+//!   [`PASSWORD_ENV`];
+//! - or a file (`--kv-cluster-password-file PATH`): the password on one line (one trailing
+//!   newline is dropped). The file must not be readable by its group or others (mode `0600`
+//!   or `0400`): it is refused otherwise, as ssh refuses a private key, because a secret
+//!   everyone can read protects nothing. A Kubernetes secret volume needs `defaultMode: 0400`.
+//!
+//! Both a file and [`PASSWORD_ENV`] is refused (which one was meant?). A user without a
+//! password is refused too. The password goes to every node connection (`AUTH`, also to the
+//! nodes found through the slot map); [`ClusterAccess`]'s `Debug` does not print it.
+//!
+//! # TLS
+//!
+//! `rediss://` URLs connect over TLS (rustls). The nodes' certificates are checked against
+//! the CA file of `--kv-cluster-ca PATH` (PEM) when one is given — then against it alone —
+//! and against the system's roots (`/etc/ssl/certs`, through rustls-native-certs) otherwise.
+//! The host name or IP address of each node's URL, and of each node the slot map names, must
+//! be in its certificate's subject alternative names.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+/// Environment variable holding the Redis ACL user (optional).
+pub const USERNAME_ENV: &str = "FASTLANE_REDIS_USERNAME";
+/// Environment variable holding the Redis password.
+pub const PASSWORD_ENV: &str = "FASTLANE_REDIS_PASSWORD";
+/// Largest password file read.
+pub const PASSWORD_FILE_BYTES_MAX: u64 = 4096;
+/// Largest CA file read.
+pub const CA_FILE_BYTES_MAX: u64 = 1 << 20;
+
+/// Credentials and trust of the cluster connections (see the module doc). The default is no
+/// `AUTH` and, for `rediss://`, the system's roots.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ClusterAccess {
+    /// ACL user of `AUTH user password`; `None`: `AUTH password` (the `default` user).
+    pub username: Option<String>,
+    /// Password sent with `AUTH` on every node connection; `None`: no `AUTH`.
+    pub password: Option<String>,
+    /// PEM certificates of the CA(s) trusted for `rediss://` instead of the system roots.
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for ClusterAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterAccess")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("ca_pem", &self.ca_pem.as_ref().map(|p| format!("{} bytes", p.len())))
+            .finish()
+    }
+}
+
+impl ClusterAccess {
+    /// Credentials from the process environment ([`USERNAME_ENV`], [`PASSWORD_ENV`]) or
+    /// `password_file`, and the CA of `ca_file`. Errors name the flag or variable at fault.
+    pub fn load(password_file: Option<&Path>, ca_file: Option<&Path>) -> Result<ClusterAccess> {
+        Self::load_with(|name| std::env::var_os(name), password_file, ca_file)
+    }
+
+    /// [`load`](Self::load) with `env` in place of the process environment.
+    pub fn load_with(
+        env: impl Fn(&str) -> Option<OsString>,
+        password_file: Option<&Path>,
+        ca_file: Option<&Path>,
+    ) -> Result<ClusterAccess> {
+        let var = |name: &str| -> Result<Option<String>> {
+            match env(name) {
+                None => Ok(None),
+                Some(v) if v.is_empty() => bail!("{name} is set but empty"),
+                Some(v) => match v.into_string() {
+                    Ok(s) => Ok(Some(s)),
+                    Err(_) => bail!("{name} is not UTF-8"),
+                },
+            }
+        };
+        let username = var(USERNAME_ENV)?;
+        let env_password = var(PASSWORD_ENV)?;
+        let password = match (password_file, env_password) {
+            (Some(p), Some(_)) => bail!(
+                "--kv-cluster-password-file {} and {PASSWORD_ENV} are both given: use one",
+                p.display()
+            ),
+            (Some(p), None) => Some(read_password_file(p)?),
+            (None, env) => env,
+        };
+        if username.is_some() && password.is_none() {
+            bail!(
+                "{USERNAME_ENV} is set but no password: set {PASSWORD_ENV} or give \
+                 --kv-cluster-password-file"
+            );
+        }
+        let ca_pem = ca_file.map(read_ca_file).transpose()?;
+        Ok(ClusterAccess { username, password, ca_pem })
+    }
+}
+
+/// The password of `--kv-cluster-password-file`: one line of UTF-8, not empty, in a file
+/// neither its group nor others may read.
+fn read_password_file(path: &Path) -> Result<String> {
+    let flag = || format!("--kv-cluster-password-file {}", path.display());
+    let file = File::open(path).with_context(flag)?;
+    // The checks look at the file opened, not at a path that may have changed since.
+    let meta = file.metadata().with_context(flag)?;
+    if !meta.is_file() {
+        bail!("{}: not a regular file", flag());
+    }
+    let mode = meta.permissions().mode();
+    if mode & 0o044 != 0 {
+        bail!(
+            "{}: readable by its group or others (mode {:04o}); a password file must be \
+             readable by its owner only: chmod 600 it",
+            flag(),
+            mode & 0o7777
+        );
+    }
+    if meta.len() > PASSWORD_FILE_BYTES_MAX {
+        bail!("{}: over {PASSWORD_FILE_BYTES_MAX} bytes: not a password file", flag());
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(PASSWORD_FILE_BYTES_MAX + 1).read_to_end(&mut bytes).with_context(flag)?;
+    let text = String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("{}: not UTF-8", flag()))?;
+    let line = text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text);
+    if line.is_empty() {
+        bail!("{}: empty", flag());
+    }
+    if line.contains(['\n', '\r']) {
+        bail!("{}: more than one line; the file holds the password alone", flag());
+    }
+    Ok(line.to_string())
+}
+
+/// The PEM certificates of `--kv-cluster-ca`.
+fn read_ca_file(path: &Path) -> Result<Vec<u8>> {
+    let flag = || format!("--kv-cluster-ca {}", path.display());
+    let file = File::open(path).with_context(flag)?;
+    let mut pem = Vec::new();
+    file.take(CA_FILE_BYTES_MAX + 1).read_to_end(&mut pem).with_context(flag)?;
+    if pem.len() as u64 > CA_FILE_BYTES_MAX {
+        bail!("{}: over {CA_FILE_BYTES_MAX} bytes", flag());
+    }
+    if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+        bail!("{}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it", flag());
+    }
+    Ok(pem)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::io::Write;
+
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
+        let m: HashMap<String, OsString> =
+            vars.iter().map(|(k, v)| (k.to_string(), OsString::from(v))).collect();
+        move |name| m.get(name).cloned()
+    }
+
+    fn file(dir: &Path, name: &str, text: &str, mode: u32) -> std::path::PathBuf {
+        let p = dir.join(name);
+        let mut f = File::create(&p).unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p
+    }
+
+    #[test]
+    fn credentials_from_the_environment() {
+        let a = ClusterAccess::load_with(env(&[]), None, None).unwrap();
+        assert_eq!(a, ClusterAccess::default());
+        let a = ClusterAccess::load_with(env(&[(PASSWORD_ENV, "s3cret")]), None, None).unwrap();
+        assert_eq!((a.username, a.password.as_deref()), (None, Some("s3cret")));
+        let a = ClusterAccess::load_with(
+            env(&[(USERNAME_ENV, "kv"), (PASSWORD_ENV, "s3cret")]),
+            None,
+            None,
+        )
+        .unwrap();
+        assert_eq!((a.username.as_deref(), a.password.as_deref()), (Some("kv"), Some("s3cret")));
+        let e = ClusterAccess::load_with(env(&[(USERNAME_ENV, "kv")]), None, None).unwrap_err();
+        assert!(e.to_string().contains("no password"), "{e}");
+        let e = ClusterAccess::load_with(env(&[(PASSWORD_ENV, "")]), None, None).unwrap_err();
+        assert!(e.to_string().contains("empty"), "{e}");
+    }
+
+    #[test]
+    fn the_password_file_is_one_private_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = file(dir.path(), "ok", "s3cret\n", 0o600);
+        let a = ClusterAccess::load_with(env(&[]), Some(&ok), None).unwrap();
+        assert_eq!(a.password.as_deref(), Some("s3cret"));
+        let crlf = file(dir.path(), "crlf", "s3cret\r\n", 0o400);
+        let a = ClusterAccess::load_with(env(&[]), Some(&crlf), None).unwrap();
+        assert_eq!(a.password.as_deref(), Some("s3cret"));
+        let refused = |name: &str, text: &str, mode: u32, why: &str| {
+            let p = file(dir.path(), name, text, mode);
+            let e = ClusterAccess::load_with(env(&[]), Some(&p), None).unwrap_err().to_string();
+            assert!(e.contains(why), "{name}: {e}");
+            assert!(e.contains("--kv-cluster-password-file"), "{name}: {e}");
+            assert!(!e.contains("s3cret"), "{name}: the error shows the password: {e}");
+        };
+        refused("world", "s3cret\n", 0o604, "readable by its group or others");
+        refused("group", "s3cret\n", 0o640, "readable by its group or others");
+        refused("empty", "\n", 0o600, "empty");
+        refused("lines", "user\ns3cret\n", 0o600, "more than one line");
+        refused("big", &"x".repeat(PASSWORD_FILE_BYTES_MAX as usize + 1), 0o600, "over");
+        let e =
+            ClusterAccess::load_with(env(&[(PASSWORD_ENV, "other")]), Some(&ok), None).unwrap_err();
+        assert!(e.to_string().contains("both given"), "{e}");
+        let e =
+            ClusterAccess::load_with(env(&[]), Some(&dir.path().join("none")), None).unwrap_err();
+        assert!(format!("{e:#}").contains("No such file"), "{e:#}");
+        // The password file alone is enough; the user may come from the environment.
+        let a = ClusterAccess::load_with(env(&[(USERNAME_ENV, "kv")]), Some(&ok), None).unwrap();
+        assert_eq!((a.username.as_deref(), a.password.as_deref()), (Some("kv"), Some("s3cret")));
+    }
+
+    #[test]
+    fn ca_file_and_debug_hides_the_password() {
+        let dir = tempfile::tempdir().unwrap();
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        let ca = file(dir.path(), "ca.pem", pem, 0o644);
+        let a =
+            ClusterAccess::load_with(env(&[(PASSWORD_ENV, "s3cret")]), None, Some(&ca)).unwrap();
+        assert_eq!(a.ca_pem.as_deref(), Some(pem.as_bytes()));
+        let shown = format!("{a:?}");
+        assert!(!shown.contains("s3cret") && shown.contains("<redacted>"), "{shown}");
+        let junk = file(dir.path(), "junk.pem", "not a certificate", 0o644);
+        let e = ClusterAccess::load_with(env(&[]), None, Some(&junk)).unwrap_err();
+        assert!(e.to_string().contains("no PEM certificate"), "{e}");
+    }
+}
