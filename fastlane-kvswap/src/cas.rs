@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! ModelDigest = BLAKE3-derive("fastlane kvswap model digest v1",
-//!                             len u32 ‖ model id ‖ layers ‖ kv_heads ‖ head_dim ‖ dtype ‖ tokens_per_block)
+//!                             len u64 ‖ model id ‖ layers ‖ kv_heads ‖ head_dim ‖ dtype ‖ tokens_per_block)
+//! in ns       = BLAKE3-derive("fastlane kvswap prefix namespace v1", digest ‖ len u64 ‖ ns)
 //! key[0]      = BLAKE3-derive("fastlane kvswap block key v1", digest ‖ 0x00 ‖ n u32 ‖ tokens[0..n])
 //! key[i]      = BLAKE3-derive("fastlane kvswap block key v1", digest ‖ 0x01 ‖ key[i-1] ‖ n u32 ‖ tokens[..])
 //! ```
@@ -15,6 +16,10 @@
 //! full blocks of tokens share their first `k` keys, whatever follows; a different model id or
 //! geometry gives different keys from the first block on; changing a token in block `i`
 //! changes keys `i..` and none before. Partial blocks get no key: only full blocks are shared.
+//!
+//! A namespace ([`ModelDigest::in_namespace`], e.g. a tenant's prefix group) is a digest of its
+//! own: chaining from it gives keys that share nothing with another namespace's, from the first
+//! block on, so one namespace cannot find (or time) another's blocks.
 
 use std::fmt;
 
@@ -23,6 +28,7 @@ use crate::geometry::{DType, KvGeometry};
 const MODEL_CONTEXT: &str = "fastlane kvswap model digest v1";
 const BLOCK_CONTEXT: &str = "fastlane kvswap block key v1";
 const NAMESPACE_CONTEXT: &str = "fastlane kv serve namespaced key v1";
+const PREFIX_NAMESPACE_CONTEXT: &str = "fastlane kvswap prefix namespace v1";
 
 /// A 32-byte digest of a model id and its KV geometry; every [`BlockKey`] starts from one.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -58,6 +64,17 @@ impl ModelDigest {
         ] {
             h.update(&v.to_le_bytes());
         }
+        ModelDigest(*h.finalize().as_bytes())
+    }
+
+    /// This digest qualified by `namespace` (see the module doc): block keys chained from the
+    /// result equal only those of the same model, geometry and namespace. Compute it once per
+    /// namespace; it is the digest the chain starts from.
+    pub fn in_namespace(&self, namespace: &str) -> ModelDigest {
+        let mut h = blake3::Hasher::new_derive_key(PREFIX_NAMESPACE_CONTEXT);
+        h.update(&self.0);
+        h.update(&(namespace.len() as u64).to_le_bytes());
+        h.update(namespace.as_bytes());
         ModelDigest(*h.finalize().as_bytes())
     }
 }
@@ -264,6 +281,22 @@ mod tests {
         assert_ne!(a, BlockKey::in_namespace("team-a", &[8u8; 32]));
         assert_ne!(a, BlockKey(k), "the client's key is not the store key");
         assert_ne!(BlockKey::in_namespace("", &k), BlockKey::in_namespace("uid:0", &k));
+    }
+
+    #[test]
+    fn prefix_namespaces_separate_keys_from_the_first_block() {
+        let d = ModelDigest::new("m", &KvGeometry::LLAMA31_8B);
+        let t = tokens(16 * 3, 5);
+        let a = prefix_keys(&d.in_namespace("tenant-a"), &t, 16);
+        let b = prefix_keys(&d.in_namespace("tenant-b"), &t, 16);
+        for i in 0..3 {
+            assert_ne!(a[i], b[i], "block {i}");
+        }
+        assert_eq!(a, prefix_keys(&d.in_namespace("tenant-a"), &t, 16), "same namespace");
+        assert_ne!(d.in_namespace("tenant-a"), d, "a namespace is not the bare digest");
+        assert_ne!(d.in_namespace(""), d);
+        let other = ModelDigest::new("m2", &KvGeometry::LLAMA31_8B);
+        assert_ne!(other.in_namespace("tenant-a"), d.in_namespace("tenant-a"));
     }
 
     #[test]

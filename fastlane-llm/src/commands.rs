@@ -120,6 +120,8 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     let model = a.engine.load_model()?;
     cfg.tenants = tenants.sched_configs();
     cfg.exit_after_steps = a.fault_engine_exit_after_steps;
+    // Each tenant's prompt blocks in its own namespace (or its prefix group's).
+    cfg.prefix.tenant_namespaces = tenants.prefix_namespaces();
     let engine = Arc::new(Engine::start(model.clone(), cfg)?);
     let metrics = Metrics::new().with_tenants(tenants.entries().iter().map(|e| e.name.as_str()));
     let engine_metrics = EngineMetrics::new(&metrics).with_engine(engine.histograms());

@@ -252,7 +252,8 @@ fn corrupted_or_absent_cluster_blocks_are_misses() {
     run(&e1, &a);
     assert!(e1.flush_prefix(Duration::from_secs(10)));
     assert_eq!(e1.prefix_stats().expect("on").cluster_puts, 3);
-    let keys = prefix_keys(&model(), &a);
+    // No tenants: the engine's one tenant, `default`, is the namespace.
+    let keys = prefix_keys(&model(), "default", &a);
     let rkey = |i: usize| format!("{ns}:{}", keys[i]);
     // Block 1 overwritten with something that is not a block: block 0 hits, the run stops.
     let out = cluster.cli(0, &["-c", "SET", &rkey(1), "not a kv block"]).expect("SET");

@@ -11,7 +11,14 @@
 //! tier = "interactive"     # or "batch"
 //! max_stream_seconds = 60  # the fence
 //! queue = 64               # requests waiting for a slot at the router (beyond: 503)
+//! prefix_group = "acme"    # optional: prefix-cache namespace (default: the tenant's name)
 //! ```
+//!
+//! Each tenant's prompt blocks in the prefix cache are keyed in a namespace of its own, its
+//! name unless `prefix_group` says otherwise (same characters as a name), so no tenant can
+//! tell from its time to first token whether another sent a prompt. Tenants that name the same
+//! `prefix_group` share their cached blocks (and can time each other's prompts). Without a
+//! tenants file everything is tenant `default`: one namespace.
 //!
 //! A request whose tenant's bucket is empty gets 429 with `Retry-After` at once; one that has
 //! a bucket token but finds every slot of its tenant busy waits in the router queue without
@@ -78,6 +85,10 @@ pub struct Entry {
     /// Requests that may wait at the router for a slot; beyond, 503.
     #[serde(default = "queue_default")]
     pub queue: usize,
+    /// The prefix-cache namespace it shares with the tenants that name the same group
+    /// (`None`: its own, named after it).
+    #[serde(default)]
+    pub prefix_group: Option<String>,
 }
 
 impl Entry {
@@ -85,6 +96,16 @@ impl Entry {
     pub fn is_batch(&self) -> bool {
         self.tier == "batch"
     }
+
+    /// The namespace its prefix-cache blocks are keyed in: `prefix_group`, else its name.
+    pub fn prefix_namespace(&self) -> &str {
+        self.prefix_group.as_deref().unwrap_or(&self.name)
+    }
+}
+
+/// A tenant name or prefix group: letters, digits, `-` and `_`, not empty.
+fn is_name(s: &str) -> bool {
+    !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
 fn one() -> u32 {
@@ -117,6 +138,7 @@ impl Tenants {
                 tier: "interactive".into(),
                 max_stream_seconds: None,
                 queue: 1 << 20,
+                prefix_group: None,
             }],
             by_key: HashMap::new(),
             open: true,
@@ -141,10 +163,11 @@ impl Tenants {
         let mut by_key = HashMap::new();
         for (i, t) in f.tenant.iter().enumerate() {
             let bad = |field: &str, why: &str| Err(format!("tenant {:?}: {field}: {why}", t.name));
-            if t.name.is_empty()
-                || !t.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-            {
+            if !is_name(&t.name) {
                 return bad("name", "letters, digits, '-' and '_' only");
+            }
+            if t.prefix_group.as_deref().is_some_and(|g| !is_name(g)) {
+                return bad("prefix_group", "letters, digits, '-' and '_' only");
             }
             if f.tenant[..i].iter().any(|o| o.name == t.name) {
                 return bad("name", "used twice");
@@ -204,6 +227,11 @@ impl Tenants {
     /// Tenants in order.
     pub fn entries(&self) -> &[Entry] {
         &self.entries
+    }
+
+    /// Each tenant's prefix-cache namespace, in tenant order ([`Entry::prefix_namespace`]).
+    pub fn prefix_namespaces(&self) -> Vec<String> {
+        self.entries.iter().map(|t| t.prefix_namespace().to_string()).collect()
     }
 
     /// The scheduler's view.
@@ -270,6 +298,27 @@ tier = "batch"
         let rpm = GOOD.replace("rpm = 60", "rpm = 0");
         assert!(Tenants::parse(&rpm).unwrap_err().contains("rpm"));
         assert!(Tenants::parse("").is_err());
+        for group in ["\"\"", "\"a b\"", "\"acme/x\"", "\"acme:x\""] {
+            let bad = GOOD.replace(
+                "max_stream_seconds = 60",
+                &format!("max_stream_seconds = 60\nprefix_group = {group}"),
+            );
+            let e = Tenants::parse(&bad).unwrap_err();
+            assert!(e.contains("\"quiet\"") && e.contains("prefix_group"), "{group}: {e}");
+        }
+    }
+
+    #[test]
+    fn prefix_namespace_is_the_group_else_the_name() {
+        let t = Tenants::parse(&GOOD.replace(
+            "max_stream_seconds = 60",
+            "max_stream_seconds = 60\nprefix_group = \"shared-1\"",
+        ))
+        .unwrap();
+        assert_eq!(t.get(0).prefix_group.as_deref(), Some("shared-1"));
+        assert_eq!(t.prefix_namespaces(), ["shared-1", "flood"]);
+        assert_eq!(Tenants::parse(GOOD).unwrap().prefix_namespaces(), ["quiet", "flood"]);
+        assert_eq!(Tenants::open().prefix_namespaces(), ["default"], "open mode: one namespace");
     }
 
     #[test]

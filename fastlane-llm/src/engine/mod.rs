@@ -32,9 +32,10 @@ use crate::tokenizer::TextStream;
 mod setup;
 mod step;
 
-pub use setup::prefix_keys;
+pub use setup::{block_digest, prefix_keys};
 use setup::{
     costs_for, lookup_loop, measure_prefill_ns_per_token, measure_swap_ns_per_byte, prefix_store,
+    tenant_digests,
 };
 use step::Loop;
 
@@ -131,6 +132,10 @@ pub struct PrefixConfig {
     /// The NVMe tier under the host cache (a file of block slots; blocks the host cache
     /// evicts are written there in the background); `None`: none.
     pub nvme: Option<fastlane_kvswap::PrefixNvmeConfig>,
+    /// The namespace each tenant's blocks are keyed in, by tenant index (tenants with the
+    /// same namespace share blocks, no others do); empty: each tenant's name (`default`
+    /// without tenants: one namespace). Otherwise one per tenant.
+    pub tenant_namespaces: Vec<String>,
 }
 
 impl Default for PrefixConfig {
@@ -143,6 +148,7 @@ impl Default for PrefixConfig {
             cluster_namespace: "fastlane-kv".into(),
             cluster_timeout: Duration::from_millis(250),
             nvme: None,
+            tenant_namespaces: Vec::new(),
         }
     }
 }
@@ -665,6 +671,8 @@ impl Engine {
         };
         let prefix =
             if cfg.prefix.enabled { Some(Arc::new(prefix_store(&cfg, &geom)?)) } else { None };
+        // Each tenant's digest, computed once: the lookup thread picks one by index.
+        let digests = tenant_digests(&model, &tenants, &cfg.prefix.tenant_namespaces)?;
         let arrivals = cfg.preemptible_steps.then(|| {
             Arc::new(Arrivals {
                 interactive: tenants.iter().map(|t| t.tier == Tier::Interactive).collect(),
@@ -727,14 +735,13 @@ impl Engine {
         let (tx, lookup) = match &prefix {
             Some(store) => {
                 let (ltx, lrx) = mpsc::channel::<Command>();
-                let digest = ModelDigest::new(&model.model_id(), &geom);
                 let store = store.clone();
                 let seconds = histograms.prefix_lookup_seconds.clone();
                 let arrivals = arrivals.clone();
                 let t = std::thread::Builder::new()
                     .name("fastlane-llm-prefix".into())
                     .spawn(move || {
-                        lookup_loop(&lrx, &tx, &store, &digest, &seconds, arrivals.as_deref())
+                        lookup_loop(&lrx, &tx, &store, &digests, &seconds, arrivals.as_deref())
                     })
                     .map_err(|e| LlmError::Stopped { reason: format!("spawn: {e}") })?;
                 (ltx, Some(t))

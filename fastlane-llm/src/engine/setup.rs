@@ -24,11 +24,40 @@ pub(super) fn costs_for(
     }
 }
 
-/// The keys of the full blocks of `prompt` for `model`, as the prefix cache names them.
-pub fn prefix_keys(model: &Model, prompt: &[u32]) -> Vec<BlockKey> {
-    let geom = model.kv_geometry();
-    let digest = ModelDigest::new(&model.model_id(), &geom);
-    fastlane_kvswap::prefix_keys(&digest, prompt, geom.tokens_per_block)
+/// The digest every block key of `model` starts from: its id and KV geometry.
+pub fn block_digest(model: &Model) -> ModelDigest {
+    ModelDigest::new(&model.model_id(), &model.kv_geometry())
+}
+
+/// The keys of the full blocks of `prompt` for `model` in prefix `namespace` (a tenant's
+/// prefix group; `default` without tenants), as the prefix cache names them.
+pub fn prefix_keys(model: &Model, namespace: &str, prompt: &[u32]) -> Vec<BlockKey> {
+    let digest = block_digest(model).in_namespace(namespace);
+    fastlane_kvswap::prefix_keys(&digest, prompt, model.kv_geometry().tokens_per_block)
+}
+
+/// The digest of each tenant's namespace (`namespaces[i]`, or the tenant's name when
+/// `namespaces` is empty), by tenant index.
+pub(super) fn tenant_digests(
+    model: &Model,
+    tenants: &[TenantConfig],
+    namespaces: &[String],
+) -> Result<Vec<ModelDigest>, LlmError> {
+    if !namespaces.is_empty() && namespaces.len() != tenants.len() {
+        return Err(LlmError::BadRequest {
+            reason: format!(
+                "prefix: {} tenant namespaces for {} tenants",
+                namespaces.len(),
+                tenants.len()
+            ),
+        });
+    }
+    let base = block_digest(model);
+    Ok(tenants
+        .iter()
+        .enumerate()
+        .map(|(i, t)| base.in_namespace(namespaces.get(i).map_or(&t.name, |n| n)))
+        .collect())
 }
 
 /// The engine's block store: a host cache, the NVMe tier when one is configured (an error
@@ -88,15 +117,16 @@ pub(super) fn prefix_store(
     }
 }
 
-/// The lookup thread: a new request's full prompt blocks are keyed and the longest run of
-/// leading cached blocks found (never the block of the last prompt token: it is always
-/// computed, so its logits exist); every command goes on to the engine in order. With
+/// The lookup thread: a new request's full prompt blocks are keyed in its tenant's namespace
+/// (`digests[tenant]`; a tenant without one gets no keys: nothing looked up or stored) and the
+/// longest run of leading cached blocks found (never the block of the last prompt token: it is
+/// always computed, so its logits exist); every command goes on to the engine in order. With
 /// preemptible steps it counts the interactive submissions it forwards (`arrivals`).
 pub(super) fn lookup_loop(
     rx: &Receiver<Command>,
     tx: &Sender<Command>,
     store: &PrefixStore,
-    digest: &ModelDigest,
+    digests: &[ModelDigest],
     seconds: &prometheus::Histogram,
     arrivals: Option<&Arrivals>,
 ) {
@@ -105,8 +135,10 @@ pub(super) fn lookup_loop(
         let shutdown = matches!(c, Command::Shutdown);
         let submitted = if let Command::Submit { req, .. } = &c { Some(req.tenant) } else { None };
         if let Command::Submit { req, prefix, .. } = &mut c {
-            prefix.keys =
-                fastlane_kvswap::prefix_keys(digest, &req.prompt, TOKENS_PER_BLOCK as u32);
+            if let Some(digest) = digests.get(req.tenant) {
+                prefix.keys =
+                    fastlane_kvswap::prefix_keys(digest, &req.prompt, TOKENS_PER_BLOCK as u32);
+            }
             let usable =
                 (req.prompt.len().saturating_sub(1) / TOKENS_PER_BLOCK).min(prefix.keys.len());
             if usable > 0 {
@@ -150,5 +182,49 @@ pub(super) fn measure_swap_ns_per_byte(block_bytes: usize) -> f64 {
             log::warn!("engine: host tier calibration failed ({e}); assuming 0.1 ns/byte");
             0.1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenant(name: &str) -> TenantConfig {
+        TenantConfig {
+            name: name.into(),
+            tier: Tier::Interactive,
+            bucket_capacity: 1.0,
+            rpm: 1.0,
+            concurrency_max: 1,
+            weight: 1,
+            overflow: Overflow::Queue { depth_max: 1 },
+        }
+    }
+
+    #[test]
+    fn tenants_key_the_same_tokens_apart_unless_they_share_a_group() {
+        let model = Model::load("random:tiny", 7).expect("random:tiny loads");
+        let tenants = [tenant("alpha"), tenant("beta"), tenant("gamma")];
+        let groups: Vec<String> = ["shared", "beta", "shared"].map(String::from).to_vec();
+        let d = tenant_digests(&model, &tenants, &groups).expect("one namespace per tenant");
+        let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % model.vocab() as u32).collect();
+        let keys: Vec<Vec<BlockKey>> = d
+            .iter()
+            .map(|d| fastlane_kvswap::prefix_keys(d, &prompt, TOKENS_PER_BLOCK as u32))
+            .collect();
+        assert_eq!(keys[0].len(), 2, "two full blocks");
+        assert_ne!(keys[0][0], keys[1][0], "alpha and beta: the first block apart");
+        assert_ne!(keys[0][1], keys[1][1]);
+        assert_eq!(keys[0], keys[2], "alpha and gamma share the group");
+        // The public helper names the engine's keys.
+        assert_eq!(prefix_keys(&model, "shared", &prompt), keys[0]);
+        assert_eq!(prefix_keys(&model, "beta", &prompt), keys[1]);
+        // No namespaces given: each tenant's name.
+        let by_name = tenant_digests(&model, &tenants, &[]).expect("names");
+        assert_eq!(by_name[1], d[1], "beta's group is its name");
+        assert_ne!(by_name[0], by_name[2]);
+        // One namespace per tenant or none.
+        let e = tenant_digests(&model, &tenants, &groups[..2]).unwrap_err();
+        assert!(e.to_string().contains("2 tenant namespaces for 3 tenants"), "{e}");
     }
 }
