@@ -254,3 +254,27 @@ fn a_dead_engine_is_503_on_health_and_on_requests_and_the_router_sees_it() {
     let (st, v) = health(&r.url, "/readyz");
     assert_eq!((st, v["status"].as_str()), (503, Some("upstream_unavailable")), "{v}");
 }
+
+#[test]
+fn a_tenant_over_its_rate_or_slots_is_refused_before_its_prompt_is_tokenized() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let t =
+        tenants_file(&dir, &TENANTS.replace("rpm = 60000\nburst = 1000", "rpm = 0.01\nburst = 2"));
+    let s = Server::llm(&t, &[]);
+    let prompt = "y".repeat(100_000);
+    let body = format!(r#"{{"prompt": "{prompt}", "max_tokens": 1}}"#);
+    let (a, _) = s.post("/v1/completions", "key-a", &body);
+    let (b, _) = s.post("/v1/completions", "key-a", &body);
+    // Both tokenized (then refused by the engine: over the context window).
+    assert_eq!((a, b), (400, 400));
+    assert_eq!(s.metric("fastlane_llm_prompts_tokenized_total"), 2.0);
+    // The bucket (burst 2, one token in 100 minutes) is empty: 429, and no tokenization.
+    let (c, out) = s.post("/v1/completions", "key-a", &body);
+    assert_eq!(c, 429, "{out}");
+    assert!(out.to_ascii_lowercase().contains("retry-after:"), "{out}");
+    assert_eq!(s.metric("fastlane_llm_prompts_tokenized_total"), 2.0);
+    assert_eq!(
+        s.metric("fastlane_llm_requests_total{outcome=\"rejected_rate\",tenant=\"a\"}"),
+        1.0
+    );
+}

@@ -122,8 +122,10 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     cfg.exit_after_steps = a.fault_engine_exit_after_steps;
     // Each tenant's prompt blocks in its own namespace (or its prefix group's).
     cfg.prefix.tenant_namespaces = tenants.prefix_namespaces();
+    let gated = cfg.policy != fastlane_sched::Policy::Fifo;
     let engine = Arc::new(Engine::start(model.clone(), cfg)?);
     let metrics = Metrics::new().with_tenants(tenants.entries().iter().map(|e| e.name.as_str()));
+    let admit = crate::server::admit::Admit::new(&tenants, gated, &metrics);
     let engine_metrics = EngineMetrics::new(&metrics).with_engine(engine.histograms());
     let state = Arc::new(AppState {
         engine: engine.clone(),
@@ -132,6 +134,7 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         engine_metrics,
         model_id: model.name().to_string(),
         body_limits,
+        admit,
     });
     let what = format!("serving {} ({} tenants)", model.name(), state.tenants.entries().len());
     a.http.run(a.listen, crate::server::router(state), &what)?;

@@ -12,6 +12,7 @@
 //! Chat template (the random models have none of their own): each message becomes
 //! `<|ROLE|>\nCONTENT\n`, and `<|assistant|>\n` follows the last one.
 
+pub mod admit;
 pub mod metrics;
 
 use std::sync::Arc;
@@ -58,6 +59,8 @@ pub struct AppState {
     pub model_id: String,
     /// Request bodies' size and time limits.
     pub body_limits: BodyLimits,
+    /// Admission before tokenization, and the tokenizer pool.
+    pub admit: admit::Admit,
 }
 
 /// The router with every endpoint.
@@ -123,10 +126,14 @@ async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response 
         // The key first: a request without a valid one costs no body read.
         let t = tenant(&st, req.headers())?;
         let bytes = tenant_body(&st.metrics, &st.tenants.get(t).name, req, st.body_limits).await?;
-        let b: CompletionRequest = parse(&bytes)?;
-        check_model(&st, b.model.as_deref())?;
-        let prompt = completion_prompt(st.engine.model().tokenizer(), b.prompt)?;
-        run(st.clone(), t, prompt, b.common, arrived, Kind::Completion).await
+        let CompletionRequest { model, prompt, common } = parse(&bytes)?;
+        check_model(&st, model.as_deref())?;
+        // The tenant's bucket and slots before any tokenization, which runs off the HTTP
+        // workers.
+        let pass = st.admit.admit(t, &st.tenants.get(t).name, &st.metrics)?;
+        let m = st.engine.model().clone();
+        let prompt = st.admit.tokenize(move || completion_prompt(m.tokenizer(), prompt)).await??;
+        run(st.clone(), t, prompt, common, arrived, Kind::Completion, pass).await
     }
     .await;
     r.unwrap_or_else(IntoResponse::into_response)
@@ -138,10 +145,12 @@ async fn chat(State(st): State<Arc<AppState>>, req: Request) -> Response {
         // The key first: a request without a valid one costs no body read.
         let t = tenant(&st, req.headers())?;
         let bytes = tenant_body(&st.metrics, &st.tenants.get(t).name, req, st.body_limits).await?;
-        let b: ChatRequest = parse(&bytes)?;
-        check_model(&st, b.model.as_deref())?;
-        let prompt = chat_prompt(st.engine.model().tokenizer(), &b.messages)?;
-        run(st.clone(), t, prompt, b.common, arrived, Kind::Chat).await
+        let ChatRequest { model, messages, common } = parse(&bytes)?;
+        check_model(&st, model.as_deref())?;
+        let pass = st.admit.admit(t, &st.tenants.get(t).name, &st.metrics)?;
+        let m = st.engine.model().clone();
+        let prompt = st.admit.tokenize(move || chat_prompt(m.tokenizer(), &messages)).await??;
+        run(st.clone(), t, prompt, common, arrived, Kind::Chat, pass).await
     }
     .await;
     r.unwrap_or_else(IntoResponse::into_response)
@@ -251,6 +260,8 @@ struct AbortOnDrop {
     tenant: String,
     fence: Arc<Fence>,
     _watchdog: Watchdog,
+    /// The request's place among its tenant's open ones, held to the response's end.
+    _pass: admit::Pass,
 }
 
 /// Who counts a request as fenced: the first of its watchdog and its response to see the
@@ -311,6 +322,7 @@ async fn run(
     c: SamplingFields,
     arrived: Instant,
     kind: Kind,
+    pass: admit::Pass,
 ) -> Result<Response, ApiError> {
     let tname = st.tenants.get(t).name.clone();
     let req = engine_request(&c, prompt, t)?;
@@ -389,6 +401,7 @@ async fn run(
         tenant: tname.clone(),
         fence: fence_state.clone(),
         _watchdog: watchdog,
+        _pass: pass,
     };
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
