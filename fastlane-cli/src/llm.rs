@@ -29,7 +29,7 @@ enum LlmCmd {
     /// Measure decode, prefill, batching and swap overlap against floors of the same run.
     Bench(Box<fastlane_bench::llm_bench::BenchArgs>),
     /// Serve the engine over HTTP: the OpenAI API (/v1/completions, /v1/chat/completions,
-    /// /v1/models), /health and /metrics, tenants from --tenants.
+    /// /v1/models), /health, /livez, /readyz and /metrics, tenants from --tenants.
     Serve(Box<ServeArgs>),
 }
 

@@ -287,13 +287,15 @@ fn router_dispatches_by_drr_and_survives_its_upstream() {
     let floods_before = flood_ends.iter().filter(|&&e| e < q_end).count();
     assert!(floods_before <= 2, "quiet finished after {floods_before} flood requests, not next");
 
-    // The upstream goes away: 502, and the router keeps serving its own endpoints.
+    // The upstream goes away: 502, and the router keeps serving its own endpoints (alive,
+    // not ready).
     let _ = p.upstream.child.kill();
     let _ = p.upstream.child.wait();
     let (st, text) =
         p.router.post("/v1/completions", "key-quiet", r#"{"prompt": "x", "max_tokens": 2}"#);
     assert_eq!(st, 502, "{text}");
-    assert_eq!(curl(&[&format!("{}/health", p.router.url)]).0, 200);
+    assert_eq!(curl(&[&format!("{}/livez", p.router.url)]).0, 200);
+    assert_eq!(curl(&[&format!("{}/health", p.router.url)]).0, 503);
 
     // SIGTERM: exits 0.
     p.router.sigterm();
