@@ -145,17 +145,17 @@ async fn one(addr: &str, key: &str, prompt: &str, max_tokens: u32) -> Result<Out
     Ok(out)
 }
 
-/// A stream whose client reads its status line and then nothing: the connection, once the
-/// server has answered (`None`: refused or failed).
+/// A stream whose client sends its request and reads nothing: the connection (`None`: the
+/// connection or the send failed).
 async fn slow(addr: String, key: String, max_tokens: u32) -> Option<tokio::net::TcpStream> {
     let sock = tokio::net::TcpSocket::new_v4().ok()?;
     let _ = sock.set_recv_buffer_size(4096);
     let sa: std::net::SocketAddr = tokio::net::lookup_host(&addr).await.ok()?.next()?;
     let mut s = sock.connect(sa).await.ok()?;
     s.write_all(request_bytes(&addr, &key, "slow reader", max_tokens).as_bytes()).await.ok()?;
-    let mut head = [0u8; 12];
-    s.read_exact(&mut head).await.ok()?;
-    head.starts_with(b"HTTP/1.1 200").then_some(s)
+    // Nothing is read, not even the response's head: the stream's tokens pile up in the
+    // server while it generates them.
+    Some(s)
 }
 
 /// The sum of our server's `fastlane_llm_sequences` gauges for waiting and running
@@ -188,9 +188,20 @@ fn ms(h: &Histogram<u64>, q: f64) -> f64 {
 }
 
 /// Runs the loads (then waits for the requests in flight, at most 120 s).
-async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<TenantResult>, usize)> {
-    // Slow readers first, held until the end.
+/// What the slow readers were: streams sent and held, and the server's busy sequences (our
+/// server only) when the measured load began and when it ended.
+struct Held {
+    streams: usize,
+    busy_at_start: Option<f64>,
+    busy_at_end: Option<f64>,
+}
+
+async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<TenantResult>, Held)> {
+    // Slow readers first, held until the end; they read nothing while the server is still
+    // generating their tokens (our server's busy sequences say so, at the start and at the
+    // end of the measured load).
     let mut held = Vec::new();
+    let mut busy = (None, None);
     if o.slow_streams > 0 {
         let t0 = Instant::now();
         let tasks: Vec<_> = (0..o.slow_streams)
@@ -201,26 +212,26 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
                 held.push(s);
             }
         }
-        // Let the server generate their tokens (our server says when; others get 10 s).
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let mut ours = false;
-        while Instant::now() < deadline {
+        // Until our server has taken them in (at most 30 s; another server: 1 s).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
             match busy_sequences(&addr).await {
-                Some(n) if n > 0.0 => ours = true,
-                Some(_) => break,
-                None if !ours => {
-                    tokio::time::sleep(Duration::from_secs(10)).await;
+                Some(n) if n >= held.len().min(256) as f64 => break,
+                None => {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
                     break;
                 }
-                None => {}
+                Some(_) if Instant::now() >= deadline => break,
+                Some(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        busy.0 = busy_sequences(&addr).await;
         if !o.json {
             eprintln!(
-                "{} of {} slow streams open ({:.1}s to open and generate)",
+                "{} of {} slow streams sent, {} sequences busy ({:.1}s)",
                 held.len(),
                 o.slow_streams,
+                busy.0.map_or("?".to_string(), |b| b.to_string()),
                 t0.elapsed().as_secs_f64()
             );
         }
@@ -304,6 +315,9 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
     if let Some(p) = progress {
         p.abort();
     }
+    if o.slow_streams > 0 {
+        busy.1 = busy_sequences(&addr).await;
+    }
     let wall = start.elapsed().as_secs_f64();
     for r in res.iter_mut() {
         if let (Some(t), Some(i)) = (&r.ttft, &r.itl) {
@@ -317,7 +331,7 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
     if res.iter().all(|r| r.ok == 0) {
         bail!("no request succeeded against {addr}");
     }
-    let held_n = held.len();
+    let held_n = Held { streams: held.len(), busy_at_start: busy.0, busy_at_end: busy.1 };
     drop(held);
     Ok((res, held_n))
 }
@@ -400,7 +414,8 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
         }
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-    let (res, held) = rt.block_on(run(o, addr, loads))?;
+    let (res, slow) = rt.block_on(run(o, addr, loads))?;
+    let held = slow.streams;
     let load = crate::load::loadavg();
     let what = format!(
         "scenario a over HTTP ({}), {} s, {} arrivals, quiet at {}/s{}{}",
@@ -446,11 +461,20 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
                 r.completed_per_s
             );
         }
+        if held > 0 {
+            let b = |v: Option<f64>| v.map_or("?".to_string(), |v| v.to_string());
+            println!(
+                "slow streams: {held} held, sequences busy {} at the start and {} at the end",
+                b(slow.busy_at_start),
+                b(slow.busy_at_end)
+            );
+        }
         if let Some(dir) = &o.hlog_dir {
             println!("wrote {}/{{quiet,flood}}.hlog and ttft.svg", dir.display());
         }
     }
     Ok(serde_json::json!({"scenario": "a", "url": o.url, "solo": o.solo, "rate": o.rate,
         "seconds": o.secs, "arrivals": o.arrivals, "lengths": o.lengths,
-        "slow_streams_held": held, "load": load, "tenants": res}))
+        "slow_streams_held": held, "slow_busy_at_start": slow.busy_at_start,
+        "slow_busy_at_end": slow.busy_at_end, "load": load, "tenants": res}))
 }

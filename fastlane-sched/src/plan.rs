@@ -1,5 +1,6 @@
-//! Step planning: decodes first, then prefill chunks shared across tenants by DRR within
-//! the token budget, with latency protection's cap.
+//! Step planning, tier by tier: the interactive tier's decodes, then its prefill chunks
+//! shared across its tenants by DRR within the token budget (with latency protection's cap),
+//! then the batch tier's decodes and prefills in what is left. FIFO: decodes, then prefills.
 
 use std::collections::VecDeque;
 
@@ -35,7 +36,7 @@ pub struct StepItem {
 /// The batch of one step.
 #[derive(Debug, Clone, Default)]
 pub struct StepPlan {
-    /// Items, decodes first.
+    /// Items: the interactive tier's decodes, its prefills, then the batch tier's (FIFO: decodes, then prefills).
     pub items: Vec<StepItem>,
     /// Sum of prefill chunk tokens.
     pub prefill_tokens: u32,
@@ -78,19 +79,25 @@ impl<P: SwapPort> Scheduler<P> {
         }
         let mut budget = self.cfg.batch_tokens_max;
         let mut seqs_left = self.cfg.batch_seqs_max;
-        // Decodes first (a stall hurts them most), then the interactive tier's prefills —
-        // running ones, then new ones — and only then the batch tier's, so batch prefill
-        // chunks never take the token budget an interactive request is waiting for.
-        self.plan_decodes(now_ns, &mut budget, &mut seqs_left);
-        self.plan_protection(now_ns, budget);
         if self.cfg.policy == Policy::Fifo {
+            // Decodes first (a stall hurts them most), then prefills in arrival order.
+            self.plan_decodes(now_ns, None, &mut budget, &mut seqs_left);
+            self.plan_protection(now_ns, budget);
             self.plan_prefills(Tier::Batch, &mut budget, &mut seqs_left);
             self.plan_new(now_ns, &mut budget, &mut seqs_left);
             return self.finish_plan();
         }
+        // The interactive tier's decodes, then its prefills — running ones, then new ones —
+        // and only then the batch tier's decodes and prefills: batch work never takes the
+        // token budget or the sequence slots an interactive request is waiting for (with as
+        // many batch decodes as the step has tokens, an interactive prompt would otherwise
+        // wait for batch streams to end).
+        self.plan_decodes(now_ns, Some(Tier::Interactive), &mut budget, &mut seqs_left);
+        self.plan_protection(now_ns, budget);
         // Each tier's prefill work — chunks of running prefills and new starts alike — gets
         // the step's remaining budget shared across its tenants by deficit round robin.
         let blocked = self.plan_tier(now_ns, Tier::Interactive, false, &mut budget, &mut seqs_left);
+        self.plan_decodes(now_ns, Some(Tier::Batch), &mut budget, &mut seqs_left);
         // `drr+preempt` also preempts batch work in compute: while an interactive request
         // waits for or is in its prefill, batch prefill chunks sit the step out (their
         // decodes keep running), so the step it lands in is short.
@@ -281,7 +288,13 @@ impl<P: SwapPort> Scheduler<P> {
         }
     }
 
-    pub(super) fn plan_decodes(&mut self, now_ns: u64, budget: &mut u32, seqs_left: &mut u32) {
+    pub(super) fn plan_decodes(
+        &mut self,
+        now_ns: u64,
+        tier: Option<Tier>,
+        budget: &mut u32,
+        seqs_left: &mut u32,
+    ) {
         let order = self.running_in_order();
         let mut i = 0;
         while i < order.len() {
@@ -291,7 +304,8 @@ impl<P: SwapPort> Scheduler<P> {
                 break;
             }
             let Some(s) = self.seqs.get(&id) else { continue };
-            if !s.decode_ready() || !self.running.contains(&id) {
+            if !s.decode_ready() || !self.running.contains(&id) || tier.is_some_and(|t| s.tier != t)
+            {
                 continue;
             }
             let need_tokens = s.computed + 1;
