@@ -24,6 +24,7 @@ pub mod journal;
 pub mod kv_cluster;
 pub mod kv_sim;
 pub mod kv_tiers;
+pub mod llm_attack;
 pub mod llm_bench;
 pub mod llm_load;
 pub mod llm_sched;

@@ -97,6 +97,20 @@ pub struct BenchArgs {
     /// With --url: tokens each slow stream asks for.
     #[arg(long, default_value_t = 256)]
     slow_tokens: u32,
+    /// With --url: hold this many hostile connections of every kind during the run (no key
+    /// with a trickled body, slow headers, valid key that never reads, maximal prompts and
+    /// stop lists, 429'd bursts; `fastlane_bench::llm_attack`) and count the answers.
+    #[arg(long, default_value_t = 0)]
+    attack: usize,
+    /// With --attack: the key of the tenant that never reads and sends maximal prompts.
+    #[arg(long, default_value = "key-attack")]
+    attack_key: String,
+    /// With --attack: the key of a small-bucket tenant whose requests are mostly 429.
+    #[arg(long, default_value = "key-burst")]
+    attack_burst_key: String,
+    /// With --url: the server's pid; its RSS and threads are reported at the start and end.
+    #[arg(long)]
+    server_pid: Option<u32>,
     /// With --url: write `<tenant>.hlog` (tags ttft, itl) and ttft.svg into this directory.
     #[arg(long)]
     hlog_dir: Option<std::path::PathBuf>,
@@ -250,6 +264,12 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             slow_streams: a.slow_streams,
             slow_key: a.slow_key.clone(),
             slow_tokens: a.slow_tokens,
+            attack: (a.attack > 0).then(|| crate::llm_attack::Attack {
+                per_kind: a.attack,
+                key: a.attack_key.clone(),
+                burst_key: a.attack_burst_key.clone(),
+            }),
+            server_pid: a.server_pid,
             hlog_dir: a.hlog_dir.clone(),
             seed: a.seed,
             json: a.json,

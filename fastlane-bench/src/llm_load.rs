@@ -51,6 +51,10 @@ pub(crate) struct LoadOpts {
     pub slow_key: String,
     /// Tokens each slow stream asks for.
     pub slow_tokens: u32,
+    /// Hostile connections of every kind held during the run (`crate::llm_attack`).
+    pub attack: Option<crate::llm_attack::Attack>,
+    /// The server's pid: its memory and threads are reported at the start and end of the run.
+    pub server_pid: Option<u32>,
     /// Where the .hlog files and the SVG go.
     pub hlog_dir: Option<PathBuf>,
     /// Seed of arrivals and lengths.
@@ -194,6 +198,8 @@ struct Held {
     streams: usize,
     busy_at_start: Option<f64>,
     busy_at_end: Option<f64>,
+    attack: Option<crate::llm_attack::Report>,
+    server: [Option<serde_json::Value>; 2],
 }
 
 async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<TenantResult>, Held)> {
@@ -236,6 +242,17 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
             );
         }
     }
+    // The attack runs for the whole measured load.
+    let attack_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attack = o
+        .attack
+        .clone()
+        .map(|a| tokio::spawn(crate::llm_attack::run(addr.clone(), a, attack_stop.clone())));
+    if attack.is_some() {
+        // Let every attacking connection open before the measurement starts.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    let server_start = o.server_pid.and_then(crate::llm_attack::process_usage);
     let start = Instant::now();
     let answered = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut handles = Vec::new();
@@ -318,6 +335,12 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
     if o.slow_streams > 0 {
         busy.1 = busy_sequences(&addr).await;
     }
+    let server_end = o.server_pid.and_then(crate::llm_attack::process_usage);
+    attack_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let attack = match attack {
+        Some(t) => tokio::time::timeout(Duration::from_secs(90), t).await.ok().and_then(Result::ok),
+        None => None,
+    };
     let wall = start.elapsed().as_secs_f64();
     for r in res.iter_mut() {
         if let (Some(t), Some(i)) = (&r.ttft, &r.itl) {
@@ -331,7 +354,13 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
     if res.iter().all(|r| r.ok == 0) {
         bail!("no request succeeded against {addr}");
     }
-    let held_n = Held { streams: held.len(), busy_at_start: busy.0, busy_at_end: busy.1 };
+    let held_n = Held {
+        streams: held.len(),
+        busy_at_start: busy.0,
+        busy_at_end: busy.1,
+        attack,
+        server: [server_start, server_end],
+    };
     drop(held);
     Ok((res, held_n))
 }
@@ -404,13 +433,11 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
             output,
         });
     }
-    if o.slow_streams > 0 {
+    let conns = o.slow_streams + o.attack.as_ref().map_or(0, |a| a.per_kind * 5);
+    if conns > 0 {
         let fds = fastlane_daemon::http::raise_fd_limit();
-        if fds < o.slow_streams as u64 + 256 {
-            bail!(
-                "--slow-streams {} needs that many open files; the limit here is {fds}",
-                o.slow_streams
-            );
+        if fds < conns as u64 + 256 {
+            bail!("--slow-streams and --attack need {conns} open files; the limit here is {fds}");
         }
     }
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
@@ -461,6 +488,21 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
                 r.completed_per_s
             );
         }
+        if let Some(a) = &slow.attack {
+            println!("{:<16} {:>8}  statuses answered", "attack", "opened");
+            for (kind, k) in a {
+                let st: Vec<String> = k.statuses.iter().map(|(s, n)| format!("{s}: {n}")).collect();
+                println!("{kind:<16} {:>8}  {}", k.opened, st.join(", "));
+            }
+        }
+        for (when, u) in [("start", &slow.server[0]), ("end", &slow.server[1])] {
+            if let Some(u) = u {
+                println!(
+                    "server at the {when}: RSS {} kB (peak {} kB), {} threads",
+                    u["rss_kb"], u["hwm_kb"], u["threads"]
+                );
+            }
+        }
         if held > 0 {
             let b = |v: Option<f64>| v.map_or("?".to_string(), |v| v.to_string());
             println!(
@@ -476,5 +518,7 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
     Ok(serde_json::json!({"scenario": "a", "url": o.url, "solo": o.solo, "rate": o.rate,
         "seconds": o.secs, "arrivals": o.arrivals, "lengths": o.lengths,
         "slow_streams_held": held, "slow_busy_at_start": slow.busy_at_start,
-        "slow_busy_at_end": slow.busy_at_end, "load": load, "tenants": res}))
+        "slow_busy_at_end": slow.busy_at_end, "attack": slow.attack,
+        "server_at_start": slow.server[0], "server_at_end": slow.server[1],
+        "load": load, "tenants": res}))
 }
