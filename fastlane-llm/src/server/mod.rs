@@ -3,7 +3,8 @@
 //! server-sent events, TTFT measured where the client sees it, Prometheus metrics.
 //!
 //! Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both with `stream: true`
-//! as SSE ending in `data: [DONE]`, with `usage`), `GET /v1/models`, `GET /metrics`, and
+//! as SSE ending in `data: [DONE]`, with `usage`; `n` choices, log-probabilities, presence and
+//! frequency penalties), `GET /v1/models`, `GET /metrics`, and
 //! health: `GET /readyz` and `GET /health` (503 when the engine thread has ended, or when
 //! requests are live and no step has begun for [`crate::STALL_AFTER`]: send me nothing) and
 //! `GET /livez` (503 when the engine thread has ended or stalled for [`LIVENESS_STALL`]:
