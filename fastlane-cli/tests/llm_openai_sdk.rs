@@ -43,6 +43,18 @@ tier = "batch"
 queue = 0
 "#;
 
+/// A tenant with a bucket of one request and two slots (`llm serve` only: `n` = 2 is two
+/// requests there, one at the router).
+const PAIR_TENANT: &str = r#"
+[[tenant]]
+name = "pair"
+keys = ["key-pair"]
+rpm = 1
+burst = 1
+max_concurrent = 2
+tier = "batch"
+"#;
+
 /// The tenant `llm serve` knows the router by (`--upstream-key`), beside [`TENANTS`].
 const UPSTREAM_TENANT: &str = r#"
 [[tenant]]
@@ -136,12 +148,13 @@ fn sdk_python() -> PathBuf {
 }
 
 /// Runs the conformance script against `url`; panics with its output when it fails.
-fn conformance(python: &Path, url: &str, against: &str) {
+fn conformance(python: &Path, url: &str, keys: &[&str], against: &str) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/openai_conformance.py");
     let o = run_bounded(
         Command::new(python)
             .arg(&script)
-            .args([url, "key-sdk", "key-tight"])
+            .arg(url)
+            .args(keys)
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .env("PYTHONNOUSERSITE", "1"),
         SCRIPT_WAIT_MAX,
@@ -159,10 +172,10 @@ fn the_official_openai_sdk_works_against_llm_serve_and_the_router() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (serve_tenants, router_tenants) =
         (dir.path().join("serve.toml"), dir.path().join("router.toml"));
-    std::fs::write(&serve_tenants, format!("{TENANTS}{UPSTREAM_TENANT}")).unwrap();
+    std::fs::write(&serve_tenants, format!("{TENANTS}{PAIR_TENANT}{UPSTREAM_TENANT}")).unwrap();
     std::fs::write(&router_tenants, TENANTS).unwrap();
     let s = Server::llm(&serve_tenants, &[]);
-    conformance(&python, &s.url, "llm serve");
+    conformance(&python, &s.url, &["key-sdk", "key-tight", "key-pair"], "llm serve");
     // The router admits by its own tenants (the 429 comes from its bucket) and forwards with
     // its own key; the 400s and 404 come from llm serve through it.
     let r = Server::start(&[
@@ -176,5 +189,5 @@ fn the_official_openai_sdk_works_against_llm_serve_and_the_router() {
         "--tenants",
         router_tenants.to_str().unwrap(),
     ]);
-    conformance(&python, &r.url, "router → llm serve");
+    conformance(&python, &r.url, &["key-sdk", "key-tight"], "router → llm serve");
 }

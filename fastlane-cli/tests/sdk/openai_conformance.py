@@ -1,10 +1,12 @@
 """The official `openai` Python SDK against `fastlane llm serve` (or `fastlane router` in front
 of it): every call a client makes, asserted on. Run by fastlane-cli/tests/llm_openai_sdk.rs.
 
-Usage: python openai_conformance.py BASE_URL KEY TIGHT_KEY
+Usage: python openai_conformance.py BASE_URL KEY TIGHT_KEY [PAIR_KEY]
   BASE_URL   the server's URL (the SDK's base_url is BASE_URL/v1)
   KEY        a tenant key with room for every request here
   TIGHT_KEY  a tenant key with a bucket of one request (rpm 1): a 429 within three requests
+  PAIR_KEY   (llm serve only) a tenant key with a bucket of one request and two slots: a
+             request with n=2 is two requests to its bucket, so a 429
 
 Exits 0 when every check passed; otherwise prints the failed check and exits 1.
 """
@@ -22,6 +24,7 @@ def check(cond, what):
 
 def main():
     base, key, tight_key = sys.argv[1], sys.argv[2], sys.argv[3]
+    pair_key = sys.argv[4] if len(sys.argv) > 4 else None
     url = base.rstrip("/") + "/v1"
     client = OpenAI(base_url=url, api_key=key, max_retries=0, timeout=60)
 
@@ -244,6 +247,14 @@ def main():
     check(limited.status_code == 429, f"429: {limited}")
     retry = limited.response.headers.get("retry-after")
     check(retry is not None and int(retry) >= 1, f"Retry-After: {retry}")
+
+    if pair_key is not None:
+        pair = OpenAI(base_url=url, api_key=pair_key, max_retries=0, timeout=60)
+        try:
+            pair.completions.create(model=model, prompt="x", max_tokens=1, n=2)
+            check(False, "n=2 on a bucket of one is refused")
+        except openai.RateLimitError as e:
+            check(e.response.headers.get("retry-after") is not None, f"Retry-After: {e}")
 
     print(f"ok: openai {openai.__version__} against {base}")
 

@@ -306,6 +306,11 @@ impl Stream {
         self.rx.recv_async().await.ok()
     }
 
+    /// The next event if one is there, without waiting.
+    pub fn try_next(&self) -> Option<StreamEvent> {
+        self.rx.try_recv().ok()
+    }
+
     /// Waits for the end (at most `timeout`), dropping token events.
     pub fn wait(&self, timeout: Duration) -> Result<Finished, LlmError> {
         let deadline = Instant::now() + timeout;

@@ -402,9 +402,11 @@ async fn run(
     }
     // Each choice is one engine request, admitted like any other (its tenant's bucket, slots
     // and queue): a refusal of any refuses the whole request, and the streams already
-    // submitted end (aborted) when dropped.
+    // submitted end (aborted) when dropped. Choice 0 is submitted last: the engine takes
+    // commands in order and refuses at submission, so once choice 0 has an event, the
+    // others' refusals are in their streams.
     let mut streams = Vec::with_capacity(reqs.len());
-    for req in reqs {
+    for req in reqs.into_iter().rev() {
         streams.push(st.engine.submit(req).map_err(|e| match e {
             LlmError::Stopped { .. } => unavailable(&st, &tname, &e.to_string()),
             e => {
@@ -413,6 +415,7 @@ async fn run(
             }
         })?);
     }
+    streams.reverse();
     let fence = st.tenants.get(t).max_stream_seconds.map(Duration::from_secs_f64);
     let deadline = fence.map(|f| arrived + f);
     // The fence holds even while nothing reads this request's events (queued, waiting for
@@ -436,9 +439,18 @@ async fn run(
         })
     });
     let watchdog = Watchdog(watchdog);
-    // The first choice's first event says whether the request was admitted; the others'
-    // are read in turn (whole responses) or arrive in the stream (an error event there).
-    let first = first_event(&st, t, &streams[0], deadline, &fence_state).await?;
+    // The first choice's first event says whether the request was admitted, and then the
+    // others' refusals are there to see.
+    let mut firsts = vec![Some(first_event(&st, t, &streams[0], deadline, &fence_state).await?)];
+    for s in &streams[1..] {
+        let ev = s.try_next();
+        if let Some(StreamEvent::Done(f)) = &ev {
+            if let Some(e) = refusal(&st, &tname, t, f) {
+                return Err(e);
+            }
+        }
+        firsts.push(ev);
+    }
     st.metrics.requests.with_label_values(&[&tname, "admitted"]).inc();
     st.metrics.streams_open.with_label_values(&[&tname]).inc();
     let guard = AbortOnDrop {
@@ -467,9 +479,9 @@ async fn run(
         logprobs,
     };
     if c.stream.unwrap_or(false) {
-        Ok(sse(ctx, streams, first, guard))
+        Ok(sse(ctx, streams, firsts, guard))
     } else {
-        whole(ctx, streams, first, guard).await
+        whole(ctx, streams, firsts, guard).await
     }
 }
 
@@ -596,26 +608,15 @@ async fn next_event(stream: &Stream, deadline: Option<Instant>) -> Option<Result
 async fn whole(
     ctx: Ctx,
     streams: Vec<Stream>,
-    first: StreamEvent,
+    firsts: Vec<Option<StreamEvent>>,
     mut guard: AbortOnDrop,
 ) -> Result<Response, ApiError> {
     let deadline = ctx.deadline;
-    let mut pending = Some(first);
     let mut first_seen = false;
     let mut choices: Vec<(Finished, ChoiceLogprobs)> = Vec::with_capacity(streams.len());
     // The choices are read one after the other (they run side by side in the engine); each
     // stream is dropped at its end, which gives its slot back.
-    for (i, stream) in streams.into_iter().enumerate() {
-        if i > 0 {
-            match first_event(&ctx.st, ctx.t, &stream, deadline, &ctx.fence).await {
-                Ok(ev) => pending = Some(ev),
-                Err(e) => {
-                    guard.done = true;
-                    ctx.lat.e2e.observe(ctx.arrived.elapsed().as_secs_f64());
-                    return Err(e);
-                }
-            }
-        }
+    for (stream, mut pending) in streams.into_iter().zip(firsts) {
         let mut lps = ChoiceLogprobs::default();
         let mut chars = 0;
         let finished: Finished = loop {
@@ -644,6 +645,12 @@ async fn whole(
                 StreamEvent::Done(f) => break f,
             }
         };
+        if let Some(e) = refusal(&ctx.st, &ctx.tname, ctx.t, &finished) {
+            // Not expected (refusals come at submission, seen in `run`), but handled.
+            guard.done = true;
+            ctx.lat.e2e.observe(ctx.arrived.elapsed().as_secs_f64());
+            return Err(e);
+        }
         choices.push((finished, lps));
     }
     guard.done = true;
@@ -732,18 +739,29 @@ struct OwnedMessage {
     content: String,
 }
 
-/// One choice's events, tagged with its index; `None` once if its stream ends without its
-/// last event (the engine stopped). The engine stream lives until the merged stream drops it
-/// after its last event.
-fn choice_events(index: u32, s: Stream) -> BoxStream<'static, (u32, Option<StreamEvent>)> {
-    futures_util::stream::unfold((s, false), move |(s, ended)| async move {
+/// One choice's events, `first` (already read) first, tagged with its index; `None` once if
+/// its stream ends without its last event (the engine stopped). The engine stream lives until
+/// the merged stream drops it after its last event.
+fn choice_events(
+    index: u32,
+    s: Stream,
+    first: Option<StreamEvent>,
+) -> BoxStream<'static, (u32, Option<StreamEvent>)> {
+    futures_util::stream::unfold((s, first, false), move |(s, first, ended)| async move {
         if ended {
             return None;
         }
-        match s.next_async().await {
-            Some(StreamEvent::Done(f)) => Some(((index, Some(StreamEvent::Done(f))), (s, true))),
-            Some(ev) => Some(((index, Some(ev)), (s, false))),
-            None => Some(((index, None), (s, true))),
+        let ev = match first {
+            Some(ev) => Some(ev),
+            None => s.next_async().await,
+        };
+        let s = (s, None);
+        match ev {
+            Some(StreamEvent::Done(f)) => {
+                Some(((index, Some(StreamEvent::Done(f))), (s.0, s.1, true)))
+            }
+            Some(ev) => Some(((index, Some(ev)), (s.0, s.1, false))),
+            None => Some(((index, None), (s.0, s.1, true))),
         }
     })
     .boxed()
@@ -753,7 +771,6 @@ fn choice_events(index: u32, s: Stream) -> BoxStream<'static, (u32, Option<Strea
 struct Sse {
     ctx: Ctx,
     events: SelectAll<BoxStream<'static, (u32, Option<StreamEvent>)>>,
-    pending: Option<(u32, StreamEvent)>,
     guard: AbortOnDrop,
     last_token: Option<Instant>,
     deadline: Option<Instant>,
@@ -862,12 +879,9 @@ impl Sse {
         if self.ended {
             return None;
         }
-        let ev = match self.pending.take() {
-            Some((i, ev)) => Ok((i, Some(ev))),
-            None => match self.next_event().await {
-                Some(r) => r,
-                None => return self.error_event("engine stopped"),
-            },
+        let ev = match self.next_event().await {
+            Some(r) => r,
+            None => return self.error_event("engine stopped"),
         };
         match ev {
             Ok((_, None)) => self.error_event("engine stopped"),
@@ -921,16 +935,24 @@ impl Sse {
     }
 }
 
-fn sse(ctx: Ctx, streams: Vec<Stream>, first: StreamEvent, guard: AbortOnDrop) -> Response {
+fn sse(
+    ctx: Ctx,
+    streams: Vec<Stream>,
+    firsts: Vec<Option<StreamEvent>>,
+    guard: AbortOnDrop,
+) -> Response {
     let deadline = ctx.deadline;
     let n = streams.len();
     let events = futures_util::stream::select_all(
-        streams.into_iter().enumerate().map(|(i, s)| choice_events(i as u32, s)),
+        streams
+            .into_iter()
+            .zip(firsts)
+            .enumerate()
+            .map(|(i, (s, f))| choice_events(i as u32, s, f)),
     );
     let state = Sse {
         ctx,
         events,
-        pending: Some((0, first)),
         guard,
         last_token: None,
         deadline,
