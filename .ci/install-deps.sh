@@ -24,6 +24,8 @@ PKGS=(
     perftest            # ib_write_lat / ib_write_bw: the peer of `fastlane rdma bench`
     python3             # /usr/bin/python3: the fastlane_kv client's tests (fastlane-cli/tests/kv_python.rs)
     python3-numpy       # fastlane-llm: the independent reference forward pass (/usr/bin/python3)
+    python3-venv        # fastlane-cli/tests/llm_openai_sdk.rs: a venv for the official openai SDK
+    python3-pip         # ... and pip, which installs the SDK into it
     libopenblas0-pthread # numpy's BLAS: the GEMM peer of `fastlane llm bench` (not reference BLAS)
     binutils            # strip: guest binaries go into the initramfs without debug info
     curl                # the real HTTP client of the `fastlane llm serve` tests and of run.sh

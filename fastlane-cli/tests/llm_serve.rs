@@ -156,9 +156,11 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
     assert_eq!(st, 200, "{text}");
     assert_eq!(json_body(&text)["usage"]["completion_tokens"], 3, "max_completion_tokens");
     for (field, body) in [
-        ("frequency_penalty", r#"{"prompt": "hi", "frequency_penalty": 0.5}"#),
-        ("presence_penalty", r#"{"prompt": "hi", "presence_penalty": -1}"#),
-        ("logprobs", r#"{"prompt": "hi", "logprobs": 2}"#),
+        ("frequency_penalty", r#"{"prompt": "hi", "frequency_penalty": 2.5}"#),
+        ("presence_penalty", r#"{"prompt": "hi", "presence_penalty": -3}"#),
+        ("logprobs", r#"{"prompt": "hi", "logprobs": 6}"#),
+        ("top_logprobs", r#"{"prompt": "hi", "top_logprobs": 2}"#),
+        ("n", r#"{"prompt": "hi", "n": 9}"#),
         ("logit_bias", r#"{"prompt": "hi", "logit_bias": {"5": 10}}"#),
         ("echo", r#"{"prompt": "hi", "echo": true}"#),
         ("best_of", r#"{"prompt": "hi", "best_of": 3}"#),
@@ -172,10 +174,11 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
         assert_eq!(st, 400, "{field}: {text}");
         assert!(json_body(&text)["error"]["message"].as_str().unwrap().contains(field), "{text}");
     }
-    let body = r#"{"messages": [{"role": "user", "content": "hi"}], "logprobs": true}"#;
+    let body = r#"{"messages": [{"role": "user", "content": "hi"}], "logprobs": true,
+        "top_logprobs": 21}"#;
     let (st, text) = post(&s, "/v1/chat/completions", "key-quiet", body);
     assert_eq!(st, 400, "{text}");
-    assert!(text.contains("logprobs"), "{text}");
+    assert!(text.contains("top_logprobs"), "{text}");
 
     // Chat.
     let body =

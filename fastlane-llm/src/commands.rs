@@ -210,6 +210,7 @@ pub fn generate(a: &GenerateArgs) -> Result<()> {
                 top_p: a.top_p,
                 top_k: a.top_k,
                 seed: a.seed + i as u64,
+                ..SamplingParams::default()
             },
             stop: a.stop.clone(),
             stop_token_ids: a.stop_token_id.clone(),

@@ -66,6 +66,15 @@ impl Tokenizer {
         }
     }
 
+    /// The bytes of one token alone: a byte token's byte, a vocabulary token's text (the
+    /// logprobs' `bytes`; special tokens have none).
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        match self {
+            Tokenizer::Bytes => u8::try_from(id).map(|b| vec![b]).unwrap_or_default(),
+            Tokenizer::Hf(t) => t.decode(&[id], true).unwrap_or_default().into_bytes(),
+        }
+    }
+
     /// The text `generated` adds since the last call for this stream (held back while it
     /// ends inside a UTF-8 sequence).
     pub fn piece(&self, generated: &[u32], st: &mut TextStream) -> String {

@@ -29,7 +29,8 @@ fn model() -> Arc<Model> {
     M.get_or_init(|| Arc::new(Model::load("random:tiny", 7).expect("random:tiny loads"))).clone()
 }
 
-/// 64 prompts of 8–119 bytes; every fourth request samples (temperature 0.8, its own seed).
+/// 64 prompts of 8–119 bytes; every fourth request samples (temperature 0.8, its own seed);
+/// a quarter of them, greedy or sampled, have presence and frequency penalties.
 fn requests() -> Vec<GenRequest> {
     let m = model();
     (0..REQUESTS)
@@ -40,8 +41,18 @@ fn requests() -> Vec<GenRequest> {
             let mut r = GenRequest::greedy(m.tokenizer().encode(&text).unwrap(), MAX_TOKENS);
             r.digest_logits = true;
             if i % 4 == 3 {
-                r.sampling =
-                    SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed: i as u64 };
+                r.sampling = SamplingParams {
+                    temperature: 0.8,
+                    top_k: 40,
+                    top_p: 0.95,
+                    seed: i as u64,
+                    ..SamplingParams::default()
+                };
+            }
+            if i % 8 == 1 || i % 8 == 3 {
+                // Penalties count the sequence's own tokens: invisible to batching too.
+                r.sampling.presence_penalty = 0.6;
+                r.sampling.frequency_penalty = 0.4;
             }
             r
         })
@@ -513,4 +524,43 @@ fn interactive_arrivals_never_starve_the_batch_tier() {
         }
         eprintln!("{force:?}: {} steps, {} given up", c.steps, c.steps_aborted);
     }
+}
+
+#[test]
+fn penalties_make_greedy_decoding_of_the_random_model_repeat_less_and_stay_deterministic() {
+    let e = Engine::start(model(), ample()).expect("engine starts");
+    let m = model();
+    let run = |presence: f32, frequency: f32| {
+        let mut r = GenRequest::greedy(m.tokenizer().encode("the cat sat on").unwrap(), 48);
+        r.sampling.presence_penalty = presence;
+        r.sampling.frequency_penalty = frequency;
+        r.sampling.logprobs = Some(3);
+        let s = e.submit(r).expect("submit");
+        let mut logprobs = Vec::new();
+        loop {
+            match s.next(WAIT).expect("an event") {
+                StreamEvent::Token { logprobs: lp, .. } => logprobs.push(lp.expect("asked for")),
+                StreamEvent::Done(f) => return (f.token_ids, logprobs),
+            }
+        }
+    };
+    let repeats =
+        |ids: &[u32]| ids.len() - ids.iter().collect::<std::collections::HashSet<_>>().len();
+    let (plain, plain_lp) = run(0.0, 0.0);
+    let (strong, strong_lp) = run(2.0, 2.0);
+    assert!(repeats(&plain) > 0, "greedy without penalty repeats: {plain:?}");
+    assert!(
+        repeats(&strong) < repeats(&plain),
+        "penalized {strong:?} repeats less than plain {plain:?}"
+    );
+    assert_eq!(run(2.0, 2.0).0, strong, "deterministic");
+    // Greedy picks the most likely token of the distribution logprobs report.
+    for (lps, ids) in [(&plain_lp, &plain), (&strong_lp, &strong)] {
+        for (lp, id) in lps.iter().zip(ids.iter()) {
+            assert_eq!(lp.top[0].0, *id);
+            assert_eq!(lp.top[0].1, lp.logprob);
+            assert!(lp.top.len() == 3 && lp.top[1].1 <= lp.logprob && lp.logprob <= 0.0);
+        }
+    }
+    e.shutdown().expect("clean shutdown");
 }

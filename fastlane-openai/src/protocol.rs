@@ -103,7 +103,7 @@ pub struct SamplingFields {
     /// vLLM's: the generated token ids in each choice.
     #[serde(default)]
     pub return_token_ids: Option<bool>,
-    /// Choices per request; only 1 is served.
+    /// Choices per request, 1 to [`N_MAX`].
     #[serde(default)]
     pub n: Option<u32>,
     /// An end-user id; accepted, not used.
@@ -119,16 +119,17 @@ pub struct SamplingFields {
     /// The chat API's newer name for `max_tokens`.
     #[serde(default)]
     pub max_completion_tokens: Option<u32>,
-    /// Only 0 is served.
+    /// -2 to 2: subtracted, times its count, from a generated token's logit.
     #[serde(default)]
     pub frequency_penalty: Option<f32>,
-    /// Only 0 is served.
+    /// -2 to 2: subtracted from the logit of a token generated at least once.
     #[serde(default)]
     pub presence_penalty: Option<f32>,
-    /// Chat: a bool; completions: a count. Only off (false, 0, null) is served.
+    /// Chat: a bool; completions: the alternatives per token, 0 to
+    /// [`COMPLETION_LOGPROBS_MAX`] (read by [`SamplingFields::logprobs_wanted`]).
     #[serde(default)]
     pub logprobs: Option<Value>,
-    /// Only 0 is served.
+    /// Chat: the alternatives per token, 0 to [`TOP_LOGPROBS_MAX`] (with `logprobs: true`).
     #[serde(default)]
     pub top_logprobs: Option<u32>,
     /// Only an empty bias is served.
@@ -162,26 +163,31 @@ pub struct StreamOptions {
     pub continuous_usage_stats: Option<bool>,
 }
 
+/// Choices per request at most (`n`).
+pub const N_MAX: u32 = 8;
+/// Alternatives per token at most on `/v1/completions` (`logprobs`), OpenAI's cap.
+pub const COMPLETION_LOGPROBS_MAX: u8 = 5;
+/// Alternatives per token at most on `/v1/chat/completions` (`top_logprobs`), OpenAI's cap.
+pub const TOP_LOGPROBS_MAX: u8 = 20;
+/// The penalties' range, OpenAI's: -2 to 2.
+pub const PENALTY_ABS_MAX: f32 = 2.0;
+
 impl SamplingFields {
-    /// A 400 naming the first field that asks for something this server does not do.
+    /// A 400 naming the first field that asks for something this server does not do, or a
+    /// value out of its range.
     pub fn refuse_unsupported(&self) -> Result<(), ApiError> {
         let unsupported = |field: &str, what: &str| {
             Err(ApiError::bad(format!("{field}: {what} is not supported by this server")))
         };
-        if self.frequency_penalty.is_some_and(|p| p != 0.0) {
-            return unsupported("frequency_penalty", "a value other than 0");
+        for (field, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if v.is_some_and(|p| !(-PENALTY_ABS_MAX..=PENALTY_ABS_MAX).contains(&p)) {
+                return Err(ApiError::bad(format!("{field}: must be between -2 and 2")));
+            }
         }
-        if self.presence_penalty.is_some_and(|p| p != 0.0) {
-            return unsupported("presence_penalty", "a value other than 0");
-        }
-        match &self.logprobs {
-            None | Some(Value::Null) | Some(Value::Bool(false)) => {}
-            Some(Value::Number(n)) if n.as_u64() == Some(0) => {}
-            Some(_) => return unsupported("logprobs", "returning log probabilities"),
-        }
-        if self.top_logprobs.is_some_and(|n| n != 0) {
-            return unsupported("top_logprobs", "returning log probabilities");
-        }
+        self.choices()?;
         if self.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
             return unsupported("logit_bias", "a non-empty bias");
         }
@@ -210,6 +216,54 @@ impl SamplingFields {
             }
         }
         Ok(())
+    }
+
+    /// `n`: 1 when absent; a 400 outside 1 to [`N_MAX`].
+    pub fn choices(&self) -> Result<u32, ApiError> {
+        match self.n {
+            None => Ok(1),
+            Some(n) if (1..=N_MAX).contains(&n) => Ok(n),
+            Some(n) => Err(ApiError::bad(format!("n: {n} is not in 1 to {N_MAX}"))),
+        }
+    }
+
+    /// The alternatives per token the request asks log-probabilities for (`None`: none
+    /// asked). Completions: `logprobs` is a count, 0 to [`COMPLETION_LOGPROBS_MAX`]; chat:
+    /// `logprobs` is a bool and `top_logprobs` the count, 0 to [`TOP_LOGPROBS_MAX`]. A 400
+    /// names the field otherwise.
+    pub fn logprobs_wanted(&self, chat: bool) -> Result<Option<u8>, ApiError> {
+        let top = self.top_logprobs.unwrap_or(0);
+        if chat {
+            let on = match &self.logprobs {
+                None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+                Some(Value::Bool(true)) => true,
+                Some(_) => return Err(ApiError::bad("logprobs: true or false on this endpoint")),
+            };
+            if top > u32::from(TOP_LOGPROBS_MAX) {
+                return Err(ApiError::bad(format!(
+                    "top_logprobs: {top} is not in 0 to {TOP_LOGPROBS_MAX}"
+                )));
+            }
+            if top > 0 && !on {
+                return Err(ApiError::bad("top_logprobs: needs logprobs: true"));
+            }
+            return Ok(on.then_some(top as u8));
+        }
+        if top != 0 {
+            return Err(ApiError::bad("top_logprobs: a chat field; use logprobs on this endpoint"));
+        }
+        match &self.logprobs {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(None),
+            Some(Value::Number(n)) => match n.as_u64() {
+                Some(k) if k <= u64::from(COMPLETION_LOGPROBS_MAX) => Ok(Some(k as u8)),
+                _ => Err(ApiError::bad(format!(
+                    "logprobs: {n} is not in 0 to {COMPLETION_LOGPROBS_MAX}"
+                ))),
+            },
+            Some(_) => Err(ApiError::bad(format!(
+                "logprobs: an integer, 0 to {COMPLETION_LOGPROBS_MAX}, on this endpoint"
+            ))),
+        }
     }
 }
 
@@ -249,8 +303,8 @@ pub struct Completion<'a, C> {
     pub created: u64,
     /// The model id `/v1/models` lists.
     pub model: &'a str,
-    /// One choice (`n` is 1).
-    pub choices: [C; 1],
+    /// The choices (`n` of them in a whole response; a stream chunk carries one).
+    pub choices: Vec<C>,
     /// Whole responses and the last chunk of a stream.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
@@ -259,14 +313,14 @@ pub struct Completion<'a, C> {
 /// A completions choice (whole, or one chunk of a stream).
 #[derive(Debug, Clone, Serialize)]
 pub struct TextChoice<'a> {
-    /// Always 0.
+    /// Which of the `n` choices.
     pub index: u32,
     /// The text (of this chunk).
     pub text: &'a str,
     /// `stop`, `length`, `abort`, `error`; null until the end.
     pub finish_reason: Option<&'static str>,
-    /// Always null (log probabilities are not returned).
-    pub logprobs: Option<()>,
+    /// The tokens' log-probabilities (of this chunk), when asked for.
+    pub logprobs: Option<CompletionLogprobs>,
     /// vLLM's `return_token_ids`: the token ids (of this chunk).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_ids: Option<&'a [u32]>,
@@ -284,12 +338,14 @@ pub struct ChatMessage<'a> {
 /// A whole chat response's choice.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatChoice<'a> {
-    /// Always 0.
+    /// Which of the `n` choices.
     pub index: u32,
     /// The message.
     pub message: ChatMessage<'a>,
     /// See [`TextChoice::finish_reason`].
     pub finish_reason: Option<&'static str>,
+    /// The tokens' log-probabilities, when asked for.
+    pub logprobs: Option<ChatLogprobs>,
     /// See [`TextChoice::token_ids`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_ids: Option<&'a [u32]>,
@@ -306,15 +362,71 @@ pub struct Delta<'a> {
 /// A chat stream chunk's choice.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatChunkChoice<'a> {
-    /// Always 0.
+    /// Which of the `n` choices.
     pub index: u32,
     /// The text added.
     pub delta: Delta<'a>,
     /// See [`TextChoice::finish_reason`].
     pub finish_reason: Option<&'static str>,
+    /// This chunk's tokens' log-probabilities, when asked for.
+    pub logprobs: Option<ChatLogprobs>,
     /// See [`TextChoice::token_ids`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_ids: Option<&'a [u32]>,
+}
+
+/// A completions choice's `logprobs`: one entry per token in each list.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CompletionLogprobs {
+    /// The tokens' text.
+    pub tokens: Vec<String>,
+    /// Their log-probabilities.
+    pub token_logprobs: Vec<f32>,
+    /// The most likely alternatives of each: token text → log-probability.
+    pub top_logprobs: Vec<TopMap>,
+    /// Where each token's text starts in the choice's text (characters).
+    pub text_offset: Vec<usize>,
+}
+
+/// Token text → log-probability, as a JSON object (the most likely first).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TopMap(pub Vec<(String, f32)>);
+
+impl Serialize for TopMap {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+    }
+}
+
+/// A chat choice's `logprobs`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ChatLogprobs {
+    /// One entry per token.
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+/// One token of [`ChatLogprobs`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatTokenLogprob {
+    /// Its text.
+    pub token: String,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// Its bytes (UTF-8 of its text, or the raw byte of a byte token).
+    pub bytes: Vec<u8>,
+    /// The most likely alternatives, the most likely first.
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// One alternative of [`ChatTokenLogprob`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TopLogprob {
+    /// Its text.
+    pub token: String,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
 }
 
 /// `GET /v1/models`.
@@ -428,7 +540,7 @@ mod tests {
             object: "text_completion",
             created: 7,
             model: "m",
-            choices: [TextChoice {
+            choices: vec![TextChoice {
                 index: 0,
                 text: "hi",
                 finish_reason: None,
@@ -446,17 +558,18 @@ mod tests {
             object: "chat.completion.chunk",
             created: 7,
             model: "m",
-            choices: [ChatChunkChoice {
+            choices: vec![ChatChunkChoice {
                 index: 0,
                 delta: Delta::default(),
                 finish_reason: Some("stop"),
+                logprobs: None,
                 token_ids: None,
             }],
             usage: Some(Usage::new(3, 2)),
         };
         assert_eq!(
             json_text(&end),
-            r#"{"id":"cmpl-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}"#
+            r#"{"id":"cmpl-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop","logprobs":null}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}"#
         );
         let e = ErrorBody { error: ErrorDetail { message: "x", kind: "server_error", code: "c" } };
         assert_eq!(
@@ -481,10 +594,59 @@ mod tests {
             r#"{"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0.5}"#,
         )
         .unwrap();
+        assert!(r.common.refuse_unsupported().is_ok());
+        let r: ChatRequest = serde_json::from_str(
+            r#"{"messages": [{"role": "user", "content": "x"}], "presence_penalty": 2.5}"#,
+        )
+        .unwrap();
         let e = r.common.refuse_unsupported().unwrap_err();
-        assert!(format!("{e:?}").contains("presence_penalty"), "{e:?}");
+        assert!(e.message().starts_with("presence_penalty:"), "{e:?}");
         assert!(
             serde_json::from_str::<CompletionRequest>(r#"{"prompt": "x", "bogus": 1}"#).is_err()
         );
+    }
+
+    #[test]
+    fn logprobs_and_n_are_read_per_endpoint_and_bounded() {
+        let fields = |json: &str| serde_json::from_str::<CompletionRequest>(json).unwrap().common;
+        let named = |r: Result<Option<u8>, ApiError>, field: &str| {
+            let e = r.unwrap_err();
+            assert!(e.message().starts_with(field), "{}", e.message());
+        };
+        assert_eq!(fields(r#"{"prompt": "x"}"#).logprobs_wanted(false).unwrap(), None);
+        assert_eq!(
+            fields(r#"{"prompt": "x", "logprobs": 0}"#).logprobs_wanted(false).unwrap(),
+            Some(0)
+        );
+        assert_eq!(
+            fields(r#"{"prompt": "x", "logprobs": 5}"#).logprobs_wanted(false).unwrap(),
+            Some(5)
+        );
+        named(fields(r#"{"prompt": "x", "logprobs": 6}"#).logprobs_wanted(false), "logprobs:");
+        named(fields(r#"{"prompt": "x", "logprobs": true}"#).logprobs_wanted(false), "logprobs:");
+        named(
+            fields(r#"{"prompt": "x", "top_logprobs": 2}"#).logprobs_wanted(false),
+            "top_logprobs:",
+        );
+        let chat = |json: &str| fields(json).logprobs_wanted(true);
+        assert_eq!(chat(r#"{"prompt": "x", "logprobs": true}"#).unwrap(), Some(0));
+        assert_eq!(
+            chat(r#"{"prompt": "x", "logprobs": true, "top_logprobs": 20}"#).unwrap(),
+            Some(20)
+        );
+        assert_eq!(chat(r#"{"prompt": "x", "logprobs": false}"#).unwrap(), None);
+        named(chat(r#"{"prompt": "x", "logprobs": true, "top_logprobs": 21}"#), "top_logprobs:");
+        named(chat(r#"{"prompt": "x", "top_logprobs": 3}"#), "top_logprobs:");
+        named(chat(r#"{"prompt": "x", "logprobs": 3}"#), "logprobs:");
+        assert_eq!(fields(r#"{"prompt": "x", "n": 8}"#).choices().unwrap(), 8);
+        for bad in [r#"{"prompt": "x", "n": 9}"#, r#"{"prompt": "x", "n": 0}"#] {
+            let e = fields(bad).refuse_unsupported().unwrap_err();
+            assert!(e.message().starts_with("n:"), "{}", e.message());
+        }
+        let e = fields(r#"{"prompt": "x", "frequency_penalty": -2.01}"#).refuse_unsupported();
+        assert!(e.unwrap_err().message().starts_with("frequency_penalty:"));
+        assert!(fields(r#"{"prompt": "x", "frequency_penalty": -2}"#).refuse_unsupported().is_ok());
+        let top = TopMap(vec![("a".into(), -0.5), ("b".into(), -1.0)]);
+        assert_eq!(json_text(&top), r#"{"a":-0.5,"b":-1.0}"#);
     }
 }

@@ -26,7 +26,7 @@ use crate::error::LlmError;
 use crate::kv::KvPool;
 use crate::model::{BatchItem, Forward, Model, Scratch, TOKENS_PER_BLOCK};
 use crate::port::{EnginePort, PortStats};
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{Sampled, Sampler, SamplingParams, TokenLogprobs};
 use crate::tokenizer::TextStream;
 
 mod setup;
@@ -269,6 +269,8 @@ pub enum StreamEvent {
         id: u32,
         /// New text.
         text: String,
+        /// Its log-probabilities, when the request asked for them.
+        logprobs: Option<TokenLogprobs>,
     },
     /// The last event.
     Done(Finished),
@@ -302,6 +304,11 @@ impl Stream {
     /// The next event, for async callers (`None` once the engine has dropped the stream).
     pub async fn next_async(&self) -> Option<StreamEvent> {
         self.rx.recv_async().await.ok()
+    }
+
+    /// The next event if one is there, without waiting.
+    pub fn try_next(&self) -> Option<StreamEvent> {
+        self.rx.try_recv().ok()
     }
 
     /// Waits for the end (at most `timeout`), dropping token events.

@@ -172,7 +172,7 @@ impl Loop {
                     cached_tokens,
                 };
                 let live = Live {
-                    sampler: Sampler::new(req.sampling),
+                    sampler: Sampler::new(req.sampling, req.max_tokens as usize),
                     req,
                     generated: Vec::new(),
                     tx,
@@ -384,14 +384,15 @@ impl Loop {
     }
 
     /// One token for each input that wanted logits (rows of the scratch logits in order).
-    fn sample(&mut self, inputs: &[StepInput]) -> HashMap<u64, u32> {
+    fn sample(&mut self, inputs: &[StepInput]) -> HashMap<u64, Sampled> {
         let vocab = self.model.vocab();
         let mut sampled = HashMap::new();
         for (row, input) in inputs.iter().filter(|i| i.want_logits).enumerate() {
-            let logits = &self.scratch.logits[row * vocab..(row + 1) * vocab];
+            // The row is the sequence's own: the sampler applies its penalties in place.
+            let logits = &mut self.scratch.logits[row * vocab..(row + 1) * vocab];
             let Some(live) = self.live.get_mut(&input.id) else { continue };
             if live.req.digest_logits {
-                for v in logits {
+                for v in logits.iter() {
                     live.digest =
                         (live.digest ^ u64::from(v.to_bits())).wrapping_mul(0x100_0000_01b3);
                 }
@@ -432,7 +433,7 @@ impl Loop {
     /// broken sequences fail.
     fn deliver(
         &mut self,
-        mut sampled: HashMap<u64, u32>,
+        mut sampled: HashMap<u64, Sampled>,
         broken: Vec<u64>,
     ) -> Result<(), LlmError> {
         let done_ns = self.now();
@@ -580,10 +581,12 @@ impl Loop {
     }
 
     /// Delivers a token; `true` when the request must stop here.
-    fn token(&mut self, id: u64, tok: u32) -> bool {
+    fn token(&mut self, id: u64, sampled: Sampled) -> bool {
         let now = Instant::now();
         let Some(l) = self.live.get_mut(&id) else { return false };
+        let Sampled { token: tok, logprobs } = sampled;
         l.generated.push(tok);
+        l.sampler.observe(tok);
         self.local.generated_tokens += 1;
         if l.ttft_ns.is_none() {
             l.ttft_ns = Some(now.saturating_duration_since(l.arrived).as_nanos() as u64);
@@ -606,10 +609,10 @@ impl Loop {
         {
             l.text.truncate(cut);
             let visible = if cut > before { l.text[before..].to_string() } else { String::new() };
-            let _ = l.tx.send(StreamEvent::Token { id: tok, text: visible });
+            let _ = l.tx.send(StreamEvent::Token { id: tok, text: visible, logprobs });
             return true;
         }
-        let _ = l.tx.send(StreamEvent::Token { id: tok, text: piece });
+        let _ = l.tx.send(StreamEvent::Token { id: tok, text: piece, logprobs });
         l.req.stop_token_ids.contains(&tok) || (!l.req.ignore_eos && self.eos.contains(&tok))
     }
 

@@ -3,7 +3,8 @@
 //! server-sent events, TTFT measured where the client sees it, Prometheus metrics.
 //!
 //! Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both with `stream: true`
-//! as SSE ending in `data: [DONE]`, with `usage`), `GET /v1/models`, `GET /metrics`, and
+//! as SSE ending in `data: [DONE]`, with `usage`; `n` choices, log-probabilities, presence and
+//! frequency penalties), `GET /v1/models`, `GET /metrics`, and
 //! health: `GET /readyz` and `GET /health` (503 when the engine thread has ended, or when
 //! requests are live and no step has begun for [`crate::STALL_AFTER`]: send me nothing) and
 //! `GET /livez` (503 when the engine thread has ended or stalled for [`LIVENESS_STALL`]:
@@ -30,18 +31,20 @@ use crate::engine::{
     Engine, EngineHealth, FinishReason, Finished, GenRequest, Stream, StreamEvent,
 };
 use crate::error::LlmError;
-use crate::sampling::SamplingParams;
+use crate::sampling::{SamplingParams, TokenLogprobs};
 use crate::tokenizer::Tokenizer;
 use fastlane_openai::api::{
     fence_event, parse, tenant_body, tenant_of_headers, ApiError, BodyLimits, DEFAULT_MAX_TOKENS,
     STOP_STRINGS_MAX, STOP_STRING_BYTES_MAX, STOP_TOKEN_IDS_MAX,
 };
 use fastlane_openai::protocol::{
-    json_text, sse_event, ChatChoice, ChatChunkChoice, ChatMessage, ChatRequest, Completion,
-    CompletionRequest, Delta, ErrorBody, ErrorDetail, Health, Message, ModelList, OneOrMany,
-    Prompt, SamplingFields, TextChoice, Usage,
+    json_text, sse_event, ChatChunkChoice, ChatLogprobs, ChatRequest, ChatTokenLogprob, Completion,
+    CompletionLogprobs, CompletionRequest, Delta, ErrorBody, ErrorDetail, Health, Message,
+    ModelList, OneOrMany, Prompt, SamplingFields, TextChoice, TopLogprob, TopMap, Usage,
 };
 pub use fastlane_openai::{gate, tenants, Metrics, TenantLatency, Tenants};
+use futures_util::stream::{BoxStream, SelectAll};
+use futures_util::StreamExt;
 pub use metrics::EngineMetrics;
 
 /// What the handlers share.
@@ -189,13 +192,12 @@ fn chat_prompt(tokenizer: &Tokenizer, messages: &[Message]) -> Result<Vec<u32>, 
 /// where those the engine does not do are refused.
 fn engine_request(
     c: &SamplingFields,
+    kind: Kind,
     prompt: Vec<u32>,
     tenant: usize,
 ) -> Result<GenRequest, ApiError> {
-    if c.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::bad("n: only 1 is supported"));
-    }
     c.refuse_unsupported()?;
+    let logprobs = c.logprobs_wanted(kind == Kind::Chat)?;
     let _ = &c.user;
     let stop = match &c.stop {
         None => Vec::new(),
@@ -225,6 +227,9 @@ fn engine_request(
             // (rand's thread RNG): identical prompts get independent completions. (This was
             // the time since arrival, nearly the same for every request.)
             seed: c.seed.unwrap_or_else(rand::random::<u64>),
+            presence_penalty: c.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
+            logprobs,
         },
         stop,
         stop_token_ids,
@@ -232,6 +237,29 @@ fn engine_request(
         tenant,
         digest_logits: false,
     })
+}
+
+/// The engine requests of the request's `n` choices: choice `i` samples from `seed + i`
+/// when the request has a seed (so `n` choices with a seed reproduce), else each from its
+/// own seed from the OS RNG.
+fn engine_requests(
+    c: &SamplingFields,
+    kind: Kind,
+    prompt: Vec<u32>,
+    tenant: usize,
+) -> Result<Vec<GenRequest>, ApiError> {
+    let n = c.choices()?;
+    let mut reqs = Vec::with_capacity(n as usize);
+    reqs.push(engine_request(c, kind, prompt, tenant)?);
+    for i in 1..n {
+        let mut r = reqs[0].clone();
+        r.sampling.seed = match c.seed {
+            Some(s) => s.wrapping_add(u64::from(i)),
+            None => rand::random::<u64>(),
+        };
+        reqs.push(r);
+    }
+    Ok(reqs)
 }
 
 fn check_model(st: &AppState, model: Option<&str>) -> Result<(), ApiError> {
@@ -315,6 +343,51 @@ fn finish_reason(r: FinishReason) -> &'static str {
     }
 }
 
+/// The refusal a choice's first event carries, counted (`None`: not a refusal).
+fn refusal(st: &AppState, tname: &str, t: usize, f: &Finished) -> Option<ApiError> {
+    let (outcome, e) = match f.reason {
+        FinishReason::Rejected => ("rejected_invalid", ApiError::bad(f.text.clone())),
+        FinishReason::RateLimited => {
+            ("rejected_rate", ApiError::rate_limited(tname, st.tenants.get(t).rpm))
+        }
+        FinishReason::QueueFull => ("rejected_queue_full", ApiError::queue_full(tname)),
+        _ => return None,
+    };
+    st.metrics.requests.with_label_values(&[tname, outcome]).inc();
+    Some(e)
+}
+
+fn unavailable(st: &AppState, tname: &str, why: &str) -> ApiError {
+    st.metrics.requests.with_label_values(&[tname, "unavailable"]).inc();
+    ApiError::unavailable(format!("the engine cannot take requests: {why}"))
+}
+
+/// A choice's first event, which says whether it was admitted: a refusal (counted), the
+/// fence or the engine's end is the error.
+async fn first_event(
+    st: &AppState,
+    t: usize,
+    stream: &Stream,
+    deadline: Option<Instant>,
+    fence: &Fence,
+) -> Result<StreamEvent, ApiError> {
+    let tname = &st.tenants.get(t).name;
+    match next_event(stream, deadline).await {
+        Some(Ok(StreamEvent::Done(f))) => match refusal(st, tname, t, &f) {
+            Some(e) => Err(e),
+            None => Ok(StreamEvent::Done(f)),
+        },
+        Some(Ok(ev)) => Ok(ev),
+        Some(Err(())) => {
+            if fence.claim() {
+                st.metrics.requests.with_label_values(&[tname, "fenced"]).inc();
+            }
+            Err(ApiError::fenced())
+        }
+        None => Err(unavailable(st, tname, "it stopped")),
+    }
+}
+
 async fn run(
     st: Arc<AppState>,
     t: usize,
@@ -325,31 +398,45 @@ async fn run(
     pass: admit::Pass,
 ) -> Result<Response, ApiError> {
     let tname = st.tenants.get(t).name.clone();
-    let req = engine_request(&c, prompt, t)?;
-    let prompt_tokens = req.prompt.len();
-    let unavailable = |why: String| {
-        st.metrics.requests.with_label_values(&[&tname, "unavailable"]).inc();
-        ApiError::unavailable(format!("the engine cannot take requests: {why}"))
-    };
-    if st.engine.health() == EngineHealth::Dead {
-        return Err(unavailable("its thread has ended".into()));
+    let reqs = engine_requests(&c, kind, prompt, t)?;
+    let max_concurrent = st.tenants.get(t).max_concurrent as usize;
+    if reqs.len() > 1 && reqs.len() > max_concurrent {
+        // The n choices run side by side, each in one of the tenant's slots.
+        return Err(ApiError::bad(format!(
+            "n: {} choices need as many concurrent streams; tenant {tname:?} has {max_concurrent}",
+            reqs.len()
+        )));
     }
-    let stream = st.engine.submit(req).map_err(|e| match e {
-        LlmError::Stopped { .. } => unavailable(e.to_string()),
-        e => {
-            st.metrics.requests.with_label_values(&[&tname, "rejected_invalid"]).inc();
-            ApiError::bad(e.to_string())
-        }
-    })?;
+    let prompt_tokens = reqs[0].prompt.len();
+    let logprobs = reqs[0].sampling.logprobs.is_some();
+    if st.engine.health() == EngineHealth::Dead {
+        return Err(unavailable(&st, &tname, "its thread has ended"));
+    }
+    // Each choice is one engine request, admitted like any other (its tenant's bucket, slots
+    // and queue): a refusal of any refuses the whole request, and the streams already
+    // submitted end (aborted) when dropped. Choice 0 is submitted last: the engine takes
+    // commands in order and refuses at submission, so once choice 0 has an event, the
+    // others' refusals are in their streams.
+    let mut streams = Vec::with_capacity(reqs.len());
+    for req in reqs.into_iter().rev() {
+        streams.push(st.engine.submit(req).map_err(|e| match e {
+            LlmError::Stopped { .. } => unavailable(&st, &tname, &e.to_string()),
+            e => {
+                st.metrics.requests.with_label_values(&[&tname, "rejected_invalid"]).inc();
+                ApiError::bad(e.to_string())
+            }
+        })?);
+    }
+    streams.reverse();
     let fence = st.tenants.get(t).max_stream_seconds.map(Duration::from_secs_f64);
     let deadline = fence.map(|f| arrived + f);
     // The fence holds even while nothing reads this request's events (queued, waiting for
     // its first token, or a client that does not read): at the deadline the engine aborts
-    // the request and gives its slot back, within one step.
+    // the requests and gives their slots back, within one step.
     let fence_state = Arc::new(Fence::default());
     let watchdog = deadline.map(|d| {
         let engine = Arc::downgrade(&st.engine);
-        let id = stream.id;
+        let ids: Vec<u64> = streams.iter().map(|s| s.id).collect();
         let (fence, metrics, tname) = (fence_state.clone(), st.metrics.clone(), tname.clone());
         tokio::spawn(async move {
             tokio::time::sleep_until(d.into()).await;
@@ -357,41 +444,24 @@ async fn run(
                 metrics.requests.with_label_values(&[&tname, "fenced"]).inc();
             }
             if let Some(e) = engine.upgrade() {
-                e.abort_and_release(id);
+                for id in ids {
+                    e.abort_and_release(id);
+                }
             }
         })
     });
     let watchdog = Watchdog(watchdog);
-    // The first event says whether the request was admitted.
-    let first = match next_event(&stream, deadline).await {
-        Some(Ok(ev)) => Some(ev),
-        Some(Err(())) => {
-            if fence_state.claim() {
-                st.metrics.requests.with_label_values(&[&tname, "fenced"]).inc();
+    // The first choice's first event says whether the request was admitted, and then the
+    // others' refusals are there to see.
+    let mut firsts = vec![Some(first_event(&st, t, &streams[0], deadline, &fence_state).await?)];
+    for s in &streams[1..] {
+        let ev = s.try_next();
+        if let Some(StreamEvent::Done(f)) = &ev {
+            if let Some(e) = refusal(&st, &tname, t, f) {
+                return Err(e);
             }
-            return Err(ApiError::fenced());
         }
-        None => None,
-    };
-    if first.is_none() {
-        return Err(unavailable("it stopped".into()));
-    }
-    if let Some(StreamEvent::Done(f)) = &first {
-        match f.reason {
-            FinishReason::Rejected => {
-                st.metrics.requests.with_label_values(&[&tname, "rejected_invalid"]).inc();
-                return Err(ApiError::bad(f.text.clone()));
-            }
-            FinishReason::RateLimited => {
-                st.metrics.requests.with_label_values(&[&tname, "rejected_rate"]).inc();
-                return Err(ApiError::rate_limited(&tname, st.tenants.get(t).rpm));
-            }
-            FinishReason::QueueFull => {
-                st.metrics.requests.with_label_values(&[&tname, "rejected_queue_full"]).inc();
-                return Err(ApiError::queue_full(&tname));
-            }
-            _ => {}
-        }
+        firsts.push(ev);
     }
     st.metrics.requests.with_label_values(&[&tname, "admitted"]).inc();
     st.metrics.streams_open.with_label_values(&[&tname]).inc();
@@ -408,25 +478,29 @@ async fn run(
         .map_or(0, |d| d.as_secs());
     let ctx = Ctx {
         lat: st.metrics.tenant_latency(&tname),
+        id: format!("cmpl-{}", streams[0].id),
         st,
+        t,
         tname,
         arrived,
         kind,
-        id: format!("cmpl-{}", stream.id),
         created,
         prompt_tokens,
         deadline,
         fence: fence_state,
+        return_ids: c.return_token_ids.unwrap_or(false),
+        logprobs,
     };
     if c.stream.unwrap_or(false) {
-        Ok(sse(ctx, stream, first, guard, c.return_token_ids.unwrap_or(false)))
+        Ok(sse(ctx, streams, firsts, guard))
     } else {
-        whole(ctx, stream, first, guard, c.return_token_ids.unwrap_or(false)).await
+        whole(ctx, streams, firsts, guard).await
     }
 }
 
 struct Ctx {
     st: Arc<AppState>,
+    t: usize,
     tname: String,
     lat: TenantLatency,
     arrived: Instant,
@@ -437,6 +511,10 @@ struct Ctx {
     /// The fence: arrival + the tenant's `max_stream_seconds`.
     deadline: Option<Instant>,
     fence: Arc<Fence>,
+    /// vLLM's `return_token_ids`.
+    return_ids: bool,
+    /// Whether the tokens come with log-probabilities.
+    logprobs: bool,
 }
 
 impl Ctx {
@@ -444,11 +522,11 @@ impl Ctx {
         Usage::new(self.prompt_tokens, completion)
     }
 
-    /// A response or chunk of this request carrying `choice`.
+    /// A response or chunk of this request carrying `choices`.
     fn completion<C>(
         &self,
         object: &'static str,
-        choice: C,
+        choices: Vec<C>,
         usage: Option<Usage>,
     ) -> Completion<'_, C> {
         Completion {
@@ -456,7 +534,7 @@ impl Ctx {
             object,
             created: self.created,
             model: self.model(),
-            choices: [choice],
+            choices,
             usage,
         }
     }
@@ -465,12 +543,62 @@ impl Ctx {
         &self.st.model_id
     }
 
+    fn tokenizer(&self) -> &Tokenizer {
+        self.st.engine.model().tokenizer()
+    }
+
     fn record_end(&self, outcome: &str) {
         self.lat.e2e.observe(self.arrived.elapsed().as_secs_f64());
         if outcome == "fenced" && !self.fence.claim() {
             return; // the watchdog counted it
         }
         self.st.metrics.requests.with_label_values(&[&self.tname, outcome]).inc();
+    }
+}
+
+/// Log-probabilities below this are reported as it (JSON has no -∞; OpenAI's floor).
+const LOGPROB_FLOOR: f32 = -9999.0;
+
+/// The log-probabilities of one choice's tokens in the endpoint's shape, as they arrive.
+#[derive(Debug, Default)]
+struct ChoiceLogprobs {
+    text: CompletionLogprobs,
+    chat: ChatLogprobs,
+}
+
+impl ChoiceLogprobs {
+    /// Adds token `id`, whose text starts at character `offset` of the choice's text.
+    fn push(&mut self, kind: Kind, tok: &Tokenizer, id: u32, lp: &TokenLogprobs, offset: usize) {
+        let text = |id: u32| {
+            let bytes = tok.token_bytes(id);
+            (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+        };
+        let (token, bytes) = text(id);
+        match kind {
+            Kind::Completion => {
+                let top = lp.top.iter().map(|&(t, l)| (text(t).0, l.max(LOGPROB_FLOOR)));
+                self.text.tokens.push(token);
+                self.text.token_logprobs.push(lp.logprob.max(LOGPROB_FLOOR));
+                self.text.top_logprobs.push(TopMap(top.collect()));
+                self.text.text_offset.push(offset);
+            }
+            Kind::Chat => {
+                let top_logprobs = lp
+                    .top
+                    .iter()
+                    .map(|&(t, l)| {
+                        let (token, bytes) = text(t);
+                        TopLogprob { token, logprob: l.max(LOGPROB_FLOOR), bytes }
+                    })
+                    .collect();
+                self.chat.content.push(ChatTokenLogprob {
+                    token,
+                    logprob: lp.logprob.max(LOGPROB_FLOOR),
+                    bytes,
+                    top_logprobs,
+                });
+            }
+        }
     }
 }
 
@@ -492,69 +620,102 @@ async fn next_event(stream: &Stream, deadline: Option<Instant>) -> Option<Result
 
 async fn whole(
     ctx: Ctx,
-    stream: Stream,
-    first: Option<StreamEvent>,
+    streams: Vec<Stream>,
+    firsts: Vec<Option<StreamEvent>>,
     mut guard: AbortOnDrop,
-    return_ids: bool,
 ) -> Result<Response, ApiError> {
     let deadline = ctx.deadline;
-    let mut pending = first;
     let mut first_seen = false;
-    let finished: Finished = loop {
-        let ev = match pending.take() {
-            Some(ev) => ev,
-            None => match next_event(&stream, deadline).await {
-                Some(Ok(ev)) => ev,
-                Some(Err(())) => {
-                    ctx.record_end("fenced");
-                    return Err(ApiError::fenced());
+    let mut choices: Vec<(Finished, ChoiceLogprobs)> = Vec::with_capacity(streams.len());
+    // The choices are read one after the other (they run side by side in the engine); each
+    // stream is dropped at its end, which gives its slot back.
+    for (stream, mut pending) in streams.into_iter().zip(firsts) {
+        let mut lps = ChoiceLogprobs::default();
+        let mut chars = 0;
+        let finished: Finished = loop {
+            let ev = match pending.take() {
+                Some(ev) => ev,
+                None => match next_event(&stream, deadline).await {
+                    Some(Ok(ev)) => ev,
+                    Some(Err(())) => {
+                        ctx.record_end("fenced");
+                        return Err(ApiError::fenced());
+                    }
+                    None => return Err(ApiError::unavailable("the engine stopped")),
+                },
+            };
+            match ev {
+                StreamEvent::Token { id, text, logprobs } => {
+                    if !first_seen {
+                        first_seen = true;
+                        ctx.lat.ttft.observe(ctx.arrived.elapsed().as_secs_f64());
+                    }
+                    if let Some(lp) = logprobs {
+                        lps.push(ctx.kind, ctx.tokenizer(), id, &lp, chars);
+                    }
+                    chars += text.chars().count();
                 }
-                None => return Err(ApiError::unavailable("the engine stopped")),
-            },
-        };
-        match ev {
-            StreamEvent::Token { .. } => {
-                if !first_seen {
-                    first_seen = true;
-                    ctx.lat.ttft.observe(ctx.arrived.elapsed().as_secs_f64());
-                }
+                StreamEvent::Done(f) => break f,
             }
-            StreamEvent::Done(f) => break f,
+        };
+        if let Some(e) = refusal(&ctx.st, &ctx.tname, ctx.t, &finished) {
+            // Not expected (refusals come at submission, seen in `run`), but handled.
+            guard.done = true;
+            ctx.lat.e2e.observe(ctx.arrived.elapsed().as_secs_f64());
+            return Err(e);
         }
-    };
-    guard.done = true;
-    if finished.reason == FinishReason::Abort && past(deadline) {
-        // The fence's watchdog aborted it.
-        ctx.record_end("fenced");
-        return Err(ApiError::fenced());
+        choices.push((finished, lps));
     }
-    if matches!(finished.reason, FinishReason::Error | FinishReason::Abort) {
-        ctx.record_end("error");
-        return Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            finished.text,
-        ));
+    guard.done = true;
+    for (finished, _) in &choices {
+        if finished.reason == FinishReason::Abort && past(deadline) {
+            // The fence's watchdog aborted it.
+            ctx.record_end("fenced");
+            return Err(ApiError::fenced());
+        }
+        if matches!(finished.reason, FinishReason::Error | FinishReason::Abort) {
+            ctx.record_end("error");
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                finished.text.clone(),
+            ));
+        }
     }
     ctx.record_end("finished");
-    let usage = Some(ctx.usage(finished.token_ids.len()));
-    let ids = return_ids.then_some(finished.token_ids.as_slice());
-    let reason = Some(finish_reason(finished.reason));
+    let completion_tokens = choices.iter().map(|(f, _)| f.token_ids.len()).sum();
+    let usage = Some(ctx.usage(completion_tokens));
+    let parts = choices.into_iter().enumerate().map(|(i, (f, lps))| {
+        let ids = ctx.return_ids.then_some(f.token_ids);
+        (i as u32, f.text, Some(finish_reason(f.reason)), lps, ids)
+    });
+    let parts: Vec<_> = parts.collect();
     let body = match ctx.kind {
         Kind::Completion => {
-            let choice = TextChoice {
-                index: 0,
-                text: &finished.text,
-                finish_reason: reason,
-                logprobs: None,
-                token_ids: ids,
-            };
-            json_text(&ctx.completion("text_completion", choice, usage))
+            let choices = parts
+                .into_iter()
+                .map(|(index, text, finish_reason, lps, ids)| OwnedText {
+                    index,
+                    text,
+                    finish_reason,
+                    logprobs: ctx.logprobs.then_some(lps.text),
+                    token_ids: ids,
+                })
+                .collect();
+            json_text(&ctx.completion("text_completion", choices, usage))
         }
         Kind::Chat => {
-            let message = ChatMessage { role: "assistant", content: &finished.text };
-            let choice = ChatChoice { index: 0, message, finish_reason: reason, token_ids: ids };
-            json_text(&ctx.completion("chat.completion", choice, usage))
+            let choices = parts
+                .into_iter()
+                .map(|(index, content, finish_reason, lps, ids)| OwnedChat {
+                    index,
+                    message: OwnedMessage { role: "assistant", content },
+                    finish_reason,
+                    logprobs: ctx.logprobs.then_some(lps.chat),
+                    token_ids: ids,
+                })
+                .collect();
+            json_text(&ctx.completion("chat.completion", choices, usage))
         }
     };
     let mut r = Response::new(Body::from(body));
@@ -562,72 +723,168 @@ async fn whole(
     Ok(r)
 }
 
+/// [`TextChoice`] owning its text and ids (a whole response's choices outlive their loop).
+#[derive(Debug, serde::Serialize)]
+struct OwnedText {
+    index: u32,
+    text: String,
+    finish_reason: Option<&'static str>,
+    logprobs: Option<CompletionLogprobs>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_ids: Option<Vec<u32>>,
+}
+
+/// [`fastlane_openai::protocol::ChatChoice`] owning its text and ids.
+#[derive(Debug, serde::Serialize)]
+struct OwnedChat {
+    index: u32,
+    message: OwnedMessage,
+    finish_reason: Option<&'static str>,
+    logprobs: Option<ChatLogprobs>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_ids: Option<Vec<u32>>,
+}
+
+/// [`fastlane_openai::protocol::ChatMessage`] owning its text.
+#[derive(Debug, serde::Serialize)]
+struct OwnedMessage {
+    role: &'static str,
+    content: String,
+}
+
+/// One choice's events, `first` (already read) first, tagged with its index; `None` once if
+/// its stream ends without its last event (the engine stopped). The engine stream lives until
+/// the merged stream drops it after its last event.
+fn choice_events(
+    index: u32,
+    s: Stream,
+    first: Option<StreamEvent>,
+) -> BoxStream<'static, (u32, Option<StreamEvent>)> {
+    futures_util::stream::unfold((s, first, false), move |(s, first, ended)| async move {
+        if ended {
+            return None;
+        }
+        let ev = match first {
+            Some(ev) => Some(ev),
+            None => s.next_async().await,
+        };
+        let s = (s, None);
+        match ev {
+            Some(StreamEvent::Done(f)) => {
+                Some(((index, Some(StreamEvent::Done(f))), (s.0, s.1, true)))
+            }
+            Some(ev) => Some(((index, Some(ev)), (s.0, s.1, false))),
+            None => Some(((index, None), (s.0, s.1, true))),
+        }
+    })
+    .boxed()
+}
+
 /// State of an SSE body.
 struct Sse {
     ctx: Ctx,
-    stream: Stream,
-    pending: Option<StreamEvent>,
+    events: SelectAll<BoxStream<'static, (u32, Option<StreamEvent>)>>,
     guard: AbortOnDrop,
-    return_ids: bool,
     last_token: Option<Instant>,
-    tokens: usize,
     deadline: Option<Instant>,
     ended: bool,
+    /// Choices not yet ended.
+    open: usize,
+    /// Each choice's text sent so far, in characters (completions' `text_offset`) and bytes.
+    chars: Vec<usize>,
+    sent_bytes: Vec<usize>,
+    completion_tokens: usize,
+    fenced: bool,
 }
 
 impl Sse {
-    /// The SSE event of one generated token.
-    fn token_event(&self, id: u32, text: &str) -> String {
+    /// The SSE event of one generated token of choice `index`.
+    fn token_event(
+        &mut self,
+        index: u32,
+        id: u32,
+        text: &str,
+        lp: Option<TokenLogprobs>,
+    ) -> String {
         let ids = [id];
-        let ids = self.return_ids.then_some(&ids[..]);
+        let ids = self.ctx.return_ids.then_some(&ids[..]);
+        let chars = &mut self.chars[index as usize];
+        let mut lps = ChoiceLogprobs::default();
+        if let Some(lp) = &lp {
+            lps.push(self.ctx.kind, self.ctx.tokenizer(), id, lp, *chars);
+        }
+        *chars += text.chars().count();
+        self.sent_bytes[index as usize] += text.len();
+        let on = self.ctx.logprobs;
         match self.ctx.kind {
             Kind::Completion => {
                 let choice = TextChoice {
-                    index: 0,
+                    index,
                     text,
                     finish_reason: None,
-                    logprobs: None,
+                    logprobs: on.then_some(lps.text),
                     token_ids: ids,
                 };
-                sse_event(&self.ctx.completion("text_completion", choice, None))
+                sse_event(&self.ctx.completion("text_completion", vec![choice], None))
             }
             Kind::Chat => {
                 let choice = ChatChunkChoice {
-                    index: 0,
+                    index,
                     delta: Delta { content: Some(text) },
                     finish_reason: None,
+                    logprobs: on.then_some(lps.chat),
                     token_ids: ids,
                 };
-                sse_event(&self.ctx.completion("chat.completion.chunk", choice, None))
+                sse_event(&self.ctx.completion("chat.completion.chunk", vec![choice], None))
             }
         }
     }
 
-    /// The last SSE event: the finish reason and usage.
-    fn final_event(&self, f: &Finished) -> String {
-        let usage = Some(self.ctx.usage(f.token_ids.len()));
+    /// The last SSE event of choice `index`: the text held back at its end (an incomplete
+    /// UTF-8 sequence, replaced), its finish reason, and the usage of all choices when it is
+    /// the last to end.
+    fn final_event(&self, index: u32, f: &Finished, usage: Option<Usage>) -> String {
         let reason = Some(finish_reason(f.reason));
+        let tail = f.text.get(self.sent_bytes[index as usize]..).unwrap_or("");
         match self.ctx.kind {
             Kind::Completion => {
                 let choice = TextChoice {
-                    index: 0,
-                    text: "",
+                    index,
+                    text: tail,
                     finish_reason: reason,
                     logprobs: None,
                     token_ids: None,
                 };
-                sse_event(&self.ctx.completion("text_completion", choice, usage))
+                sse_event(&self.ctx.completion("text_completion", vec![choice], usage))
             }
             Kind::Chat => {
                 let choice = ChatChunkChoice {
-                    index: 0,
-                    delta: Delta::default(),
+                    index,
+                    delta: Delta { content: (!tail.is_empty()).then_some(tail) },
                     finish_reason: reason,
+                    logprobs: None,
                     token_ids: None,
                 };
-                sse_event(&self.ctx.completion("chat.completion.chunk", choice, usage))
+                sse_event(&self.ctx.completion("chat.completion.chunk", vec![choice], usage))
             }
         }
+    }
+
+    /// The next event of any choice within the fence.
+    async fn next_event(&mut self) -> Option<Result<(u32, Option<StreamEvent>), ()>> {
+        match self.deadline {
+            None => self.events.next().await.map(Ok),
+            Some(d) => match tokio::time::timeout_at(d.into(), self.events.next()).await {
+                Ok(ev) => ev.map(Ok),
+                Err(_) => Some(Err(())),
+            },
+        }
+    }
+
+    fn error_event(&mut self, message: &str) -> Option<axum::body::Bytes> {
+        self.ended = true;
+        let e = ErrorDetail { message, kind: "server_error", code: "server_error" };
+        Some(axum::body::Bytes::from(ErrorBody { error: e }.sse()))
     }
 
     /// The next bytes of the body, `None` at its end.
@@ -635,23 +892,13 @@ impl Sse {
         if self.ended {
             return None;
         }
-        let ev = match self.pending.take() {
-            Some(ev) => Ok(ev),
-            None => match next_event(&self.stream, self.deadline).await {
-                Some(r) => r,
-                None => {
-                    self.ended = true;
-                    let e = ErrorDetail {
-                        message: "engine stopped",
-                        kind: "server_error",
-                        code: "server_error",
-                    };
-                    return Some(axum::body::Bytes::from(ErrorBody { error: e }.sse()));
-                }
-            },
+        let ev = match self.next_event().await {
+            Some(r) => r,
+            None => return self.error_event("engine stopped"),
         };
         match ev {
-            Ok(StreamEvent::Token { id, text }) => {
+            Ok((_, None)) => self.error_event("engine stopped"),
+            Ok((i, Some(StreamEvent::Token { id, text, logprobs }))) => {
                 let now = Instant::now();
                 let lat = &self.ctx.lat;
                 match self.last_token {
@@ -659,22 +906,35 @@ impl Sse {
                     Some(t) => lat.inter_token.observe(now.duration_since(t).as_secs_f64()),
                 }
                 self.last_token = Some(now);
-                self.tokens += 1;
-                Some(axum::body::Bytes::from(self.token_event(id, &text)))
+                Some(axum::body::Bytes::from(self.token_event(i, id, &text, logprobs)))
             }
-            Ok(StreamEvent::Done(f)) if f.reason == FinishReason::Abort && past(self.deadline) => {
+            Ok((_, Some(StreamEvent::Done(f))))
+                if f.reason == FinishReason::Abort && past(self.deadline) =>
+            {
                 // The fence's watchdog aborted it in the engine.
                 self.ended = true;
                 self.ctx.record_end("fenced");
                 Some(axum::body::Bytes::from(fence_event()))
             }
-            Ok(StreamEvent::Done(f)) => {
-                self.ended = true;
-                self.guard.done = true;
-                let outcome = if f.reason == FinishReason::Fenced { "fenced" } else { "finished" };
-                self.ctx.record_end(outcome);
-                let mut out = self.final_event(&f);
-                out.push_str("data: [DONE]\n\n");
+            Ok((i, Some(StreamEvent::Done(f)))) => {
+                if let Some(e) = refusal(&self.ctx.st, &self.ctx.tname, self.ctx.t, &f) {
+                    // A later choice refused at admission: the whole request is.
+                    self.guard.done = true;
+                    self.ctx.lat.e2e.observe(self.ctx.arrived.elapsed().as_secs_f64());
+                    let message = e.message().to_string();
+                    return self.error_event(&message);
+                }
+                self.completion_tokens += f.token_ids.len();
+                self.fenced |= f.reason == FinishReason::Fenced;
+                self.open -= 1;
+                let usage = (self.open == 0).then(|| self.ctx.usage(self.completion_tokens));
+                let mut out = self.final_event(i, &f, usage);
+                if self.open == 0 {
+                    self.ended = true;
+                    self.guard.done = true;
+                    self.ctx.record_end(if self.fenced { "fenced" } else { "finished" });
+                    out.push_str("data: [DONE]\n\n");
+                }
                 Some(axum::body::Bytes::from(out))
             }
             Err(()) => {
@@ -690,22 +950,31 @@ impl Sse {
 
 fn sse(
     ctx: Ctx,
-    stream: Stream,
-    first: Option<StreamEvent>,
+    streams: Vec<Stream>,
+    firsts: Vec<Option<StreamEvent>>,
     guard: AbortOnDrop,
-    return_ids: bool,
 ) -> Response {
     let deadline = ctx.deadline;
+    let n = streams.len();
+    let events = futures_util::stream::select_all(
+        streams
+            .into_iter()
+            .zip(firsts)
+            .enumerate()
+            .map(|(i, (s, f))| choice_events(i as u32, s, f)),
+    );
     let state = Sse {
         ctx,
-        stream,
-        pending: first,
+        events,
         guard,
-        return_ids,
         last_token: None,
-        tokens: 0,
         deadline,
         ended: false,
+        open: n,
+        chars: vec![0; n],
+        sent_bytes: vec![0; n],
+        completion_tokens: 0,
+        fenced: false,
     };
     let body = futures_util::stream::unfold(state, |mut s| async move {
         s.next_bytes().await.map(|b| (Ok::<_, std::convert::Infallible>(b), s))
@@ -741,8 +1010,15 @@ mod tests {
             chat(&format!(r#"{{"messages": {messages}, {fields}}}"#)),
         );
         let tok = Tokenizer::Bytes;
-        let ra = engine_request(&a.common, completion_prompt(&tok, a.prompt).unwrap(), 2).unwrap();
-        let rb = engine_request(&b.common, chat_prompt(&tok, &b.messages).unwrap(), 2).unwrap();
+        let ra = engine_request(
+            &a.common,
+            Kind::Completion,
+            completion_prompt(&tok, a.prompt).unwrap(),
+            2,
+        )
+        .unwrap();
+        let rb = engine_request(&b.common, Kind::Chat, chat_prompt(&tok, &b.messages).unwrap(), 2)
+            .unwrap();
         assert_eq!(format!("{ra:?}"), format!("{rb:?}"));
         assert_eq!(
             ra.prompt,
@@ -752,7 +1028,13 @@ mod tests {
             (ra.max_tokens, ra.tenant, ra.ignore_eos, ra.digest_logits),
             (7, 2, true, false)
         );
-        let want = SamplingParams { temperature: 0.5, top_p: 0.9, top_k: 40, seed: 3 };
+        let want = SamplingParams {
+            temperature: 0.5,
+            top_p: 0.9,
+            top_k: 40,
+            seed: 3,
+            ..SamplingParams::default()
+        };
         assert_eq!(ra.sampling, want);
         assert_eq!((ra.stop, ra.stop_token_ids), (vec!["x".to_string(), "y".into()], vec![5]));
         // The chat API's newer name for max_tokens, and one stop string.
@@ -760,23 +1042,47 @@ mod tests {
             r#"{"messages": [{"role": "user", "content": "hi"}],
             "max_completion_tokens": 9, "stop": "z", "seed": 1}"#,
         );
-        let r = engine_request(&c.common, vec![1], 0).unwrap();
+        let r = engine_request(&c.common, Kind::Chat, vec![1], 0).unwrap();
         assert_eq!((r.max_tokens, r.stop), (9, vec!["z".to_string()]));
     }
 
     #[test]
     fn engine_request_defaults_and_refusals() {
         let c = completion(r#"{"prompt": [1, 2, 3], "seed": 4}"#);
-        let r =
-            engine_request(&c.common, completion_prompt(&Tokenizer::Bytes, c.prompt).unwrap(), 0)
-                .unwrap();
+        let r = engine_request(
+            &c.common,
+            Kind::Completion,
+            completion_prompt(&Tokenizer::Bytes, c.prompt).unwrap(),
+            0,
+        )
+        .unwrap();
         assert_eq!((r.prompt, r.max_tokens), (vec![1, 2, 3], DEFAULT_MAX_TOKENS));
-        assert_eq!(r.sampling, SamplingParams { temperature: 1.0, top_p: 1.0, top_k: 0, seed: 4 });
+        let want = SamplingParams { temperature: 1.0, seed: 4, ..SamplingParams::default() };
+        assert_eq!(r.sampling, want);
         assert!(r.stop.is_empty() && r.stop_token_ids.is_empty() && !r.ignore_eos);
-        let n2 = completion(r#"{"prompt": "hi", "n": 2}"#);
-        assert!(engine_request(&n2.common, vec![1], 0).is_err());
-        let pen = completion(r#"{"prompt": "hi", "frequency_penalty": 0.5}"#);
-        assert!(engine_request(&pen.common, vec![1], 0).is_err());
+        let n9 = completion(r#"{"prompt": "hi", "n": 9}"#);
+        assert!(engine_request(&n9.common, Kind::Completion, vec![1], 0).is_err());
+        let pen = completion(r#"{"prompt": "hi", "frequency_penalty": 2.5}"#);
+        assert!(engine_request(&pen.common, Kind::Completion, vec![1], 0).is_err());
+        // The penalties and logprobs reach the sampler; n choices get seeds seed + i.
+        let c = completion(
+            r#"{"prompt": "hi", "presence_penalty": 0.5, "frequency_penalty": -1, "logprobs": 3,
+            "n": 3, "seed": 10}"#,
+        );
+        let rs = engine_requests(&c.common, Kind::Completion, vec![1], 0).unwrap();
+        let seeds: Vec<u64> = rs.iter().map(|r| r.sampling.seed).collect();
+        assert_eq!(seeds, [10, 11, 12]);
+        let s = rs[2].sampling;
+        assert_eq!((s.presence_penalty, s.frequency_penalty, s.logprobs), (0.5, -1.0, Some(3)));
+        let c = chat(r#"{"messages": [{"role": "user", "content": "x"}], "n": 2}"#);
+        let rs = engine_requests(&c.common, Kind::Chat, vec![1], 0).unwrap();
+        assert_ne!(rs[0].sampling.seed, rs[1].sampling.seed, "independent seeds without one");
+        let lp = chat(r#"{"messages": [], "logprobs": true, "top_logprobs": 4}"#);
+        assert_eq!(
+            engine_request(&lp.common, Kind::Chat, vec![1], 0).unwrap().sampling.logprobs,
+            Some(4)
+        );
+        assert!(engine_request(&lp.common, Kind::Completion, vec![1], 0).is_err());
         let tok = Tokenizer::Bytes;
         assert!(chat_prompt(&tok, &[]).is_err());
         let tool = chat(r#"{"messages": [{"role": "tool", "content": "x"}]}"#);
@@ -786,11 +1092,14 @@ mod tests {
     #[test]
     fn what_costs_engine_time_per_token_is_bounded() {
         let refused = |json: &str, field: &str| {
-            let e = engine_request(&completion(json).common, vec![1], 0).unwrap_err();
+            let e =
+                engine_request(&completion(json).common, Kind::Completion, vec![1], 0).unwrap_err();
             assert_eq!(e.status(), StatusCode::BAD_REQUEST, "{json}");
             assert!(e.message().starts_with(field), "{json}: {}", e.message());
         };
-        let ok = |json: &str| engine_request(&completion(json).common, vec![1], 0).unwrap();
+        let ok = |json: &str| {
+            engine_request(&completion(json).common, Kind::Completion, vec![1], 0).unwrap()
+        };
         let four = r#"{"prompt": "x", "stop": ["a", "b", "c", "d"]}"#;
         assert_eq!(ok(four).stop.len(), STOP_STRINGS_MAX);
         refused(r#"{"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}"#, "stop:");
