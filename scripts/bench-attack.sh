@@ -58,7 +58,12 @@ bench() { # label url pid extra...: one run, JSON into $tmp/label.json
     --server-pid "$pid" --json "$@" >"$tmp/$label.json"
 }
 for front in serve router; do
-  start serve llm serve --model random:tiny --tenants "$tmp/tenants.toml" --device-blocks 8192
+  if [ "$front" = serve ]; then
+    start serve llm serve --model random:tiny --tenants "$tmp/tenants.toml" --device-blocks 8192
+  else
+    # The router is the gate: its upstream serves in arrival order, without keys.
+    start serve llm serve --model random:tiny --policy fifo --device-blocks 8192
+  fi
   serve_url=$url target=$url pid=$(cat "$tmp/serve.pid")
   if [ "$front" = router ]; then
     start router router --upstream "$serve_url" --tenants "$tmp/tenants.toml"
