@@ -14,17 +14,20 @@
 #   router-tiers the router in front of an `llm serve --policy drr` whose two tenants (one
 #                interactive, one batch) are the router's tiers (--upstream-batch-key)
 #   slow         as drr, with 1,000 streams of a third tenant held open by clients that never read
-#   protect      as drr, with --protect (latency protection: not work-conserving, off by default)
+#   unprotected  as drr, with --protect off (latency protection is on by default)
 #   drr-preempt  --policy drr+preempt (batch prefill sits out while an interactive prefill waits)
+#   same-tier    as drr, with the flood tenant in the interactive tier too (one tier, no tier
+#                rule to lean on: fairness between tenants of the same tier)
+#   same-tier-unprotected  the same with --protect off
 #   whole-steps  as drr, with --preemptible-steps off (every step runs to its end; before
 #                the default became on, a step in flight was never given up for a quiet request)
 # Results: benches/results/llm/<date>-<commit>-scenario-a-http.json (+ .hlog and SVG per run).
 # Usage: scripts/bench-serve.sh [--model random:small] [--rate 1] [--seconds 60] [--arrivals poisson|bursty]
-#          [--runs solo,fifo,drr,shared,whole-steps,slow,protect,drr-preempt,router,router-paced,router-tiers]   (default: all; the P99/solo
+#          [--runs solo,fifo,drr,same-tier,same-tier-unprotected,shared,whole-steps,slow,unprotected,drr-preempt,router,router-paced,router-tiers]   (default: all; the P99/solo
 #          ratios need solo among them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-all_runs=solo,fifo,drr,shared,whole-steps,slow,protect,drr-preempt,router,router-paced,router-tiers
+all_runs=solo,fifo,drr,same-tier,same-tier-unprotected,shared,whole-steps,slow,unprotected,drr-preempt,router,router-paced,router-tiers
 model=random:small rate=1 seconds=60 arrivals=poisson runs=$all_runs
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -114,16 +117,25 @@ if want drr || want slow; then
   if want slow; then bench slow "$url" --slow-streams 1000 --slow-tokens 64; fi
   stop up
 fi
+sed 's/^tier = "batch"$/tier = "interactive"/' "$tmp/tenants.toml" >"$tmp/same-tier.toml"
+for r in same-tier same-tier-unprotected; do
+  want $r || continue
+  start up llm serve --model "$model" --tenants "$tmp/same-tier.toml" --device-blocks 4096 \
+    --policy drr --protect "$([ $r = same-tier ] && echo on || echo off)"
+  engine_url=$url
+  bench $r "$url"
+  stop up
+done
 if want shared; then
   start up "${engine[@]}" --policy drr --tier-steps shared
   engine_url=$url
   bench shared "$url"
   stop up
 fi
-if want protect; then
-  start up "${engine[@]}" --policy drr --protect
+if want unprotected; then
+  start up "${engine[@]}" --policy drr --protect off
   engine_url=$url
-  bench protect "$url"
+  bench unprotected "$url"
   stop up
 fi
 if want drr-preempt; then
@@ -161,8 +173,8 @@ out="$dir/$stem.json"
 python3 - "$tmp" "$out" "$rate" "$runs" <<'PY'
 import json, sys
 tmp, out, rate = sys.argv[1], sys.argv[2], float(sys.argv[3])
-order = ("solo", "fifo", "drr", "shared", "whole-steps", "router", "router-paced", "router-tiers",
-         "slow", "protect", "drr-preempt")
+order = ("solo", "fifo", "drr", "same-tier", "same-tier-unprotected", "shared", "whole-steps",
+         "router", "router-paced", "router-tiers", "slow", "unprotected", "drr-preempt")
 chosen = sys.argv[4].split(",")
 runs = {k: json.load(open(f"{tmp}/{k}.json")) for k in order if k in chosen}
 t = lambda k, n: next(x for x in runs[k]["tenants"] if x["tenant"] == n)

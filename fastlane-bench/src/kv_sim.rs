@@ -86,6 +86,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
             bucket_frac_min: args.protect_bucket,
             others_prefill_tokens_max: args.protect_cap,
             hold_ns_max: (args.protect_hold_ms * 1e6) as u64,
+            ..ProtectConfig::default()
         });
     }
     cfg.swap = match args.swap_ns_per_byte {

@@ -14,6 +14,16 @@ use fastlane_sched::Policy;
 
 use crate::{EngineConfig, Model, PreemptChoice};
 
+/// `--protect on`: [`fastlane_sched::ProtectConfig`]'s defaults (half the bucket, no other
+/// prefill beside a protected one, 1 s bound), and no other tenant's decodes in that step
+/// either: on a CPU each row lengthens the step (docs/serving.md).
+pub const SERVE_PROTECT: fastlane_sched::ProtectConfig = fastlane_sched::ProtectConfig {
+    bucket_frac_min: 0.5,
+    others_prefill_tokens_max: 0,
+    hold_ns_max: 1_000_000_000,
+    others_decodes: false,
+};
+
 /// Listener flags shared by `llm serve` and `router`.
 #[derive(Debug, Args, Clone)]
 pub struct HttpArgs {
@@ -170,11 +180,16 @@ pub struct EngineArgs {
     /// How preempted sequences give up their blocks: auto (measured costs), swap, recompute.
     #[arg(long, default_value = "auto")]
     pub preempt: String,
-    /// Latency protection (policies drr, drr+preempt): while an interactive tenant that sends
-    /// under its rate has prefill in the step, other tenants add no prefill to that step
-    /// (their decodes still run); not work-conserving, off by default (docs/scheduler.md).
-    #[arg(long)]
-    pub protect: bool,
+    /// Latency protection, on or off (policies drr, drr+preempt): fairness between tenants
+    /// of one tier. An interactive tenant sending under its rate (its bucket at least half
+    /// full) is protected: while it has prefill work, a step carrying its prefill carries no
+    /// other tenant's work (no prefill, no decodes; at most 1 s in a row), and with
+    /// --preemptible-steps on its arrival gives up a step that carries none of its prefill,
+    /// whatever the tier of the step's work. A tenant at its rate (a flooder held to its
+    /// bucket) pays with its inter-token latency. Default: on for serve, off for generate
+    /// (docs/serving.md, docs/scheduler.md). `--protect` alone means on.
+    #[arg(long, value_name = "on|off", num_args = 0..=1, default_missing_value = "on")]
+    pub protect: Option<String>,
     /// How the interactive and batch tiers share a step (policies drr, drr+preempt):
     /// separate (a step with an interactive prefill carries no batch-tier work, decodes
     /// included, for at most 500 ms in a row; the batch work runs in the next step) or shared
@@ -277,11 +292,16 @@ impl EngineArgs {
         Ok(Arc::new(m))
     }
 
-    /// The engine configuration these flags describe.
+    /// The engine configuration these flags describe (`generate`'s defaults: policy fifo).
     pub fn engine_config(&self) -> Result<EngineConfig> {
+        self.config_with(Policy::Fifo)
+    }
+
+    /// [`EngineArgs::engine_config`] with `default_policy` where `--policy` is not given.
+    fn config_with(&self, default_policy: Policy) -> Result<EngineConfig> {
         let policy: Policy = match &self.policy {
             Some(p) => p.parse().map_err(|e| anyhow::anyhow!("--policy: {e}"))?,
-            None => Policy::Fifo,
+            None => default_policy,
         };
         let preempt: PreemptChoice =
             self.preempt.parse().map_err(|e| anyhow::anyhow!("--preempt: {e}"))?;
@@ -297,7 +317,14 @@ impl EngineArgs {
             device_blocks: self.device_blocks,
             chunk_tokens: Some(self.chunk.unwrap_or(256)).filter(|&c| c > 0),
             batch_tokens_max: self.batch_tokens.unwrap_or(512).max(1),
-            protect: self.protect.then(fastlane_sched::ProtectConfig::default),
+            protect: match self.protect.as_deref() {
+                None | Some("off") => None,
+                Some("on") if policy == Policy::Fifo => {
+                    bail!("--protect on needs --policy drr or drr+preempt (fifo has no buckets)")
+                }
+                Some("on") => Some(SERVE_PROTECT),
+                Some(o) => bail!("--protect {o:?}: on or off"),
+            },
             tier_steps: self.tier_steps.parse().map_err(|e| anyhow::anyhow!("--tier-steps {e}"))?,
             ..EngineConfig::default()
         };
@@ -362,17 +389,17 @@ impl EngineArgs {
     /// The engine configuration of `llm serve`: [`EngineArgs::engine_config`] with the
     /// serving defaults where the flags are not given: policy drr, 64-token prefill chunks and
     /// 128-token steps (BENCHMARKS.md, serving: the quiet tenant's P99 TTFT is its solo TTFT
-    /// plus the step in flight).
+    /// plus the step in flight), latency protection on unless the policy is fifo.
     pub fn serve_config(&self) -> Result<EngineConfig> {
-        let mut cfg = self.engine_config()?;
-        if self.policy.is_none() {
-            cfg.policy = Policy::Drr;
-        }
+        let mut cfg = self.config_with(Policy::Drr)?;
         if self.chunk.is_none() {
             cfg.chunk_tokens = Some(64);
         }
         if self.batch_tokens.is_none() {
             cfg.batch_tokens_max = 128;
+        }
+        if self.protect.is_none() && cfg.policy != Policy::Fifo {
+            cfg.protect = Some(SERVE_PROTECT);
         }
         Ok(cfg)
     }
@@ -467,6 +494,23 @@ mod tests {
         assert_eq!((c.policy, c.chunk_tokens, c.batch_tokens_max), (Policy::Fifo, None, 512));
         let g = engine(&[]).unwrap();
         assert_eq!((g.policy, g.chunk_tokens, g.batch_tokens_max), (Policy::Fifo, Some(256), 512));
+    }
+
+    #[test]
+    fn protect_flag_is_on_for_serve_unless_fifo_or_off() {
+        let serve = |args: &[&str]| {
+            let cli = Cli::try_parse_from(std::iter::once("t").chain(args.iter().copied()));
+            cli.unwrap().engine.serve_config()
+        };
+        assert_eq!(serve(&[]).unwrap().protect, Some(super::SERVE_PROTECT));
+        assert_eq!(serve(&["--protect"]).unwrap().protect, Some(super::SERVE_PROTECT));
+        assert_eq!(serve(&["--protect", "off"]).unwrap().protect, None);
+        assert_eq!(serve(&["--policy", "fifo"]).unwrap().protect, None);
+        let e = serve(&["--policy", "fifo", "--protect", "on"]).unwrap_err().to_string();
+        assert!(e.contains("--protect on needs --policy drr"), "{e}");
+        let e = serve(&["--protect", "yes"]).unwrap_err().to_string();
+        assert!(e.contains("on or off"), "{e}");
+        assert_eq!(engine(&[]).unwrap().protect, None, "generate: off");
     }
 
     #[test]

@@ -527,6 +527,75 @@ fn interactive_arrivals_never_starve_the_batch_tier() {
 }
 
 #[test]
+fn protection_between_two_interactive_tenants_changes_no_token() {
+    // One tier, no tier rule: `flood` (a bucket of 4 refilled at 100/s, held under half full
+    // by its own backlog: unprotected) queues every prompt at once; `quiet` (no limit:
+    // protected) sends from another thread all along. With `llm serve`'s protection its
+    // chunks get steps without the flood's rows, and its arrivals may give up the flood's
+    // prefill steps; every request finishes with its solo tokens and logits, and the
+    // protection counters show it applied. Off, nothing is capped.
+    let interactive = |name: &str, bucket_capacity: f64, rpm: f64| TenantConfig {
+        name: name.into(),
+        tier: Tier::Interactive,
+        bucket_capacity,
+        rpm,
+        ..two_tiers()[CHAT].clone()
+    };
+    const FLOOD: usize = 0;
+    const QUIET: usize = 1;
+    const ARRIVALS: usize = 16;
+    for protect in [Some(fastlane_llm::args::SERVE_PROTECT), None] {
+        let cfg = EngineConfig {
+            tenants: vec![interactive("flood", 4.0, 6000.0), interactive("quiet", 1e12, 1e12)],
+            protect,
+            ..preemptible(None, ample())
+        };
+        let e = Engine::start(model(), cfg).unwrap();
+        let (flood, quiet) = std::thread::scope(|sc| {
+            let quiet = sc.spawn(|| {
+                let streams: Vec<_> = (0..ARRIVALS)
+                    .map(|k| {
+                        std::thread::sleep(Duration::from_millis(15));
+                        let r = GenRequest { tenant: QUIET, ..requests()[k * 4].clone() };
+                        (k * 4, e.submit(r).unwrap())
+                    })
+                    .collect();
+                streams.into_iter().map(|(i, s)| (i, s.wait(WAIT).unwrap())).collect::<Vec<_>>()
+            });
+            let flood: Vec<_> = requests()
+                .into_iter()
+                .map(|r| e.submit(GenRequest { tenant: FLOOD, ..r }).unwrap())
+                .collect();
+            let flood: Vec<_> = flood.iter().map(|s| s.wait(WAIT).unwrap()).collect();
+            (flood, quiet.join().unwrap())
+        });
+        let want = alone();
+        let what = if protect.is_some() { "protected" } else { "unprotected" };
+        for (i, f) in flood.iter().enumerate() {
+            assert_eq!(f.reason, FinishReason::Length, "{what}: flood request {i}");
+            assert_eq!((&f.token_ids, f.logits_digest), (&want[i].0, want[i].1), "{what}: {i}");
+        }
+        for (i, f) in &quiet {
+            assert_eq!(f.reason, FinishReason::Length, "{what}: quiet request {i}");
+            assert_eq!((&f.token_ids, f.logits_digest), (&want[*i].0, want[*i].1), "{what}: {i}");
+        }
+        let c = e.shutdown().unwrap();
+        assert_eq!(c.blocks_free, c.blocks_total, "{c:?}");
+        assert!(c.steps_aborted <= c.steps + 1, "{what}: never two in a row: {c:?}");
+        let arrivals = (ARRIVALS + REQUESTS) as u64;
+        assert!(c.steps_aborted <= arrivals, "{what}: at most one per arrival: {c:?}");
+        match protect {
+            Some(_) => assert!(c.protect_capped_steps >= 1, "{c:?}"),
+            None => assert_eq!((c.protect_capped_steps, c.protect_released_steps), (0, 0)),
+        }
+        eprintln!(
+            "{what}: {} steps, {} given up, {} capped, {} released",
+            c.steps, c.steps_aborted, c.protect_capped_steps, c.protect_released_steps
+        );
+    }
+}
+
+#[test]
 fn penalties_make_greedy_decoding_of_the_random_model_repeat_less_and_stay_deterministic() {
     let e = Engine::start(model(), ample()).expect("engine starts");
     let m = model();

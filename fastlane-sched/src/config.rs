@@ -224,12 +224,23 @@ pub struct ProtectConfig {
     pub others_prefill_tokens_max: u32,
     /// Longest the cap holds unprotected prefill work back before one work-conserving step.
     pub hold_ns_max: u64,
+    /// Whether the unprotected tenants' decodes run in a step that carries a protected
+    /// prefill under the cap. `false`: that step is the protected tenants' alone (on a CPU
+    /// every decode row lengthens it); the others' decodes run in the next step, and the
+    /// hold bound counts their wait too.
+    pub others_decodes: bool,
 }
 
 impl Default for ProtectConfig {
-    /// Half the bucket, cap 0 (the protected chunk has the step's prefill to itself), 1 s.
+    /// Half the bucket, cap 0 (the protected chunk has the step's prefill to itself), 1 s,
+    /// the others' decodes still run.
     fn default() -> Self {
-        Self { bucket_frac_min: 0.5, others_prefill_tokens_max: 0, hold_ns_max: 1_000_000_000 }
+        Self {
+            bucket_frac_min: 0.5,
+            others_prefill_tokens_max: 0,
+            hold_ns_max: 1_000_000_000,
+            others_decodes: true,
+        }
     }
 }
 

@@ -113,6 +113,7 @@ impl<P: SwapPort> Scheduler<P> {
             // preemption freed); running batch prefills still get their chunks.
             self.plan_tier(now_ns, Tier::Batch, blocked, &mut budget, &mut seqs_left);
         }
+        self.protected_step_alone();
         self.finish_plan()
     }
 
@@ -247,6 +248,9 @@ impl<P: SwapPort> Scheduler<P> {
                 } else {
                     others_work = true;
                 }
+            } else if !p.others_decodes && !self.protected[t] && s.decode_ready() {
+                // Their decodes are held back too: the hold bound counts their wait.
+                others_work = true;
             }
         }
         for (t, ts) in self.tenants.iter().enumerate() {
@@ -272,6 +276,36 @@ impl<P: SwapPort> Scheduler<P> {
         }
         self.protect_stats.capped_steps += 1;
         self.others_left = Some(p.others_prefill_tokens_max);
+    }
+
+    /// Latency protection with `others_decodes: false`: a step that carries a protected
+    /// tenant's prefill under the cap carries none of the unprotected tenants' decodes (planned
+    /// before the cap was known; taken back out here, their blocks kept for the next step).
+    fn protected_step_alone(&mut self) {
+        let Some(p) = self.cfg.protect else { return };
+        if p.others_decodes || self.others_left.is_none() {
+            return;
+        }
+        let protected = &self.protected;
+        let is_protected = |t: TenantIndex| protected.get(t).copied().unwrap_or(false);
+        let carries = self
+            .plan
+            .items
+            .iter()
+            .any(|it| matches!(it.kind, StepKind::Prefill { .. }) && is_protected(it.tenant));
+        if !carries {
+            return;
+        }
+        self.plan.items.retain(|it| it.kind != StepKind::Decode || is_protected(it.tenant));
+        self.plan.decode_tokens =
+            self.plan.items.iter().filter(|it| it.kind == StepKind::Decode).count() as u32;
+    }
+
+    /// This step's protected tenants, by index (empty when latency protection is off or no
+    /// step was planned): the engine gives up a step without a protected prefill when one of
+    /// their requests arrives.
+    pub fn protected_tenants(&self) -> &[bool] {
+        &self.protected
     }
 
     /// Whether tenant `t`'s prefill is under the protection cap this step.

@@ -407,6 +407,54 @@ fn protection_gives_an_under_rate_tenants_chunk_the_step_and_decodes_keep_runnin
 }
 
 #[test]
+fn protection_without_the_others_decodes_gives_the_quiet_chunk_its_step_alone() {
+    let p = ProtectConfig { others_decodes: false, ..ProtectConfig::default() };
+    let (mut s, mut now) = flooder_and_quiet(Some(p));
+    s.submit(now, req(100, 1, 2000, 4, now)).unwrap();
+    for chunk in [512, 512, 512, 464] {
+        let plan = s.schedule(now).unwrap();
+        assert_eq!(tenant_tokens(plan, 1), (chunk, 0), "{plan:?}");
+        assert_eq!(tenant_tokens(plan, 0), (0, 0), "no flooder decode either: {plan:?}");
+        assert_eq!(plan.decode_tokens, 0);
+        assert_eq!(s.protected_tenants(), &[false, true]);
+        now += 10_000_000;
+        s.complete_step(now).unwrap();
+    }
+    // The quiet request decodes now (its own decodes run beside the flooder's work): the
+    // flooder's two streams decode again and its prefills have the rest.
+    let plan = s.schedule(now).unwrap();
+    assert_eq!(tenant_tokens(plan, 0).1, 2, "{plan:?}");
+    assert_eq!(tenant_tokens(plan, 1), (0, 1), "{plan:?}");
+    assert_eq!(s.protect_stats().capped_steps, 4);
+}
+
+#[test]
+fn protection_holds_the_others_decodes_no_longer_than_the_bound() {
+    // A 40,000-token quiet prompt: with a 100 ms bound (10 ms steps) the flooder's decodes
+    // run at least every 11 steps even though its prefills alone would not need the release.
+    let p = ProtectConfig {
+        hold_ns_max: 100_000_000,
+        others_decodes: false,
+        ..ProtectConfig::default()
+    };
+    let (mut s, mut now) = flooder_and_quiet(Some(p));
+    s.submit(now, req(100, 1, 40_000, 4, now)).unwrap();
+    let mut since = 0;
+    for _ in 0..60 {
+        let plan = s.schedule(now).unwrap();
+        if tenant_tokens(plan, 0).1 > 0 {
+            since = 0;
+        } else {
+            since += 1;
+            assert!(since <= 10, "flooder's decodes held more than the bound");
+        }
+        now += 10_000_000;
+        s.complete_step(now).unwrap();
+    }
+    assert!(s.protect_stats().released_steps >= 5, "{:?}", s.protect_stats());
+}
+
+#[test]
 fn protection_cap_lets_the_others_add_that_many_prefill_tokens() {
     let p = ProtectConfig { others_prefill_tokens_max: 300, ..ProtectConfig::default() };
     let (mut s, now) = flooder_and_quiet(Some(p));

@@ -7,7 +7,7 @@
 //! interactive-tier request arrives, and the step is planned again with it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -380,6 +380,12 @@ pub struct EngineCounters {
     /// `--tier-steps separate`: steps planned shared because batch work had waited for the
     /// hold bound.
     pub tier_released_steps: u64,
+    /// Latency protection: steps planned with a protected tenant's prefill and the other
+    /// tenants' work held back (`--protect`).
+    pub protect_capped_steps: u64,
+    /// Latency protection: steps planned work-conserving because the others' work had been
+    /// held back for the hold bound.
+    pub protect_released_steps: u64,
     /// KV blocks free in the pool now.
     pub blocks_free: u32,
     /// KV blocks in the pool.
@@ -505,12 +511,23 @@ const STEP_ABORTS_IN_ROW_MAX: u32 = 1;
 /// means an interactive request waits in the channel. (A flag raised by the sender and
 /// cleared at the drain would race: raised just after the drain that took its command, it
 /// would give up a step for a request already planned.)
+///
+/// With latency protection the submissions of tenants protected at the last step (under
+/// their rate: `Scheduler::protected_tenants`) are counted apart too, so that a step
+/// carrying only unprotected tenants' prefill — the same tier's flooder — is given up for
+/// them. Whether a submission counted as protected travels in its command: sender and
+/// drainer count the same ones even when the flag changes in between.
 #[derive(Debug)]
 struct Arrivals {
     /// Tenant index → whether it is in the interactive tier.
     interactive: Vec<bool>,
+    /// Tenant index → whether it was protected at the last step (written by the engine
+    /// thread after each plan).
+    protected: Vec<AtomicBool>,
     /// Interactive-tier submissions sent to the engine thread so far.
     sent: AtomicU64,
+    /// Submissions sent as protected so far.
+    sent_protected: AtomicU64,
 }
 
 impl Arrivals {
@@ -518,16 +535,27 @@ impl Arrivals {
         self.interactive.get(tenant).copied().unwrap_or(false)
     }
 
-    /// After a Submit of `tenant`'s request went into the engine thread's channel.
-    fn sent(&self, tenant: usize) {
+    /// Whether a submission of `tenant` sent now counts as protected.
+    fn is_protected(&self, tenant: usize) -> bool {
+        self.protected.get(tenant).is_some_and(|p| p.load(Ordering::Relaxed))
+    }
+
+    /// After a Submit of `tenant`'s request went into the engine thread's channel;
+    /// `protected` is what its command carries.
+    fn sent(&self, tenant: usize, protected: bool) {
+        // Release: pairs with the Acquire loads in the engine thread's abort check, so the
+        // command sent before this is in the channel when that load sees the count.
+        if protected {
+            self.sent_protected.fetch_add(1, Ordering::Release);
+        }
         if self.is_interactive(tenant) {
-            // Release: pairs with the Acquire load in the engine thread's abort check, so
-            // the command sent before this is in the channel when that load sees the count.
             self.sent.fetch_add(1, Ordering::Release);
         }
     }
 }
 
+// Nearly every command is a `Submit`: boxing its request would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     Submit {
         id: u64,
@@ -535,6 +563,8 @@ enum Command {
         tx: flume::Sender<StreamEvent>,
         at: Instant,
         prefix: PrefixHit,
+        /// Counted as a protected tenant's arrival (`Arrivals::sent_protected`).
+        protected: bool,
     },
     Abort {
         id: u64,
@@ -683,7 +713,9 @@ impl Engine {
         let arrivals = cfg.preemptible_steps.then(|| {
             Arc::new(Arrivals {
                 interactive: tenants.iter().map(|t| t.tier == Tier::Interactive).collect(),
+                protected: tenants.iter().map(|_| AtomicBool::new(false)).collect(),
                 sent: AtomicU64::new(0),
+                sent_protected: AtomicU64::new(0),
             })
         });
         let histograms = EngineHistograms::new();
@@ -726,6 +758,7 @@ impl Engine {
             chaos: None,
             arrivals: arrivals.clone(),
             interactive_seen: 0,
+            protected_seen: 0,
             aborts_in_row: 0,
             abortable_steps: 0,
         };
@@ -843,11 +876,14 @@ impl Engine {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = flume::unbounded();
         let tenant = req.tenant;
+        // With a lookup thread, `arrivals` is that thread's: it decides `protected`.
+        let protected = self.arrivals.as_ref().is_some_and(|a| a.is_protected(tenant));
+        let at = Instant::now();
         self.tx
-            .send(Command::Submit { id, req, tx, at: Instant::now(), prefix: PrefixHit::default() })
+            .send(Command::Submit { id, req, tx, at, prefix: PrefixHit::default(), protected })
             .map_err(|_| LlmError::Stopped { reason: "engine thread exited".into() })?;
         if let Some(a) = &self.arrivals {
-            a.sent(tenant);
+            a.sent(tenant, protected);
         }
         Ok(Stream { id, rx, engine: self.tx.clone() })
     }

@@ -133,8 +133,10 @@ pub(super) fn lookup_loop(
     // Ends when the engine handle is gone or after forwarding a shutdown.
     while let Ok(mut c) = rx.recv() {
         let shutdown = matches!(c, Command::Shutdown);
-        let submitted = if let Command::Submit { req, .. } = &c { Some(req.tenant) } else { None };
-        if let Command::Submit { req, prefix, .. } = &mut c {
+        let mut submitted = None;
+        if let Command::Submit { req, prefix, protected, .. } = &mut c {
+            *protected = arrivals.is_some_and(|a| a.is_protected(req.tenant));
+            submitted = Some((req.tenant, *protected));
             if let Some(digest) = digests.get(req.tenant) {
                 prefix.keys =
                     fastlane_kvswap::prefix_keys(digest, &req.prompt, TOKENS_PER_BLOCK as u32);
@@ -150,8 +152,8 @@ pub(super) fn lookup_loop(
         if tx.send(c).is_err() || shutdown {
             return;
         }
-        if let (Some(a), Some(tenant)) = (arrivals, submitted) {
-            a.sent(tenant);
+        if let (Some(a), Some((tenant, protected))) = (arrivals, submitted) {
+            a.sent(tenant, protected);
         }
     }
 }

@@ -3,6 +3,13 @@
 
 use super::*;
 
+/// [`Loop::step_rank`]: the step carries a protected tenant's prefill.
+const RANK_PROTECTED: u8 = 0;
+/// [`Loop::step_rank`]: its most urgent prefill is an unprotected interactive tenant's.
+const RANK_UNPROTECTED: u8 = 1;
+/// [`Loop::step_rank`]: batch-tier prefill only, or none.
+const RANK_BATCH: u8 = 2;
+
 /// One item of a step as the forward pass takes it.
 #[derive(Debug)]
 pub(super) struct StepInput {
@@ -41,6 +48,8 @@ pub(super) struct Loop {
     pub(super) arrivals: Option<Arc<Arrivals>>,
     /// Interactive-tier submissions drained from the channel so far.
     pub(super) interactive_seen: u64,
+    /// Submissions sent as protected drained so far.
+    pub(super) protected_seen: u64,
     /// Steps given up since the last one that ran to its end.
     pub(super) aborts_in_row: u32,
     /// Steps that could have been given up (the `force_step_aborts` hook counts them).
@@ -148,7 +157,7 @@ impl Loop {
                 self.abort_live(id)?;
                 self.sched.release_slot(SeqId(id));
             }
-            Command::Submit { id, req, tx, at, prefix } => {
+            Command::Submit { id, req, tx, at, prefix, protected } => {
                 let tenant = req.tenant;
                 // `scripts/router-floor.sh` reads these events (`--log-format json`).
                 tracing::trace!(
@@ -161,6 +170,7 @@ impl Loop {
                 if self.arrivals.as_ref().is_some_and(|a| a.is_interactive(tenant)) {
                     self.interactive_seen += 1;
                 }
+                self.protected_seen += u64::from(protected);
                 let arrival_ns = at.saturating_duration_since(self.start).as_nanos() as u64;
                 let cached_tokens = (prefix.blocks.len() * TOKENS_PER_BLOCK) as u32;
                 let r = Request {
@@ -245,6 +255,7 @@ impl Loop {
     /// Plans and runs one step; `false` when there was nothing to run.
     fn step(&mut self, now: u64) -> Result<bool, LlmError> {
         let plan = self.sched.schedule(now)?.clone();
+        self.publish_protected();
         self.absorb_events();
         if plan.is_empty() {
             self.publish();
@@ -362,19 +373,27 @@ impl Loop {
             .collect();
         let t0 = Instant::now();
         let mut forced = None;
-        let outcome = if self.step_abortable(plan) {
-            self.abortable_steps += 1;
+        let rank = self.step_rank(plan);
+        let outcome = if let Some(rank) = rank.filter(|&r| r >= RANK_UNPROTECTED) {
             let last = self.model.config().num_hidden_layers.saturating_sub(1);
-            forced = self.cfg.force_step_aborts.and_then(|(every, layer)| {
-                (every > 0 && self.abortable_steps.is_multiple_of(u64::from(every)))
-                    .then_some(layer.min(last))
-            });
-            let seen = self.interactive_seen;
-            let sent = self.arrivals.as_deref().map(|a| &a.sent);
-            // One atomic load per layer. Acquire pairs with the Release increment in
-            // `Arrivals::sent`: an arrival counted here is in the channel at the next drain.
+            if rank == RANK_BATCH {
+                // The hook gives up only what an interactive arrival could.
+                self.abortable_steps += 1;
+                forced = self.cfg.force_step_aborts.and_then(|(every, layer)| {
+                    (every > 0 && self.abortable_steps.is_multiple_of(u64::from(every)))
+                        .then_some(layer.min(last))
+                });
+            }
+            let (seen, seen_protected) = (self.interactive_seen, self.protected_seen);
+            let a = self.arrivals.as_deref();
+            let sent = a.filter(|_| rank >= RANK_BATCH).map(|a| &a.sent);
+            let sent_protected = a.map(|a| &a.sent_protected);
+            // At most two atomic loads per layer. Acquire pairs with the Release increments
+            // in `Arrivals::sent`: an arrival counted here is in the channel at the next drain.
             let stop = |layer: usize| {
-                forced == Some(layer) || sent.is_some_and(|n| n.load(Ordering::Acquire) > seen)
+                forced == Some(layer)
+                    || sent_protected.is_some_and(|n| n.load(Ordering::Acquire) > seen_protected)
+                    || sent.is_some_and(|n| n.load(Ordering::Acquire) > seen)
             };
             self.model.forward_abortable(&items, &self.pool, &mut self.scratch, &stop)?
         } else {
@@ -479,16 +498,48 @@ impl Loop {
         Ok(())
     }
 
-    /// Whether this step's forward pass may be given up for an interactive arrival:
-    /// preemptible steps on, no interactive-tier prefill in the step (an interactive request
-    /// is never given up for another), and fewer than [`STEP_ABORTS_IN_ROW_MAX`] steps given
-    /// up in a row (no livelock: then the step runs to its end).
-    fn step_abortable(&self, plan: &StepPlan) -> bool {
-        let Some(a) = &self.arrivals else { return false };
-        self.aborts_in_row < STEP_ABORTS_IN_ROW_MAX
-            && !plan.items.iter().any(|it| {
-                matches!(it.kind, StepKind::Prefill { .. }) && a.is_interactive(it.tenant)
+    /// What may give this step's forward pass up (`None`: nothing: preemptible steps off, or
+    /// [`STEP_ABORTS_IN_ROW_MAX`] steps given up in a row, when it runs to its end: no
+    /// livelock). Otherwise the step's most urgent prefill: [`RANK_PROTECTED`] (nothing
+    /// gives it up), [`RANK_UNPROTECTED`] (an interactive tenant over its rate: a protected
+    /// tenant's arrival gives it up) or [`RANK_BATCH`] (batch prefill or none: any interactive
+    /// arrival gives it up).
+    fn step_rank(&self, plan: &StepPlan) -> Option<u8> {
+        let a = self.arrivals.as_deref()?;
+        if self.aborts_in_row >= STEP_ABORTS_IN_ROW_MAX {
+            return None;
+        }
+        let protected = self.sched.protected_tenants();
+        let rank = plan
+            .items
+            .iter()
+            .filter(|it| matches!(it.kind, StepKind::Prefill { .. }))
+            .map(|it| {
+                if protected.get(it.tenant).copied().unwrap_or(false) {
+                    RANK_PROTECTED
+                } else if a.is_interactive(it.tenant) {
+                    RANK_UNPROTECTED
+                } else {
+                    RANK_BATCH
+                }
             })
+            .min()
+            .unwrap_or(RANK_BATCH);
+        Some(rank)
+    }
+
+    /// Latency protection: tells the submitting threads which tenants the plan just formed
+    /// protects (their arrivals then give up a step without a protected prefill).
+    fn publish_protected(&self) {
+        let Some(a) = self.arrivals.as_deref() else { return };
+        let now = self.sched.protected_tenants();
+        for (t, flag) in a.protected.iter().enumerate() {
+            let p = now.get(t).copied().unwrap_or(false);
+            // Read first: the cache line is written only when a tenant's state changes.
+            if flag.load(Ordering::Relaxed) != p {
+                flag.store(p, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Fails the requests whose planned item had no blocks for its positions (a scheduler
@@ -657,6 +708,9 @@ impl Loop {
         let tiers = self.sched.tier_stats();
         self.local.tier_separate_steps = tiers.separate_steps;
         self.local.tier_released_steps = tiers.released_steps;
+        let protect = self.sched.protect_stats();
+        self.local.protect_capped_steps = protect.capped_steps;
+        self.local.protect_released_steps = protect.released_steps;
         let n = self.sched.tenant_count();
         self.local.queued_by_tenant.resize(n, 0);
         for t in 0..n {

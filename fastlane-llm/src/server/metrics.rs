@@ -17,6 +17,7 @@ pub struct EngineMetrics {
     steps: IntCounterVec,
     steps_aborted: IntCounterVec,
     tier_steps: IntCounterVec,
+    protect_steps: IntCounterVec,
     prefix_blocks: IntCounterVec,
     prefix_reused_tokens: IntCounterVec,
     prefix_cache_blocks: IntGaugeVec,
@@ -78,6 +79,11 @@ impl EngineMetrics {
             "Steps with an interactive prefill that kept the batch tier's waiting work out (separate), or shared after the hold bound (released); --tier-steps",
             &["kind"],
         );
+        let protect_steps = counter(
+            "fastlane_llm_engine_protect_steps_total",
+            "Steps with an under-rate tenant's prefill that held the other tenants' work back (capped), or planned work-conserving after the hold bound (released); --protect",
+            &["kind"],
+        );
         let prefix_blocks = counter(
             "fastlane_llm_prefix_blocks_total",
             "Prompt blocks looked up in the prefix cache, by result (host_hit, nvme_hit, cluster_hit, miss, integrity_miss)",
@@ -117,6 +123,7 @@ impl EngineMetrics {
             steps,
             steps_aborted,
             tier_steps,
+            protect_steps,
             prefix_blocks,
             prefix_reused_tokens,
             prefix_cache_blocks,
@@ -172,6 +179,8 @@ impl EngineMetrics {
         up(&self.steps_aborted, &[], c.steps_aborted);
         up(&self.tier_steps, &["separate"], c.tier_separate_steps);
         up(&self.tier_steps, &["released"], c.tier_released_steps);
+        up(&self.protect_steps, &["capped"], c.protect_capped_steps);
+        up(&self.protect_steps, &["released"], c.protect_released_steps);
         up(&self.prefix_reused_tokens, &[], c.prefix_reused_tokens);
         if let Some(p) = &c.prefix_cache {
             up(&self.prefix_blocks, &["host_hit"], p.host_hits);
