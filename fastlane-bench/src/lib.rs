@@ -16,10 +16,13 @@
 //!   floors, the HTTP load generator, the scheduler scenarios on the real engine.
 //! - [`rdma`]: `fastlane rdma bench`, RDMA WRITE latency (ping-pong) and bandwidth, as perftest.
 //! - [`journal`]: `fastlane journal bench`, durable-ack latency against `pwrite` + `fdatasync`.
+//! - [`itch`]: `fastlane itch replay`, a feed through the order books in software or through
+//!   the software card's rings, with message rates and the card's latency.
 //! - Helpers written once: [`stats`] (median), [`pin`] (core pinning), [`load`] (load
 //!   average), [`mem`] (populated anonymous memory).
 
 pub mod blk;
+pub mod itch;
 pub mod journal;
 pub mod kv_cluster;
 pub mod kv_sim;

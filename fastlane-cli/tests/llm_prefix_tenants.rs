@@ -43,6 +43,11 @@ const MISS: &str = "fastlane_llm_prefix_blocks_total{result=\"miss\"}";
 const REUSED: &str = "fastlane_llm_prefix_reused_tokens_total";
 const CACHED: &str = "fastlane_llm_prefix_cache_blocks";
 
+/// The prompt tokens `tenant` loaded from the cache (a missing series panics).
+fn reused_by(s: &Server, tenant: &str) -> f64 {
+    s.metric(&format!("fastlane_llm_tenant_prefix_reused_tokens_total{{tenant=\"{tenant}\"}}"))
+}
+
 /// 200 characters (one token each on random:tiny's byte tokenizer): 12 full blocks after BOS.
 fn prompt() -> String {
     (0..200u32).map(|i| (b'a' + ((i * 7 + i / 13) % 26) as u8) as char).collect()
@@ -101,6 +106,7 @@ fn a_tenant_finds_only_its_own_groups_cached_blocks() {
     assert_eq!(p2.host_hits - p1.host_hits, usable, "alpha reuses its prompt: {p2:?}");
     assert_eq!(p2.reused_tokens - p1.reused_tokens, usable * 16.0, "{p2:?}");
     assert_eq!(p2.cached_blocks, stored, "nothing new to store: {p2:?}");
+    assert_eq!(reused_by(&s, "alpha"), usable * 16.0, "the tenant's own series counts it");
 
     // beta, the same prompt: nothing found, and its blocks are stored beside alpha's.
     let (p3, _) = send(&s, "key-beta", 2.0 * stored, "beta's blocks are stored beside alpha's");
@@ -108,6 +114,7 @@ fn a_tenant_finds_only_its_own_groups_cached_blocks() {
     assert_eq!(p3.reused_tokens, p2.reused_tokens, "{p3:?}");
     assert_eq!(p3.misses - p2.misses, usable, "{p3:?}");
     assert_eq!(p3.cached_blocks, 2.0 * stored, "beta's blocks are its own: {p3:?}");
+    assert_eq!(reused_by(&s, "beta"), 0.0, "beta reused nothing yet");
 
     // beta again: its own blocks are found.
     let (p4, _) = send(&s, "key-beta", 2.0 * stored, "both tenants' blocks stay");
@@ -119,4 +126,7 @@ fn a_tenant_finds_only_its_own_groups_cached_blocks() {
     assert_eq!(p5.reused_tokens - p4.reused_tokens, usable * 16.0, "{p5:?}");
     assert_eq!(p5.misses, p4.misses, "{p5:?}");
     assert_eq!(p5.cached_blocks, 2.0 * stored, "{p5:?}");
+    let by_tenant = ["alpha", "beta", "gamma"].map(|t| reused_by(&s, t));
+    assert_eq!(by_tenant, [usable * 16.0; 3], "each tenant's own reuse, once");
+    assert_eq!(by_tenant.iter().sum::<f64>(), p5.reused_tokens, "the series add up");
 }

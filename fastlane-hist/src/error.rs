@@ -45,6 +45,21 @@ pub enum HistError {
         /// What was wrong with it.
         reason: String,
     },
+    /// Reading one of a report's logs failed (the file named here; what went wrong below).
+    #[error("reading {}", path.display())]
+    Reading {
+        /// The log.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Box<HistError>,
+    },
+    /// A report cannot be made from these logs (no intervals, no such tag, no tag in common).
+    #[error("{reason}")]
+    Report {
+        /// What is missing, naming the file.
+        reason: String,
+    },
     /// An interval log is larger than this reader is willing to hold in memory.
     #[error("interval log too large at line {line}: {reason}")]
     TooLarge {

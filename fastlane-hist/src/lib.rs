@@ -23,6 +23,7 @@
 //!   JSON (fields in ns), and [`format_ns`] prints a value in ns, µs, ms or s.
 //! - [`percentile_plot_svg`] draws the percentile distribution of several histograms as SVG
 //!   on HdrHistogram's "nines" axis.
+//! - [`report`] makes `fastlane hist`'s tables and comparisons (text, JSON, CSV).
 //! - [`synth`] writes logs with known distributions for tests.
 //!
 //! # What it does not do
@@ -61,6 +62,7 @@ mod error;
 mod hlog;
 mod plot;
 mod recorder;
+pub mod report;
 mod summary;
 pub mod synth;
 

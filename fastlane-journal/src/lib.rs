@@ -41,6 +41,7 @@ mod control;
 pub mod dir_verify;
 mod flusher;
 pub mod format;
+pub mod fuzzing;
 mod io;
 pub mod preprocess;
 mod producer;

@@ -166,6 +166,35 @@ impl Reply {
     }
 }
 
+/// The fuzz target `attach_hello` (`fastlane-journal/fuzz`): `data` (zero-padded or cut to
+/// the fixed sizes) as a hello from an untrusted producer and as a reply from the service.
+/// A hello either is refused or decodes to a name within [`NAME_MAX`] bytes without control
+/// characters that encodes and decodes to itself; a reply decodes or is refused; neither
+/// panics.
+pub fn check_hello_model(data: &[u8]) {
+    let mut b = [0u8; HELLO_LEN];
+    let n = data.len().min(HELLO_LEN);
+    b[..n].copy_from_slice(&data[..n]);
+    if let Ok(h) = Hello::decode(&b) {
+        assert!(h.name.len() <= NAME_MAX, "{h:?}");
+        assert!(!h.name.chars().any(char::is_control), "{h:?}");
+        assert_eq!(Hello::decode(&h.encode()), Ok(h.clone()), "hello round trip");
+    }
+    let mut r = [0u8; REPLY_LEN];
+    let n = data.len().min(REPLY_LEN);
+    r[..n].copy_from_slice(&data[..n]);
+    if let Ok(reply) = Reply::decode(&r) {
+        assert!(reply.message.len() <= MESSAGE_MAX * 3, "{reply:?}");
+        match Reply::decode(&reply.encode()) {
+            Ok(again) => assert_eq!(
+                (again.status, again.producer_id, again.ring_bytes),
+                (reply.status, reply.producer_id, reply.ring_bytes)
+            ),
+            Err(e) => panic!("an encoded reply is refused: {e}"),
+        }
+    }
+}
+
 fn truncate_utf8(s: &str, max: usize) -> &str {
     let mut end = s.len().min(max);
     while !s.is_char_boundary(end) {

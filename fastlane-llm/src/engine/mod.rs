@@ -407,6 +407,9 @@ pub struct EngineCounters {
     pub prefix_hit_requests: u64,
     /// Prefix reuse: prompt tokens loaded from the cache instead of prefilled.
     pub prefix_reused_tokens: u64,
+    /// [`EngineCounters::prefix_reused_tokens`] per tenant (index order; shorter when the
+    /// last tenants reused nothing yet).
+    pub prefix_reused_tokens_by_tenant: Vec<u64>,
     /// Prefix reuse: prompt blocks copied into the cache after the step that completed them.
     pub prefix_stored_blocks: u64,
     /// Prefix reuse: whether a cluster tier backs the host cache.

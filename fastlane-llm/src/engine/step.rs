@@ -386,7 +386,11 @@ impl Loop {
             }
             let (seen, seen_protected) = (self.interactive_seen, self.protected_seen);
             let a = self.arrivals.as_deref();
-            let sent = a.filter(|_| rank >= RANK_BATCH).map(|a| &a.sent);
+            // With latency protection only a protected tenant's arrival gives a step up: an
+            // interactive tenant over its rate cannot make the engine throw work away (one
+            // abort per admitted request would be its to spend).
+            let any_interactive = rank >= RANK_BATCH && self.cfg.protect.is_none();
+            let sent = a.filter(|_| any_interactive).map(|a| &a.sent);
             let sent_protected = a.map(|a| &a.sent_protected);
             // At most two atomic loads per layer. Acquire pairs with the Release increments
             // in `Arrivals::sent`: an arrival counted here is in the channel at the next drain.
@@ -503,7 +507,7 @@ impl Loop {
     /// livelock). Otherwise the step's most urgent prefill: [`RANK_PROTECTED`] (nothing
     /// gives it up), [`RANK_UNPROTECTED`] (an interactive tenant over its rate: a protected
     /// tenant's arrival gives it up) or [`RANK_BATCH`] (batch prefill or none: any interactive
-    /// arrival gives it up).
+    /// arrival gives it up; with latency protection on, only a protected one).
     fn step_rank(&self, plan: &StepPlan) -> Option<u8> {
         let a = self.arrivals.as_deref()?;
         if self.aborts_in_row >= STEP_ABORTS_IN_ROW_MAX {
@@ -572,6 +576,12 @@ impl Loop {
                 }
                 self.local.prefix_hit_requests += 1;
                 self.local.prefix_reused_tokens += u64::from(live.cached_tokens);
+                let by_tenant = &mut self.local.prefix_reused_tokens_by_tenant;
+                if by_tenant.len() <= live.req.tenant {
+                    // Once per tenant, at its first hit (tenants are a fixed, short list).
+                    by_tenant.resize(live.req.tenant + 1, 0);
+                }
+                by_tenant[live.req.tenant] += u64::from(live.cached_tokens);
             }
             live.load = Vec::new();
         }

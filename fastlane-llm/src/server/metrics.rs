@@ -20,6 +20,7 @@ pub struct EngineMetrics {
     protect_steps: IntCounterVec,
     prefix_blocks: IntCounterVec,
     prefix_reused_tokens: IntCounterVec,
+    tenant_prefix_reused_tokens: IntCounterVec,
     prefix_cache_blocks: IntGaugeVec,
     prefix_cluster_puts: IntCounterVec,
     prefix_cluster_bytes: IntCounterVec,
@@ -94,6 +95,11 @@ impl EngineMetrics {
             "Prompt tokens loaded from the prefix cache instead of prefilled",
             &[],
         );
+        let tenant_prefix_reused_tokens = counter(
+            "fastlane_llm_tenant_prefix_reused_tokens_total",
+            "Prompt tokens loaded from the prefix cache instead of prefilled, by tenant",
+            &["tenant"],
+        );
         let prefix_cache_blocks = gauge(
             "fastlane_llm_prefix_cache_blocks",
             "KV blocks held in the host prefix cache",
@@ -126,6 +132,7 @@ impl EngineMetrics {
             protect_steps,
             prefix_blocks,
             prefix_reused_tokens,
+            tenant_prefix_reused_tokens,
             prefix_cache_blocks,
             prefix_cluster_puts,
             prefix_cluster_bytes,
@@ -160,6 +167,8 @@ impl EngineMetrics {
         for (t, name) in tenants.iter().enumerate() {
             let q = c.queued_by_tenant.get(t).copied().unwrap_or(0);
             self.front.queue_depth.with_label_values(&[name]).set(q as i64);
+            let reused = c.prefix_reused_tokens_by_tenant.get(t).copied().unwrap_or(0);
+            fastlane_daemon::metrics::set_total(&self.tenant_prefix_reused_tokens, &[name], reused);
         }
         self.blocks.with_label_values(&["free"]).set(i64::from(c.blocks_free));
         self.blocks.with_label_values(&["used"]).set(i64::from(c.blocks_total - c.blocks_free));
