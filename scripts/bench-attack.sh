@@ -7,15 +7,18 @@
 # with the attack over without it (target <= 1.15), the server's RSS and threads, the answers
 # per kind, and whether the logs hold a panic; writes benches/results/serving/<date>-<commit>-attack.json.
 #
-#   scripts/bench-attack.sh [--attack N] [--seconds S] [--rate R]   # defaults 1000, 60, 4
+#   scripts/bench-attack.sh [--attack N] [--seconds S] [--rate R] [--policy P] [--fronts serve,router]
+#   defaults 1000, 60, 4, llm serve's default policy, both fronts
 set -euo pipefail
 cd "$(dirname "$0")/.."
-attack=1000 seconds=60 rate=4
+attack=1000 seconds=60 rate=4 policy=() fronts=serve,router
 while [ $# -gt 0 ]; do
   case "$1" in
     --attack) attack=${2:?}; shift 2 ;;
     --seconds) seconds=${2:?}; shift 2 ;;
     --rate) rate=${2:?}; shift 2 ;;
+    --policy) policy=(--policy "${2:?}"); shift 2 ;;
+    --fronts) fronts=${2:?}; shift 2 ;;
     -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "bench-attack.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -51,22 +54,48 @@ burst = 5
 max_concurrent = 2
 tier = "interactive"
 TOML
+cat > "$tmp/upstream-tenants.toml" <<'TOML'
+[[tenant]]
+name = "router"
+keys = ["up-interactive"]
+rpm = 6000000
+burst = 100000
+max_concurrent = 100000
+tier = "interactive"
+queue = 100000
+
+[[tenant]]
+name = "router-batch"
+keys = ["up-batch"]
+rpm = 6000000
+burst = 100000
+max_concurrent = 100000
+tier = "batch"
+queue = 100000
+TOML
 ulimit -n "$(ulimit -Hn)"
-bench() { # label url pid extra...: one run, JSON into $tmp/label.json
+bench() { # label url pid extra...: one run, JSON into $tmp/label.json (none: the run failed)
   local label=$1 u=$2 pid=$3; shift 3
   taskset -c 1 "$bin" llm bench --url "$u" --solo --rate "$rate" --seconds "$seconds" \
-    --server-pid "$pid" --json "$@" >"$tmp/$label.json"
+    --server-pid "$pid" --json "$@" >"$tmp/$label.json" || {
+    echo "bench-attack.sh: the $label run failed (above); recorded as failed" >&2
+    rm -f "$tmp/$label.json"
+  }
 }
-for front in serve router; do
+for front in ${fronts//,/ }; do
   if [ "$front" = serve ]; then
-    start serve llm serve --model random:tiny --tenants "$tmp/tenants.toml" --device-blocks 8192
+    start serve llm serve --model random:tiny --tenants "$tmp/tenants.toml" --device-blocks 8192 "${policy[@]}"
   else
-    # The router is the gate: its upstream serves in arrival order, without keys.
-    start serve llm serve --model random:tiny --policy fifo --device-blocks 8192
+    # The router is the gate; it passes each request's tier upstream (--upstream-batch-key),
+    # the deployment docs/serving.md recommends: an upstream without tiers (fifo) serves the
+    # attack tenant's maximal prompts ahead of the quiet tenant, which no router can undo
+    # ("The router's floor").
+    start serve llm serve --model random:tiny --tenants "$tmp/upstream-tenants.toml" --device-blocks 8192 "${policy[@]}"
   fi
   serve_url=$url target=$url pid=$(cat "$tmp/serve.pid")
   if [ "$front" = router ]; then
-    start router router --upstream "$serve_url" --tenants "$tmp/tenants.toml"
+    start router router --upstream "$serve_url" --tenants "$tmp/tenants.toml" \
+      --upstream-key up-interactive --upstream-batch-key up-batch
     target=$url pid=$(cat "$tmp/router.pid")
   fi
   echo "== $front: solo" >&2
@@ -77,7 +106,7 @@ for front in serve router; do
   stop serve
   cat "$tmp"/*.log >"$tmp/$front-logs.txt"
 done
-python3 - "$tmp" "$attack" "$seconds" "$rate" "$*" <<'PY'
+FRONTS=$fronts python3 - "$tmp" "$attack" "$seconds" "$rate" "$*" <<'PY'
 import json, os, sys
 sys.path.insert(0, os.path.join(os.getcwd(), "scripts"))
 from bench_results import write
@@ -85,7 +114,12 @@ tmp, attack, seconds, rate, args = sys.argv[1], int(sys.argv[2]), sys.argv[3], s
 rows, raw, failed = [], {}, False
 print(f"quiet tenant at {rate}/s for {seconds} s; {attack} hostile connections of each kind")
 print(f"{'front':<7} {'solo P99':>10} {'attack P99':>11} {'ratio':>6} {'ok/sent':>9} {'RSS end':>10} {'threads':>8} {'panics':>6}")
-for front in ["serve", "router"]:
+for front in [f for f in ["serve", "router"] if f in os.environ["FRONTS"].split(",")]:
+    if not all(os.path.exists(f"{tmp}/{front}-{k}.json") for k in ("solo", "attack")):
+        print(f"{front:<7} FAILED: no request of the quiet tenant succeeded in a run (log above)")
+        rows.append({"case": f"{front}: quiet TTFT P99 under attack / solo", "failed": True})
+        failed = True
+        continue
     solo = json.load(open(f"{tmp}/{front}-solo.json"))
     att = json.load(open(f"{tmp}/{front}-attack.json"))
     raw[front] = {"solo": solo, "attack": att}
@@ -102,7 +136,7 @@ for front in ["serve", "router"]:
                  "ok": a["ok"], "sent": a["sent"], "server_rss_kb": end.get("rss_kb"),
                  "server_threads": end.get("threads"), "panics": panics})
     failed |= panics > 0 or a["ok"] != a["sent"]
-load = raw["serve"]["attack"].get("load")
+load = raw.get("serve", {}).get("attack", {}).get("load")
 print(f"load {load}")
 write("serving", "scripts/bench-attack.sh " + args, rows, raw=raw, load=load, label="attack")
 sys.exit(1 if failed else 0)

@@ -164,8 +164,14 @@ pub async fn run(addr: String, a: Attack, stop: Arc<AtomicBool>) -> Report {
             }));
         }
     }
-    for t in tasks {
-        let _ = t.await;
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A connection that holds on (a trickled body, a stream nobody reads) can outlast the
+    // measurement by minutes: after 5 s the counts are taken and the rest are cut.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for t in &tasks {
+        t.abort();
     }
     let r = report.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
     r

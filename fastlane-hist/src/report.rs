@@ -119,8 +119,11 @@ impl Series {
 
 /// The series of one file: the intervals with `tag`, or one per tag, or the whole file.
 fn load_series(path: &Path, tag: Option<&str>) -> Result<Vec<Series>, HistError> {
-    let file = read_hlog(path)
-        .map_err(|e| HistError::Reading { path: path.to_owned(), source: Box::new(e) })?;
+    let file = read_hlog(path).map_err(|e| match e {
+        // It names the file already.
+        e @ HistError::Io { .. } => e,
+        e => HistError::Reading { path: path.to_owned(), source: Box::new(e) },
+    })?;
     if file.intervals.is_empty() {
         return Err(refused(format!("{}: no intervals in the log", path.display())));
     }

@@ -272,11 +272,17 @@ pub(crate) fn send_with_fds(
             unsafe { data.wrapping_add(i).write_unaligned(*fd) };
         }
     }
-    // SAFETY: `msg` names live buffers (`iov` over `bytes`, `cbuf`) for the duration of the call.
-    let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let n = loop {
+        // SAFETY: `msg` names live buffers (`iov` over `bytes`, `cbuf`) for the duration of the call.
+        let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            break n;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
     if n as usize != bytes.len() {
         return Err(io::Error::new(io::ErrorKind::WriteZero, "short sendmsg"));
     }
@@ -300,11 +306,19 @@ pub(crate) fn recv_with_fds(
     msg.msg_iovlen = 1;
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = space as _;
-    // SAFETY: `msg` names live, writable buffers of the sizes given.
-    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    // A signal that arrives while waiting (a producer's own timers, a profiler) is not an
+    // error: wait again (the test suite's EINTR on "read attach reply").
+    let n = loop {
+        // SAFETY: `msg` names live, writable buffers of the sizes given.
+        let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
     let mut fds = Vec::new();
     // SAFETY: the kernel filled `msg_controllen` bytes of `cbuf` with well-formed headers;
     // CMSG_FIRSTHDR returns the first or null.
@@ -338,7 +352,10 @@ pub(crate) fn recv_with_fds(
     // The rest of a short read carries no descriptors (they came with the first byte).
     let mut s2 = s;
     while got < buf.len() {
-        let k = s2.read(&mut buf[got..])?;
+        let k = match s2.read(&mut buf[got..]) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => r?,
+        };
         if k == 0 {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short reply"));
         }
