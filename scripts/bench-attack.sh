@@ -54,25 +54,7 @@ burst = 5
 max_concurrent = 2
 tier = "interactive"
 TOML
-cat > "$tmp/upstream-tenants.toml" <<'TOML'
-[[tenant]]
-name = "router"
-keys = ["up-interactive"]
-rpm = 6000000
-burst = 100000
-max_concurrent = 100000
-tier = "interactive"
-queue = 100000
-
-[[tenant]]
-name = "router-batch"
-keys = ["up-batch"]
-rpm = 6000000
-burst = 100000
-max_concurrent = 100000
-tier = "batch"
-queue = 100000
-TOML
+write_upstream_tenants
 ulimit -n "$(ulimit -Hn)"
 bench() { # label url pid extra...: one run, JSON into $tmp/label.json (none: the run failed)
   local label=$1 u=$2 pid=$3; shift 3

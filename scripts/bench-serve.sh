@@ -73,25 +73,7 @@ max_concurrent = 2000
 tier = "batch"
 queue = 2000
 TOML
-cat > "$tmp/upstream-tenants.toml" <<'TOML'
-[[tenant]]
-name = "router"
-keys = ["up-interactive"]
-rpm = 6000000
-burst = 100000
-max_concurrent = 100000
-tier = "interactive"
-queue = 100000
-
-[[tenant]]
-name = "router-batch"
-keys = ["up-batch"]
-rpm = 6000000
-burst = 100000
-max_concurrent = 100000
-tier = "batch"
-queue = 100000
-TOML
+write_upstream_tenants
 engine_url=""
 bench() { # label url extra...: the load, and the engine's step-time histogram around it
   local label=$1 u=$2; shift 2

@@ -26,6 +26,31 @@ queue = 16
 TOML
 }
 
+# The router's upstream tenants into $tmp/upstream-tenants.toml: one per tier, keys
+# up-interactive and up-batch (`router --upstream-key up-interactive --upstream-batch-key
+# up-batch`), limits out of the way (the router is the gate).
+write_upstream_tenants() {
+  cat > "$tmp/upstream-tenants.toml" <<'TOML'
+[[tenant]]
+name = "router"
+keys = ["up-interactive"]
+rpm = 6000000
+burst = 100000
+max_concurrent = 100000
+tier = "interactive"
+queue = 100000
+
+[[tenant]]
+name = "router-batch"
+keys = ["up-batch"]
+rpm = 6000000
+burst = 100000
+max_concurrent = 100000
+tier = "batch"
+queue = 100000
+TOML
+}
+
 start() { # name args...: starts `fastlane args... --listen 127.0.0.1:0`, sets $url
   local name=$1; shift
   "$bin" "$@" --listen 127.0.0.1:0 >"$tmp/$name.out" 2>"$tmp/$name.log" &

@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use fastlane_journal::fuzzing::{check_hello, check_image};
+use fastlane_util::SplitMix64;
 
 fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus").join(target);
@@ -22,15 +23,12 @@ fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
     files
 }
 
-/// xorshift64*: the same mutations on every run.
-struct Rng(u64);
+/// Seeded: the same mutations on every run.
+struct Rng(SplitMix64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        self.0.next_u64()
     }
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n.max(1) as u64) as usize
@@ -68,7 +66,7 @@ fn mutate(seed: &[u8], rng: &mut Rng) -> Vec<u8> {
 fn attach_hello_corpus_and_mutations() {
     let seeds = corpus("attach_hello");
     assert!(seeds.len() >= 3, "expected the committed seed corpus, found {}", seeds.len());
-    let mut rng = Rng(0x5eed_0001);
+    let mut rng = Rng(SplitMix64::new(0x5eed_0001));
     for (path, data) in &seeds {
         check_hello(data);
         for _ in 0..2000 {
@@ -83,7 +81,7 @@ fn attach_hello_corpus_and_mutations() {
 fn journal_file_corpus_and_mutations() {
     let seeds = corpus("journal_file");
     assert!(seeds.len() >= 2, "expected the committed seed corpus, found {}", seeds.len());
-    let mut rng = Rng(0x5eed_0002);
+    let mut rng = Rng(SplitMix64::new(0x5eed_0002));
     for (path, data) in &seeds {
         // The seeds are real, intact journals: all their records must scan.
         let records = check_image(data);
