@@ -522,7 +522,13 @@ impl Loop {
                 if protected.get(it.tenant).copied().unwrap_or(false) {
                     RANK_PROTECTED
                 } else if a.is_interactive(it.tenant) {
-                    RANK_UNPROTECTED
+                    // Without protection no arrival gives an interactive prefill up: the
+                    // step runs the plain forward pass (no per-layer check).
+                    if self.cfg.protect.is_some() {
+                        RANK_UNPROTECTED
+                    } else {
+                        RANK_PROTECTED
+                    }
                 } else {
                     RANK_BATCH
                 }
