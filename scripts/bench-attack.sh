@@ -8,10 +8,11 @@
 # per kind, and whether the logs hold a panic; writes benches/results/serving/<date>-<commit>-attack.json.
 #
 #   scripts/bench-attack.sh [--attack N] [--seconds S] [--rate R] [--policy P] [--fronts serve,router]
-#   defaults 1000, 60, 4, llm serve's default policy, both fronts
+#                           [--kinds K,K...]
+#   defaults 1000, 60, 4, llm serve's default policy, both fronts, every kind
 set -euo pipefail
 cd "$(dirname "$0")/.."
-attack=1000 seconds=60 rate=4 policy=() fronts=serve,router
+attack=1000 seconds=60 rate=4 policy=() fronts=serve,router kinds=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --attack) attack=${2:?}; shift 2 ;;
@@ -19,7 +20,8 @@ while [ $# -gt 0 ]; do
     --rate) rate=${2:?}; shift 2 ;;
     --policy) policy=(--policy "${2:?}"); shift 2 ;;
     --fronts) fronts=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    --kinds) kinds=(--attack-kinds "${2:?}"); shift 2 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "bench-attack.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -56,9 +58,14 @@ tier = "interactive"
 TOML
 write_upstream_tenants
 ulimit -n "$(ulimit -Hn)"
+# Client and server on different cores: the server (engine, HTTP workers, tokenizer) on core 0,
+# the quiet load and the attackers on core 1.
+server_cpus=0
 bench() { # label url pid extra...: one run, JSON into $tmp/label.json (none: the run failed)
+  # The same arrivals in both runs (one seed), prompts tagged by run: the attack run finds
+  # none of the solo run's prompts in the prefix cache.
   local label=$1 u=$2 pid=$3; shift 3
-  taskset -c 1 "$bin" llm bench --url "$u" --solo --rate "$rate" --seconds "$seconds" \
+  taskset -c 1 "$bin" llm bench --prompt-tag "$label." --url "$u" --solo --rate "$rate" --seconds "$seconds" \
     --server-pid "$pid" --json "$@" >"$tmp/$label.json" || {
     echo "bench-attack.sh: the $label run failed (above); recorded as failed" >&2
     rm -f "$tmp/$label.json"
@@ -83,7 +90,7 @@ for front in ${fronts//,/ }; do
   echo "== $front: solo" >&2
   bench "$front-solo" "$target" "$pid"
   echo "== $front: under attack ($attack connections of each kind)" >&2
-  bench "$front-attack" "$target" "$pid" --attack "$attack"
+  bench "$front-attack" "$target" "$pid" --attack "$attack" "${kinds[@]}"
   [ "$front" = router ] && stop router
   stop serve
   cat "$tmp"/*.log >"$tmp/$front-logs.txt"

@@ -51,9 +51,11 @@ queue = 100000
 TOML
 }
 
-start() { # name args...: starts `fastlane args... --listen 127.0.0.1:0`, sets $url
-  local name=$1; shift
-  "$bin" "$@" --listen 127.0.0.1:0 >"$tmp/$name.out" 2>"$tmp/$name.log" &
+start() { # name args...: starts `fastlane args... --listen 127.0.0.1:0` (on cores $server_cpus
+  # when set), sets $url
+  local name=$1 pin=(); shift
+  [ -n "${server_cpus:-}" ] && pin=(taskset -c "$server_cpus")
+  "${pin[@]}" "$bin" "$@" --listen 127.0.0.1:0 >"$tmp/$name.out" 2>"$tmp/$name.log" &
   echo $! >"$tmp/$name.pid"
   for _ in $(seq 300); do grep -q listening "$tmp/$name.out" 2>/dev/null && break; sleep 0.2; done
   url=$(sed -n 's/^listening on //p' "$tmp/$name.out")

@@ -221,6 +221,18 @@ tier = "interactive"
         ),
         check(
             d,
+            "llm::args::SERVE_MIXED_BATCH_TOKENS",
+            "(`--mixed-batch-tokens`, {} for `llm serve`)",
+            llm::args::SERVE_MIXED_BATCH_TOKENS,
+        ),
+        check(
+            d,
+            "random:tiny's LlamaConfig::attention_context",
+            "(the model's shape: {} for `random:tiny`)",
+            grouped(u64::from(llm::RandomPreset::Tiny.config().attention_context()), ","),
+        ),
+        check(
+            d,
             "openai::gate::BATCH_HOLD_MAX",
             "(at most {} in a row, `BATCH_HOLD_MAX`,",
             dur(openai::gate::BATCH_HOLD_MAX),

@@ -108,6 +108,10 @@ pub struct BenchArgs {
     /// With --attack: the key of a small-bucket tenant whose requests are mostly 429.
     #[arg(long, default_value = "key-burst")]
     attack_burst_key: String,
+    /// With --attack: only these kinds (comma-separated, of no_key_trickle, slow_headers,
+    /// never_reads, max_prompt, burst_429), to find which one costs the quiet tenant.
+    #[arg(long, value_delimiter = ',', default_values_t = crate::llm_attack::KINDS.map(String::from))]
+    attack_kinds: Vec<String>,
     /// With --url: the server's pid; its RSS and threads are reported at the start and end.
     #[arg(long)]
     server_pid: Option<u32>,
@@ -117,6 +121,11 @@ pub struct BenchArgs {
     /// With --url: seed of arrivals and lengths.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// With --url: written into every prompt ahead of its number. Two runs against one
+    /// server with different tags and one seed have the same arrivals and share no cached
+    /// prefix (a run after another with the same prompts would find them cached).
+    #[arg(long, default_value = "")]
+    prompt_tag: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -252,6 +261,7 @@ fn emit(a: &BenchArgs, v: &serde_json::Value) -> Result<()> {
 /// Runs `fastlane llm bench`.
 pub fn run(a: &BenchArgs) -> Result<()> {
     if let Some(url) = &a.url {
+        let attack_kinds = crate::llm_attack::kinds(&a.attack_kinds)?;
         let v = crate::llm_load::bench(&crate::llm_load::LoadOpts {
             url: url.clone(),
             solo: a.solo,
@@ -268,10 +278,12 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                 per_kind: a.attack,
                 key: a.attack_key.clone(),
                 burst_key: a.attack_burst_key.clone(),
+                kinds: attack_kinds,
             }),
             server_pid: a.server_pid,
             hlog_dir: a.hlog_dir.clone(),
             seed: a.seed,
+            prompt_tag: a.prompt_tag.clone(),
             json: a.json,
         })?;
         return emit(a, &v);

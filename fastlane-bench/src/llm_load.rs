@@ -59,6 +59,8 @@ pub(crate) struct LoadOpts {
     pub hlog_dir: Option<PathBuf>,
     /// Seed of arrivals and lengths.
     pub seed: u64,
+    /// Written into every prompt ahead of its number (see `llm bench --prompt-tag`).
+    pub prompt_tag: String,
     /// JSON instead of the table.
     pub json: bool,
 }
@@ -262,7 +264,9 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
         for (i, at) in times.into_iter().enumerate() {
             let (addr, key) = (addr.clone(), l.key.clone());
             let n = l.prompt.sample(&mut rng) as usize;
-            let head = format!("{} request {i}: ", l.name);
+            // The tag is in the text: two runs against one server (solo, then under load)
+            // with different tags share no cached prefix, and with one seed the same arrivals.
+            let head = format!("{} request {}{i}: ", l.name, o.prompt_tag);
             let mut prompt: String = head.chars().take(n).collect();
             let filler = "lorem ipsum dolor sit amet ";
             while prompt.len() < n {
@@ -433,7 +437,7 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
             output,
         });
     }
-    let conns = o.slow_streams + o.attack.as_ref().map_or(0, |a| a.per_kind * 5);
+    let conns = o.slow_streams + o.attack.as_ref().map_or(0, |a| a.per_kind * a.kinds.len());
     if conns > 0 {
         let fds = fastlane_daemon::http::raise_fd_limit();
         if fds < conns as u64 + 256 {

@@ -25,6 +25,11 @@ pub struct RouterArgs {
     /// Requests in flight at the upstream at most; when one ends, DRR picks the next.
     #[arg(long, default_value_t = 64)]
     upstream_slots: usize,
+    /// Upstream slots kept for interactive-tier tenants: the batch tier holds the others at
+    /// most, so batch streams that never end cannot take every slot. Default: a quarter of
+    /// --upstream-slots (16 of 64).
+    #[arg(long)]
+    interactive_slots: Option<usize>,
     /// Streamed batch-tier requests dispatched upstream whose first bytes have not come back
     /// (whose prompts the upstream is still computing), at most; 0: no limit. On a CPU
     /// upstream without tiers (`llm serve --policy fifo`, llama.cpp's server), 1 keeps batch
@@ -64,6 +69,13 @@ pub fn run(a: &RouterArgs) -> Result<()> {
     if a.upstream_slots == 0 {
         bail!("--upstream-slots must be at least 1");
     }
+    let interactive_slots = a.interactive_slots.unwrap_or(a.upstream_slots / 4);
+    if interactive_slots >= a.upstream_slots {
+        bail!(
+            "--interactive-slots {interactive_slots} must be below --upstream-slots {} (the batch tier keeps one at least)",
+            a.upstream_slots
+        );
+    }
     let tenants = match &a.tenants {
         Some(p) => Tenants::load(p)?,
         None => Tenants::open(),
@@ -71,6 +83,7 @@ pub fn run(a: &RouterArgs) -> Result<()> {
     let cfg = ProxyConfig {
         upstream,
         upstream_slots: a.upstream_slots,
+        interactive_slots,
         batch_prefills: a.batch_prefills,
         upstream_key: a.upstream_key.clone(),
         upstream_batch_key: a.upstream_batch_key.clone(),
@@ -79,10 +92,11 @@ pub fn run(a: &RouterArgs) -> Result<()> {
         body_limits: a.http.body_limits()?,
     };
     let what = format!(
-        "routing to {} ({} tenants, {} upstream slots)",
+        "routing to {} ({} tenants, {} upstream slots, {} kept for the interactive tier)",
         a.upstream,
         tenants.entries().len(),
-        a.upstream_slots
+        a.upstream_slots,
+        interactive_slots
     );
     a.http.run_with(a.listen, &what, move || {
         let metrics =

@@ -14,6 +14,12 @@ use fastlane_sched::Policy;
 
 use crate::{EngineConfig, Model, PreemptChoice};
 
+/// `llm serve`'s `--mixed-batch-tokens`: a step with the interactive tier's decodes carries
+/// at most this much batch work, in linear-token equivalents (on this project's CPUs about
+/// the cost of eight prompt tokens beside the decodes, where an unbounded step at a long
+/// batch context took up to a second: docs/serving.md, "Hostile clients").
+pub const SERVE_MIXED_BATCH_TOKENS: u32 = 8;
+
 /// `--protect on`: [`fastlane_sched::ProtectConfig`]'s defaults (half the bucket, no other
 /// prefill beside a protected one, 1 s bound), and no other tenant's decodes in that step
 /// either: on a CPU each row lengthens the step (docs/serving.md).
@@ -197,6 +203,13 @@ pub struct EngineArgs {
     /// are nearly free). On a CPU every row lengthens the step (docs/serving.md).
     #[arg(long, default_value = "separate", value_name = "separate|shared")]
     pub tier_steps: String,
+    /// With --tier-steps separate: the most batch-tier work a step that carries interactive
+    /// work (its decodes) may also carry, in tokens through the linear layers (a batch token
+    /// at context c counts 1 + c / the model's attention context). At least one batch token
+    /// goes into every such step. 0: no bound but the step's token budget. Default 8 for
+    /// serve, 0 otherwise (docs/serving.md, "Hostile clients").
+    #[arg(long, value_name = "TOKENS")]
+    pub mixed_batch_tokens: Option<u32>,
     /// Prefill chunk in tokens (0: whole prompts in one step). Default 256; 64 for serve.
     #[arg(long)]
     pub chunk: Option<u32>,
@@ -207,7 +220,7 @@ pub struct EngineArgs {
     pub batch_tokens: Option<u32>,
     /// Preemptible steps: on or off. On: when a request of an interactive-tier tenant
     /// arrives while a step's forward pass runs and that step holds no interactive prefill,
-    /// the pass is given up between two layers (the work done on it is discarded and redone)
+    /// the pass is given up between two layers or halfway through one (the work done on it is discarded and redone)
     /// and the next step is planned with the new request in it; the step after one given up
     /// always runs to its end. Trades batch-tier throughput for interactive TTFT; with
     /// --tier-steps separate the step that follows holds no batch row (docs/serving.md). On
@@ -326,6 +339,7 @@ impl EngineArgs {
                 Some(o) => bail!("--protect {o:?}: on or off"),
             },
             tier_steps: self.tier_steps.parse().map_err(|e| anyhow::anyhow!("--tier-steps {e}"))?,
+            mixed_batch_tokens: self.mixed_batch_tokens.filter(|&t| t > 0),
             ..EngineConfig::default()
         };
         cfg.swap.host_bytes = size(&self.host_bytes, "--host-bytes")?;
@@ -397,6 +411,9 @@ impl EngineArgs {
         }
         if self.batch_tokens.is_none() {
             cfg.batch_tokens_max = 128;
+        }
+        if self.mixed_batch_tokens.is_none() {
+            cfg.mixed_batch_tokens = Some(SERVE_MIXED_BATCH_TOKENS);
         }
         if self.protect.is_none() && cfg.policy != Policy::Fifo {
             cfg.protect = Some(SERVE_PROTECT);
@@ -494,6 +511,11 @@ mod tests {
         assert_eq!((c.policy, c.chunk_tokens, c.batch_tokens_max), (Policy::Fifo, None, 512));
         let g = engine(&[]).unwrap();
         assert_eq!((g.policy, g.chunk_tokens, g.batch_tokens_max), (Policy::Fifo, Some(256), 512));
+        // The mixed-step bound: 8 for serve, none for generate; 0 turns it off.
+        assert_eq!(serve(&[]).mixed_batch_tokens, Some(super::SERVE_MIXED_BATCH_TOKENS));
+        assert_eq!(serve(&["--mixed-batch-tokens", "32"]).mixed_batch_tokens, Some(32));
+        assert_eq!(serve(&["--mixed-batch-tokens", "0"]).mixed_batch_tokens, None);
+        assert_eq!(g.mixed_batch_tokens, None);
     }
 
     #[test]

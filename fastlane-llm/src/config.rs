@@ -114,6 +114,17 @@ impl LlamaConfig {
         }
     }
 
+    /// Context tokens whose attention (scores and weighted values, 4 FLOPs per head
+    /// dimension) costs as much as one token's pass through a layer's linear weights (2
+    /// FLOPs per weight): what the scheduler prices a long context's token at.
+    pub fn attention_context(&self) -> u32 {
+        let (h, i) = (self.hidden_size as u64, self.intermediate_size as u64);
+        let (hd, nh, nkv) =
+            (self.head_dim() as u64, self.num_attention_heads as u64, self.kv_heads() as u64);
+        let linear = h * (nh + 2 * nkv) * hd + nh * hd * h + 3 * h * i;
+        (linear / (2 * nh * hd).max(1)).clamp(1, u64::from(u32::MAX)) as u32
+    }
+
     /// Parameters (weights) of the model.
     pub fn parameters(&self) -> u64 {
         let (h, i, v) =

@@ -33,10 +33,10 @@ struct Layer {
 }
 
 impl Layer {
-    /// This layer (number `li`) over every row of the batch, in place on `s.x`: attention
-    /// (norm, QKV, RoPE, K and V into the pool, causal attention, output projection, residual)
-    /// and the MLP (norm, gate and up, SiLU, down, residual).
-    fn forward(
+    /// This layer's first half (number `li`) over every row of the batch, in place on `s.x`:
+    /// attention (norm, QKV, RoPE, K and V into the pool, causal attention, output
+    /// projection, residual). [`Layer::mlp`] is the second half.
+    fn attention(
         &self,
         m: &Model,
         li: usize,
@@ -46,7 +46,7 @@ impl Layer {
     ) {
         let (layer, cfg) = (self, &m.cfg);
         let (hd, nh, nkv) = (cfg.head_dim(), cfg.num_attention_heads, cfg.kv_heads());
-        let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+        let h = cfg.hidden_size;
         let qkv_w = (nh + 2 * nkv) * hd;
         let t = s.rows_item.len();
         rms_norm(&s.x, &layer.attn_norm, cfg.rms_norm_eps as f32, t, &mut s.h);
@@ -70,6 +70,14 @@ impl Layer {
         for (x, p) in s.x[..t * h].iter_mut().zip(&s.proj[..t * h]) {
             *x += p;
         }
+    }
+
+    /// This layer's second half over every row, in place on `s.x`: the MLP (norm, gate and
+    /// up, SiLU, down, residual).
+    fn mlp(&self, m: &Model, s: &mut Scratch) {
+        let (layer, cfg) = (self, &m.cfg);
+        let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+        let t = s.rows_item.len();
         rms_norm(&s.x, &layer.mlp_norm, cfg.rms_norm_eps as f32, t, &mut s.h);
         matmul(&s.h, t, &layer.gate_up, &mut s.gu);
         silu_mul(&s.gu, t, inter, &mut s.act);
@@ -122,8 +130,9 @@ pub struct BatchItem<'a> {
 pub enum Forward {
     /// Every layer and the output head ran: this many logit rows are in `scratch.logits`.
     Done(usize),
-    /// The abort check said stop before layer `layer` ran. K and V of the step's rows were
-    /// written into the pool for layers `0..layer` only, and `scratch.logits` holds nothing
+    /// The abort check said stop before layer `layer` ran, or halfway through it. K and V of
+    /// the step's rows were written into the pool for layers `0..=layer` at most, and
+    /// `scratch.logits` holds nothing
     /// of this pass. Positions the pass wrote are rewritten, bit for bit, when they are
     /// computed again (the kernels are batch-invariant); until then nothing reads them
     /// (attention reads positions a completed step wrote, or its own rows).
@@ -432,9 +441,10 @@ impl Model {
         }
     }
 
-    /// [`forward`](Self::forward) that can be given up between layers: before each layer
-    /// (the first included) `abort(layer)` is called, and when it returns `true` the pass
-    /// stops there and returns [`Forward::Aborted`]. The check is the caller's (an atomic
+    /// [`forward`](Self::forward) that can be given up between layers and halfway through
+    /// one: before each layer `l` (the first included) `abort(2 * l)` is called, and between
+    /// its attention and its MLP `abort(2 * l + 1)`; when it returns `true` the pass stops
+    /// there and returns [`Forward::Aborted`]. The check is the caller's (an atomic
     /// load, say): no allocation or lock is added here. Validation errors come before any
     /// layer, as for `forward`.
     pub fn forward_abortable(
@@ -494,10 +504,16 @@ impl Model {
             }
         }
         for (li, layer) in self.layers.iter().enumerate() {
-            if abort(li) {
+            if abort(2 * li) {
                 return Ok(Forward::Aborted { layer: li });
             }
-            layer.forward(self, li, items, pool, s);
+            layer.attention(self, li, items, pool, s);
+            // Checked again halfway: at a long context a layer's attention alone can take
+            // tens of milliseconds on a CPU.
+            if abort(2 * li + 1) {
+                return Ok(Forward::Aborted { layer: li });
+            }
+            layer.mlp(self, s);
         }
         let n = s.last_rows.len();
         // Gather the rows that sample into h, final norm, output head.

@@ -393,30 +393,36 @@ fn separate_and_shared_tier_steps_give_the_same_tokens() {
     for (tier_steps, preemptible_steps, base) in runs {
         let what = format!("{tier_steps:?}, preemptible steps {preemptible_steps}");
         let cfg = EngineConfig { tier_steps, preemptible_steps, ..preemptible(None, base) };
+        // The batch share beside interactive decodes bounded (llm serve's default) where the
+        // tiers are kept apart.
+        let mixed_batch_tokens = (tier_steps != TierSteps::Shared).then_some(8);
+        let cfg = EngineConfig { mixed_batch_tokens, ..cfg };
         let e = Engine::start(model(), cfg).unwrap();
         let (got, c) = together_with(e, mixed());
         assert_same(&got, &what);
         if tier_steps == TierSteps::Shared {
-            assert_eq!(c.tier_separate_steps, 0, "{what}: {c:?}");
+            assert_eq!(c.tier_separate_steps + c.tier_mixed_capped_steps, 0, "{what}: {c:?}");
         } else {
             assert!(c.tier_separate_steps >= 1, "{what}: batch work was kept out: {c:?}");
+            assert!(c.tier_mixed_capped_steps >= 1, "{what}: batch work was bounded: {c:?}");
         }
     }
 }
 
 #[test]
 fn steps_given_up_between_layers_are_invisible() {
-    // Every (or every second) step that may be given up is, before the first layer, a middle
-    // one, or the last (the most K/V written and discarded); the last run with a pool so
-    // tight that most sequences are preempted too.
+    // Every (or every second) step that may be given up is, before the first layer, halfway
+    // through the second (its K/V written, its MLP not run), or at the last check (halfway
+    // through the last layer: the most K/V written and discarded); the last run with a pool
+    // so tight that most sequences are preempted too.
     let runs = [
         (1, 0, Policy::Drr, ample()),
-        (2, 1, Policy::Drr, ample()),
+        (2, 3, Policy::Drr, ample()),
         (1, 99, Policy::DrrPreempt, tight(PreemptChoice::Auto)),
     ];
-    for (every, layer, policy, base) in runs {
-        let what = format!("given up every {every} before layer {layer}, {policy}");
-        let cfg = EngineConfig { policy, ..preemptible(Some((every, layer)), base) };
+    for (every, check, policy, base) in runs {
+        let what = format!("given up every {every} at check {check}, {policy}");
+        let cfg = EngineConfig { policy, ..preemptible(Some((every, check)), base) };
         let e = Engine::start(model(), cfg).unwrap();
         let (got, c) = together_with(e, mixed());
         assert_same(&got, &what);

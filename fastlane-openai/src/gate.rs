@@ -17,6 +17,10 @@
 //!   (on a CPU engine every row lengthens the step). Starvation bound: after
 //!   [`BATCH_HOLD_MAX`] of holding, batch dispatch goes on until no interactive request
 //!   waits for its first bytes.
+//! - Reserved interactive slots (`interactive_slots`, `fastlane router --interactive-slots
+//!   N`): the batch tier holds at most `upstream_slots - N` of the upstream's slots, so a
+//!   batch tenant whose streams never end (a client that never reads, prompts at the context
+//!   window) cannot take the slot an interactive request waits for.
 //! - With a batch prefill limit (`batch_prefills`, `fastlane router --batch-prefills N`), at
 //!   most N batch-tier requests are dispatched whose first response bytes have not come back
 //!   (whose prompts the upstream is still computing): on a CPU upstream without tiers, two
@@ -75,6 +79,9 @@ struct Inner {
     drr: [Drr; 2],
     upstream_inflight: usize,
     upstream_max: usize,
+    /// Batch-tier requests in flight at the upstream, and the most they may be.
+    batch_inflight: usize,
+    batch_max: usize,
     next_id: u64,
     /// Each tenant's dispatchable head cost (scratch of `pump`, kept to not allocate).
     heads: Vec<Option<u64>>,
@@ -134,13 +141,37 @@ impl Drop for Permit {
         if self.awaiting_first {
             i.first_seen(self.tenant);
         }
-        i.tenants[self.tenant].inflight -= 1;
-        i.upstream_inflight -= 1;
+        i.release(self.tenant);
         self.gate.pump(&mut i);
     }
 }
 
 impl Inner {
+    /// A slot of tenant `t` taken: its own, the upstream's, and the batch tier's.
+    fn take(&mut self, t: usize) {
+        self.tenants[t].inflight += 1;
+        self.upstream_inflight += 1;
+        if !self.tenants[t].interactive {
+            self.batch_inflight += 1;
+        }
+    }
+
+    /// A slot of tenant `t` given back.
+    fn release(&mut self, t: usize) {
+        self.tenants[t].inflight -= 1;
+        self.upstream_inflight -= 1;
+        if !self.tenants[t].interactive {
+            self.batch_inflight -= 1;
+        }
+    }
+
+    /// Whether a request of tenant `t` may take an upstream slot now (the batch tier leaves
+    /// the reserved ones).
+    fn upstream_free(&self, t: usize) -> bool {
+        self.upstream_inflight < self.upstream_max
+            && (self.tenants[t].interactive || self.batch_inflight < self.batch_max)
+    }
+
     /// A request of tenant `t` that awaited its first bytes no longer does.
     fn first_seen(&mut self, t: usize) {
         if !self.tenants[t].interactive {
@@ -194,10 +225,8 @@ impl Drop for Cancel<'_> {
             if queue.len() == before {
                 // Not in the queue any more: the pump dispatched it (spent its token, counted
                 // its slot) after the request went away, before its permit was taken. Undo.
-                let t = &mut i.tenants[self.tenant];
-                t.bucket.refund();
-                t.inflight -= 1;
-                i.upstream_inflight -= 1;
+                i.tenants[self.tenant].bucket.refund();
+                i.release(self.tenant);
                 i.first_seen(self.tenant);
                 self.gate.pump(&mut i);
             }
@@ -208,12 +237,15 @@ impl Drop for Cancel<'_> {
 
 impl Gate {
     /// A gate for `tenants` in front of an upstream that takes `upstream_slots` requests at
-    /// a time, with at most `batch_prefills` batch-tier requests awaiting their first bytes
-    /// (0: no limit); `depth` (optional) is set to each tenant's queue length as it changes.
-    /// Spawns the refill task on the current tokio runtime.
+    /// a time, `interactive_slots` of them kept for the interactive tier (the batch tier
+    /// holds the rest at most; at least one), with at most `batch_prefills` batch-tier
+    /// requests awaiting their first bytes (0: no limit); `depth` (optional) is set to each
+    /// tenant's queue length as it changes. Spawns the refill task on the current tokio
+    /// runtime.
     pub fn new(
         tenants: &Tenants,
         upstream_slots: usize,
+        interactive_slots: usize,
         batch_prefills: usize,
         quantum_tokens: u64,
         depth: Option<prometheus::IntGaugeVec>,
@@ -240,6 +272,8 @@ impl Gate {
                 ],
                 upstream_inflight: 0,
                 upstream_max: upstream_slots.max(1),
+                batch_inflight: 0,
+                batch_max: upstream_slots.saturating_sub(interactive_slots).max(1),
                 next_id: 0,
                 heads: Vec::with_capacity(weights.len()),
                 awaiting_first: 0,
@@ -308,7 +342,7 @@ impl Gate {
         let (id, rx) = {
             let mut i = self.lock();
             let now = self.now_ns();
-            let upstream_free = i.upstream_inflight < i.upstream_max;
+            let upstream_free = i.upstream_free(tenant);
             let batch_held = i.batch_held();
             let t = &mut i.tenants[tenant];
             if t.bucket.tokens(now) < 1.0 + t.queue.len() as f64 {
@@ -321,8 +355,7 @@ impl Gate {
             let held = !t.interactive && batch_held;
             if t.queue.is_empty() && t.inflight < t.max_concurrent && upstream_free && !held {
                 t.bucket.spend();
-                t.inflight += 1;
-                i.upstream_inflight += 1;
+                i.take(tenant);
                 return Ok(i.permit(self, tenant));
             }
             if t.queue.len() >= t.queue_max {
@@ -367,8 +400,12 @@ impl Gate {
             for (tier, interactive) in [(0, true), (1, false)] {
                 let of_tier =
                     |f: usize| i.heads[f].filter(|_| i.tenants[f].interactive == interactive);
-                if !interactive && i.batch_awaiting_first >= i.batch_prefills {
-                    // The batch prefill limit: no hold clock, it ends with a first byte.
+                if !interactive
+                    && (i.batch_awaiting_first >= i.batch_prefills
+                        || i.batch_inflight >= i.batch_max)
+                {
+                    // The batch prefill limit, or the batch tier holds all the slots it may:
+                    // no hold clock, these end with a first byte or a slot given back.
                     break;
                 }
                 if !interactive
@@ -390,10 +427,8 @@ impl Gate {
             let Some((tier, f)) = picked else { break };
             let Some(w) = i.tenants[f].queue.pop_front() else { break };
             i.drr[tier].charge(f, w.cost);
-            let t = &mut i.tenants[f];
-            t.bucket.spend();
-            t.inflight += 1;
-            i.upstream_inflight += 1;
+            i.tenants[f].bucket.spend();
+            i.take(f);
             i.dispatched(f);
             // A request that went away (the send fails, or succeeds with nobody left to take
             // the permit) gives all of this back in its `Cancel`, which is dropped with it.
@@ -454,7 +489,7 @@ tier = "batch"
 
     #[tokio::test]
     async fn batch_dispatch_waits_for_an_interactive_requests_first_bytes() {
-        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 8, 0, 256, None);
+        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 8, 0, 0, 256, None);
         // Nothing interactive in flight: batch goes at once.
         let f0 = flood_within(&g, 100).await.expect("batch admitted at once");
         let mut q = g.acquire(0, 10).await.unwrap();
@@ -479,7 +514,7 @@ tier = "batch"
 
     #[tokio::test]
     async fn batch_prefill_limit_dispatches_one_batch_request_per_first_bytes() {
-        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 8, 1, 256, None);
+        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 8, 0, 1, 256, None);
         let mut f0 = flood_within(&g, 100).await.expect("the first batch request goes at once");
         // f0 has no first bytes yet: the next batch request waits, an interactive one does not.
         let mut waiting = Box::pin(g.acquire(1, 10));
@@ -515,7 +550,7 @@ tier = "batch"
 
     #[tokio::test]
     async fn a_request_gone_between_dispatch_and_permit_gives_its_slot_back() {
-        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 1, 0, 256, None);
+        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 1, 0, 0, 256, None);
         let first = g.acquire(0, 10).await.unwrap();
         // The second waits for the one upstream slot.
         let mut second = Box::pin(g.acquire(0, 10));
@@ -532,8 +567,42 @@ tier = "batch"
     }
 
     #[tokio::test]
+    async fn the_batch_tier_leaves_the_reserved_slots_to_the_interactive_tier() {
+        // 4 upstream slots, 2 kept for the interactive tier: batch holds 2 at most.
+        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 4, 2, 0, 256, None);
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut f = flood_within(&g, 100).await.expect("batch within its share");
+            f.first_bytes();
+            held.push(f);
+        }
+        // Streams that never end: a third batch request waits though two slots are free.
+        let mut third = Box::pin(g.acquire(1, 10));
+        assert!(tokio::time::timeout(Duration::from_millis(100), &mut third).await.is_err());
+        assert_eq!((g.queued(1), g.upstream_inflight()), (1, 2));
+        // The interactive tier gets the reserved slots at once.
+        let q1 = tokio::time::timeout(Duration::from_millis(100), g.acquire(0, 10)).await;
+        let q2 = tokio::time::timeout(Duration::from_millis(100), g.acquire(0, 10)).await;
+        let (mut q1, mut q2) = (q1.expect("reserved").unwrap(), q2.expect("reserved").unwrap());
+        (q1.first_bytes(), q2.first_bytes());
+        assert_eq!(g.upstream_inflight(), 4);
+        // A batch slot given back goes to the waiting batch request; an interactive slot
+        // given back is not the batch tier's.
+        drop(q1);
+        assert!(tokio::time::timeout(Duration::from_millis(100), &mut third).await.is_err());
+        drop(held.pop());
+        let f = tokio::time::timeout(Duration::from_millis(500), &mut third).await;
+        let f = f.expect("dispatched on a batch slot").unwrap();
+        drop((f, held, q2));
+        assert_eq!(g.upstream_inflight(), 0, "every slot came back once");
+        // Reserving every slot still leaves the batch tier one.
+        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 2, 2, 0, 256, None);
+        assert!(flood_within(&g, 100).await.is_some(), "one batch slot at least");
+    }
+
+    #[tokio::test]
     async fn the_batch_hold_is_bounded() {
-        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 8, 0, 256, None);
+        let g = Gate::new(&Tenants::parse(TENANTS).unwrap(), 8, 0, 0, 256, None);
         // An interactive request that never sends a byte back holds batch for the bound only.
         let _q = g.acquire(0, 10).await.unwrap();
         let t0 = Instant::now();

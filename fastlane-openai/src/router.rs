@@ -41,6 +41,8 @@ pub struct ProxyConfig {
     pub upstream: Uri,
     /// Requests in flight at the upstream at most (the dispatch slots).
     pub upstream_slots: usize,
+    /// Of those, kept for the interactive tier (the batch tier holds the rest at most).
+    pub interactive_slots: usize,
     /// Streamed batch-tier requests dispatched whose first bytes have not come back, at most
     /// (0: no limit); see [`Gate`]. A non-streamed one is not counted: its prompt's progress
     /// cannot be seen from here.
@@ -79,6 +81,7 @@ impl ProxyState {
         let gate = Gate::new(
             &tenants,
             cfg.upstream_slots,
+            cfg.interactive_slots,
             cfg.batch_prefills,
             cfg.quantum_tokens,
             Some(metrics.queue_depth.clone()),

@@ -149,6 +149,18 @@ pub struct SchedConfig {
     pub protect: Option<ProtectConfig>,
     /// How the interactive and batch tiers share a step (policies `drr` and `drr+preempt`).
     pub tier_steps: TierSteps,
+    /// Under [`TierSteps::Separate`]: the most batch-tier work a step that carries
+    /// interactive-tier work (its decodes, or a prefill past the hold bound) may also carry, in
+    /// tokens through the linear layers: a batch token counts `1 + context /
+    /// attention_context`, priced at the longest batch context in flight. At least one
+    /// batch token goes into every such step, so the batch tier always moves. `None`: no bound
+    /// but the token budget (on a CPU a batch prefill chunk at a long context then makes the
+    /// interactive tier's every decode wait for it).
+    pub mixed_batch_tokens: Option<u32>,
+    /// Context tokens whose attention costs as much as one token's pass through the linear
+    /// layers (the model's linear weights per layer over twice its attention width); 0:
+    /// attention is not counted.
+    pub attention_context: u32,
 }
 
 /// How the two tiers share a step (policies `drr` and `drr+preempt`; `fifo` has no tiers).
@@ -198,6 +210,9 @@ pub struct TierStepStats {
     pub separate_steps: u64,
     /// Steps planned shared because batch work had been kept out for `hold_ns_max`.
     pub released_steps: u64,
+    /// Steps that carried interactive work and so at most
+    /// [`SchedConfig::mixed_batch_tokens`] of batch work.
+    pub mixed_capped_steps: u64,
 }
 
 /// Latency protection (`--protect`): an operator's choice to give up work conservation

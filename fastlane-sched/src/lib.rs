@@ -296,6 +296,9 @@ impl<P: SwapPort> Scheduler<P> {
         if cfg.tier_steps == (TierSteps::Separate { hold_ns_max: 0 }) {
             return bad("tier_steps: separate needs a hold bound above 0".into());
         }
+        if cfg.mixed_batch_tokens == Some(0) {
+            return bad("mixed_batch_tokens: 0 (the batch tier would never move beside the interactive tier; give at least 1)".into());
+        }
         if let Some(p) = &cfg.protect {
             if cfg.policy == Policy::Fifo {
                 return bad("protection needs a drr policy (fifo has no buckets)".into());

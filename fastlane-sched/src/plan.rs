@@ -97,6 +97,8 @@ impl<P: SwapPort> Scheduler<P> {
         // Each tier's prefill work — chunks of running prefills and new starts alike — gets
         // the step's remaining budget shared across its tenants by deficit round robin.
         let blocked = self.plan_tier(now_ns, Tier::Interactive, false, &mut budget, &mut seqs_left);
+        let (batch_budget, mixed) = self.batch_budget(budget);
+        budget = budget.min(batch_budget);
         self.plan_decodes(now_ns, Some(Tier::Batch), &mut budget, &mut seqs_left);
         // `drr+preempt` also preempts batch work in compute: while an interactive request
         // waits for or is in its prefill, batch prefill chunks sit the step out (their
@@ -108,6 +110,9 @@ impl<P: SwapPort> Scheduler<P> {
                     && matches!(s.state, State::Waiting | State::Running)
             });
         let separate = self.separate_tiers(now_ns);
+        if mixed && !separate {
+            self.tier_stats.mixed_capped_steps += 1;
+        }
         if !hold_batch && !separate {
             // An interactive start waiting for blocks keeps batch starts out (it keeps what
             // preemption freed); running batch prefills still get their chunks.
@@ -115,6 +120,38 @@ impl<P: SwapPort> Scheduler<P> {
         }
         self.protected_step_alone();
         self.finish_plan()
+    }
+
+    /// The batch tier's token budget in this step, out of the `budget` the interactive tier
+    /// left, and whether the mixed-step bound set it. Under [`TierSteps::Separate`] (the CPU
+    /// mode) batch tokens are priced by attention
+    /// ([`SchedConfig::attention_context`](super::SchedConfig::attention_context)) at the
+    /// longest batch context in flight, so a step at a long context is no longer than one at
+    /// a short one; and when the step already carries interactive work, what they may cost is
+    /// [`SchedConfig::mixed_batch_tokens`](super::SchedConfig::mixed_batch_tokens). At least
+    /// one token while any budget is left.
+    fn batch_budget(&self, budget: u32) -> (u32, bool) {
+        let TierSteps::Separate { .. } = self.cfg.tier_steps else { return (budget, false) };
+        let mixed = self.cfg.mixed_batch_tokens.filter(|_| !self.plan.is_empty());
+        if budget == 0 || (mixed.is_none() && self.cfg.attention_context == 0) {
+            return (budget, false);
+        }
+        // Every batch token of this step attends to at most the longest batch context.
+        let mut context = None;
+        for s in self.seqs.values().filter(|s| s.tier == Tier::Batch) {
+            match s.state {
+                State::Running => context = Some(context.unwrap_or(0).max(s.computed)),
+                State::Waiting | State::SwappedOut => context = Some(context.unwrap_or(0)),
+                _ => {}
+            }
+        }
+        let Some(context) = context else { return (budget, false) };
+        let per_token = match self.cfg.attention_context {
+            0 => 1.0,
+            a => 1.0 + f64::from(context) / f64::from(a),
+        };
+        let cost = mixed.map_or(budget, |m| m.min(budget));
+        (((f64::from(cost) / per_token) as u32).clamp(1, budget), mixed.is_some())
     }
 
     /// [`TierSteps::Separate`]: when this step carries an interactive-tier prefill, takes the

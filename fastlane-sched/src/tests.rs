@@ -24,6 +24,8 @@ fn cfg(policy: Policy, kv_blocks: u32) -> SchedConfig {
         preempt: costs(),
         protect: None,
         tier_steps: TierSteps::Shared,
+        mixed_batch_tokens: None,
+        attention_context: 0,
     }
 }
 
@@ -907,7 +909,80 @@ fn separate_tier_steps_keep_batch_work_out_of_an_interactive_prefills_steps() {
     let plan = s.schedule(now).unwrap();
     assert_eq!(tenant_tokens(plan, 1), (0, 1), "{plan:?}");
     assert_eq!(tenant_tokens(plan, 0), (2048 - 3, 2), "{plan:?}");
-    assert_eq!(s.tier_stats(), TierStepStats { separate_steps: 2, released_steps: 0 });
+    assert_eq!(
+        s.tier_stats(),
+        TierStepStats { separate_steps: 2, released_steps: 0, mixed_capped_steps: 0 }
+    );
+}
+
+/// Batch work of `plan` (tenant 0) in linear-token equivalents: tokens × (1 + context before
+/// the step / `attention`), as the batch budget prices it.
+fn batch_cost(plan: &StepPlan, attention: u32) -> f64 {
+    let items = plan.items.iter().filter(|i| i.tenant == 0);
+    items
+        .map(|i| {
+            let tokens = match i.kind {
+                StepKind::Prefill { tokens } => tokens,
+                StepKind::Decode => 1,
+            };
+            f64::from(tokens) * (1.0 + f64::from(i.context_tokens) / f64::from(attention))
+        })
+        .sum()
+}
+
+#[test]
+fn batch_work_is_priced_by_attention_and_bounded_beside_interactive_decodes() {
+    let attention = 512;
+    let (mut s, mut now) = flood_tier_and_quiet(
+        Tier::Batch,
+        SchedConfig {
+            tier_steps: TierSteps::SEPARATE,
+            mixed_batch_tokens: Some(64),
+            attention_context: attention,
+            ..cfg(Policy::Drr, 10_000)
+        },
+    );
+    // No interactive work: the batch step is priced by attention at the longest batch
+    // context (unpriced: 2048 tokens), so it is no longer than one at a short context.
+    let plan = s.schedule(now).unwrap();
+    let (p, d) = tenant_tokens(plan, 0);
+    assert!(p + d < 2048 && batch_cost(plan, attention) <= 2048.0, "{plan:?}");
+    now += 10_000_000;
+    s.complete_step(now).unwrap();
+    s.submit(now, req(100, 1, 1000, 40, now)).unwrap();
+    for _ in 0..2 {
+        let plan = s.schedule(now).unwrap();
+        assert_eq!(tenant_tokens(plan, 0), (0, 0), "the quiet prefill runs alone: {plan:?}");
+        now += 10_000_000;
+        s.complete_step(now).unwrap();
+    }
+    // The quiet tenant decodes: each of its steps carries some batch work (the tier moves)
+    // but no more than 64 tokens' worth at the batch contexts (without the bound: 2045).
+    let mut batch_tokens = 0;
+    for step in 0..20 {
+        let plan = s.schedule(now).unwrap();
+        assert_eq!(tenant_tokens(plan, 1), (0, 1), "{plan:?}");
+        let (p, d) = tenant_tokens(plan, 0);
+        assert!(p + d >= 1, "step {step}: the batch tier moves: {plan:?}");
+        // Priced at the longest batch context, so each planned item costs no more.
+        assert!(p + d == 1 || batch_cost(plan, attention) <= 64.0, "{plan:?}");
+        batch_tokens += p + d;
+        now += 10_000_000;
+        s.complete_step(now).unwrap();
+    }
+    assert!(batch_tokens < 20 * 64, "{batch_tokens}");
+    let stats = s.tier_stats();
+    assert_eq!((stats.separate_steps, stats.mixed_capped_steps), (2, 20), "{stats:?}");
+    // Past a context of 64 × 512 a batch token alone costs more than the bound: one still goes.
+    let mut c = cfg(Policy::Drr, 10_000);
+    (c.tier_steps, c.mixed_batch_tokens, c.attention_context) = (TierSteps::SEPARATE, Some(64), 1);
+    let (mut s, now) = flood_tier_and_quiet(Tier::Batch, c);
+    s.submit(now, req(100, 1, 8, 40, now)).unwrap();
+    let _ = s.schedule(now).unwrap();
+    s.complete_step(now + 1).unwrap();
+    let plan = s.schedule(now + 2).unwrap();
+    assert_eq!(tenant_tokens(plan, 1), (0, 1), "{plan:?}");
+    assert_eq!(tenant_tokens(plan, 0), (0, 1), "one batch token, a decode first: {plan:?}");
 }
 
 #[test]
@@ -935,7 +1010,10 @@ fn separate_tier_steps_release_one_shared_step_after_the_hold_bound() {
     }
     // Held at 0, 10 and 20 ms; at 30 ms the hold is over: one shared step; then again.
     assert_eq!(batch_in, [false, false, false, true, false, false]);
-    assert_eq!(s.tier_stats(), TierStepStats { separate_steps: 5, released_steps: 1 });
+    assert_eq!(
+        s.tier_stats(),
+        TierStepStats { separate_steps: 5, released_steps: 1, mixed_capped_steps: 0 }
+    );
 }
 
 #[test]

@@ -99,14 +99,19 @@ pub struct EngineConfig {
     /// default a step with an interactive prefill carries no batch work (on a CPU every row
     /// lengthens the step), bounded by a 500 ms starvation limit.
     pub tier_steps: fastlane_sched::TierSteps,
+    /// Under `tier_steps` separate: the batch tier's work in a step that carries interactive
+    /// work, in linear-token equivalents (`fastlane_sched::SchedConfig::mixed_batch_tokens`;
+    /// the model's shape prices a long context's token). `None` (the default; `llm serve`
+    /// sets 8): no bound but the step's token budget.
+    pub mixed_batch_tokens: Option<u32>,
     /// Preemptible steps: when an interactive-tier request is submitted while a step's
     /// forward pass runs, and that step holds no interactive-tier prefill, the pass is given
-    /// up between two layers (its work discarded) and the next step is planned with the new
+    /// up between two layers or halfway through one (its work discarded) and the next step is planned with the new
     /// request in it. After a step given up, the next one runs to its end. Off by default.
     pub preemptible_steps: bool,
     /// Test hook (with `preemptible_steps`): every `.0`-th step that may be given up is given
-    /// up before layer `.1` (the last layer when beyond), as if an interactive request had
-    /// arrived then.
+    /// up at check `.1` of its forward pass (`2 * l`: before layer `l`; `2 * l + 1`: halfway
+    /// through it; the last check when beyond), as if an interactive request had arrived then.
     pub force_step_aborts: Option<(u32, usize)>,
     /// Fault injection (tests; `llm serve --fault-engine-exit-after-steps`): the engine
     /// thread ends with an error after this many steps, as it would on a fatal fault.
@@ -173,6 +178,7 @@ impl Default for EngineConfig {
             chaos: None,
             protect: None,
             tier_steps: fastlane_sched::TierSteps::SEPARATE,
+            mixed_batch_tokens: None,
             prefix: PrefixConfig::default(),
             preemptible_steps: false,
             force_step_aborts: None,
@@ -380,6 +386,9 @@ pub struct EngineCounters {
     /// `--tier-steps separate`: steps planned shared because batch work had waited for the
     /// hold bound.
     pub tier_released_steps: u64,
+    /// `--tier-steps separate`: steps that carried interactive work and so at most
+    /// `--mixed-batch-tokens` of the batch work that waited.
+    pub tier_mixed_capped_steps: u64,
     /// Latency protection: steps planned with a protected tenant's prefill and the other
     /// tenants' work held back (`--protect`).
     pub protect_capped_steps: u64,
@@ -708,6 +717,8 @@ impl Engine {
             preempt: costs,
             protect: cfg.protect,
             tier_steps: cfg.tier_steps,
+            mixed_batch_tokens: cfg.mixed_batch_tokens,
+            attention_context: model.config().attention_context(),
         };
         let prefix =
             if cfg.prefix.enabled { Some(Arc::new(prefix_store(&cfg, &geom)?)) } else { None };

@@ -284,11 +284,11 @@ impl Loop {
             self.local.steps_aborted += 1;
             self.local.aborted_forward_ns += fwd_ns;
             log::debug!(
-                "engine: step given up before layer {layer} of {} after {:.2} ms ({} sequences, {rows} rows) {}",
+                "engine: step given up at layer {layer} of {} after {:.2} ms ({} sequences, {rows} rows) {}",
                 self.model.config().num_hidden_layers,
                 fwd_ns as f64 * 1e-6,
                 inputs.len(),
-                if forced == Some(layer) { "by the test hook" } else { "for an interactive arrival" }
+                if forced.map(|c| c / 2) == Some(layer) { "by the test hook" } else { "for an interactive arrival" }
             );
             self.sched.abandon_step()?;
             self.fail_broken(broken)?;
@@ -375,13 +375,13 @@ impl Loop {
         let mut forced = None;
         let rank = self.step_rank(plan);
         let outcome = if let Some(rank) = rank.filter(|&r| r >= RANK_UNPROTECTED) {
-            let last = self.model.config().num_hidden_layers.saturating_sub(1);
+            let last = (2 * self.model.config().num_hidden_layers).saturating_sub(1);
             if rank == RANK_BATCH {
                 // The hook gives up only what an interactive arrival could.
                 self.abortable_steps += 1;
-                forced = self.cfg.force_step_aborts.and_then(|(every, layer)| {
+                forced = self.cfg.force_step_aborts.and_then(|(every, check)| {
                     (every > 0 && self.abortable_steps.is_multiple_of(u64::from(every)))
-                        .then_some(layer.min(last))
+                        .then_some(check.min(last))
                 });
             }
             let (seen, seen_protected) = (self.interactive_seen, self.protected_seen);
@@ -392,10 +392,10 @@ impl Loop {
             let any_interactive = rank >= RANK_BATCH && self.cfg.protect.is_none();
             let sent = a.filter(|_| any_interactive).map(|a| &a.sent);
             let sent_protected = a.map(|a| &a.sent_protected);
-            // At most two atomic loads per layer. Acquire pairs with the Release increments
+            // At most two atomic loads per check, two checks per layer. Acquire pairs with the Release increments
             // in `Arrivals::sent`: an arrival counted here is in the channel at the next drain.
-            let stop = |layer: usize| {
-                forced == Some(layer)
+            let stop = |check: usize| {
+                forced == Some(check)
                     || sent_protected.is_some_and(|n| n.load(Ordering::Acquire) > seen_protected)
                     || sent.is_some_and(|n| n.load(Ordering::Acquire) > seen)
             };
@@ -724,6 +724,7 @@ impl Loop {
         let tiers = self.sched.tier_stats();
         self.local.tier_separate_steps = tiers.separate_steps;
         self.local.tier_released_steps = tiers.released_steps;
+        self.local.tier_mixed_capped_steps = tiers.mixed_capped_steps;
         let protect = self.sched.protect_stats();
         self.local.protect_capped_steps = protect.capped_steps;
         self.local.protect_released_steps = protect.released_steps;

@@ -188,6 +188,7 @@ impl EngineMetrics {
         up(&self.steps_aborted, &[], c.steps_aborted);
         up(&self.tier_steps, &["separate"], c.tier_separate_steps);
         up(&self.tier_steps, &["released"], c.tier_released_steps);
+        up(&self.tier_steps, &["mixed_capped"], c.tier_mixed_capped_steps);
         up(&self.protect_steps, &["capped"], c.protect_capped_steps);
         up(&self.protect_steps, &["released"], c.protect_released_steps);
         up(&self.prefix_reused_tokens, &[], c.prefix_reused_tokens);

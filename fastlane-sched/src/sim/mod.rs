@@ -292,6 +292,8 @@ pub fn run(cfg: &SimConfig) -> Result<SimReport, SimError> {
         // The simulator prices a GPU step, where batch rows beside an interactive prompt are
         // nearly free: the tiers share steps.
         tier_steps: crate::TierSteps::Shared,
+        mixed_batch_tokens: None,
+        attention_context: 0,
     };
     let tenants = specs.iter().map(|(_, s)| s.config.clone()).collect();
     let mut sched = Scheduler::new(sched_cfg, tenants, port)?;
