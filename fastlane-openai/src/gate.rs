@@ -584,7 +584,8 @@ tier = "batch"
         let q1 = tokio::time::timeout(Duration::from_millis(100), g.acquire(0, 10)).await;
         let q2 = tokio::time::timeout(Duration::from_millis(100), g.acquire(0, 10)).await;
         let (mut q1, mut q2) = (q1.expect("reserved").unwrap(), q2.expect("reserved").unwrap());
-        (q1.first_bytes(), q2.first_bytes());
+        q1.first_bytes();
+        q2.first_bytes();
         assert_eq!(g.upstream_inflight(), 4);
         // A batch slot given back goes to the waiting batch request; an interactive slot
         // given back is not the batch tier's.
