@@ -129,8 +129,9 @@ fn prefill_chunking_changes_no_bit_and_a_directory_equals_the_in_memory_model() 
 
 #[test]
 fn a_pass_given_up_between_layers_leaves_no_trace() {
-    // Each 64-token chunk of the prefill is first aborted before layer 0, 1, 2 or 3 (its K/V
-    // written for the layers before), then computed as two 32-token chunks: the second
+    // Each 64-token chunk of the prefill is first aborted at one of the pass's checks (before
+    // layer 0, halfway through it, before layer 1, ...: its K/V written for the layers
+    // before, and for the layer itself when halfway through), then computed as two 32-token chunks: the second
     // half's positions hold the aborted pass's partial K/V until the second chunk rewrites
     // them. Logits at every 64-token boundary and every K/V byte must equal the plain
     // chunked prefill's.
@@ -151,9 +152,9 @@ fn a_pass_given_up_between_layers_leaves_no_trace() {
     };
     for (k, start) in (0..ids.len()).step_by(CHUNK).enumerate() {
         let end = (start + CHUNK).min(ids.len());
-        let stop = k % layers;
-        let out = m.forward_abortable(&[item(start, end)], &pool, &mut s, &|l| l == stop).unwrap();
-        assert_eq!(out, Forward::Aborted { layer: stop });
+        let stop = k % (2 * layers);
+        let out = m.forward_abortable(&[item(start, end)], &pool, &mut s, &|c| c == stop).unwrap();
+        assert_eq!(out, Forward::Aborted { layer: stop / 2 });
         let mid = (start + CHUNK / 2).min(end);
         for (a, b) in [(start, mid), (mid, end)].into_iter().filter(|(a, b)| a < b) {
             let out = m.forward_abortable(&[item(a, b)], &pool, &mut s, &|_| false).unwrap();
@@ -163,7 +164,7 @@ fn a_pass_given_up_between_layers_leaves_no_trace() {
         assert_eq!(*pos, end - 1);
         assert!(
             s.logits[..m.vocab()].iter().zip(row).all(|(a, b)| a.to_bits() == b.to_bits()),
-            "chunk {k}: logits changed after a pass aborted before layer {stop}"
+            "chunk {k}: logits changed after a pass aborted at check {stop}"
         );
         m.forward(&[item(start, end)], &plain, &mut Scratch::default()).unwrap();
     }
