@@ -157,9 +157,9 @@ pub struct SchedConfig {
     /// but the token budget (on a CPU a batch prefill chunk at a long context then makes the
     /// interactive tier's every decode wait for it).
     pub mixed_batch_tokens: Option<u32>,
-    /// Context tokens whose attention costs as much as one token's pass through the linear
-    /// layers (the model's linear weights per layer over twice its attention width); 0:
-    /// attention is not counted.
+    /// Context tokens whose attention costs as much as the rest of one token's pass (the engine
+    /// measures it at start; its fallback is the model's FLOP ratio); 0: attention is not
+    /// counted.
     pub attention_context: u32,
 }
 

@@ -34,8 +34,8 @@ mod step;
 
 pub use setup::{block_digest, prefix_keys};
 use setup::{
-    costs_for, lookup_loop, measure_prefill_ns_per_token, measure_swap_ns_per_byte, prefix_store,
-    tenant_digests,
+    costs_for, lookup_loop, measure_attention_context, measure_prefill_ns_per_token,
+    measure_swap_ns_per_byte, prefix_store, tenant_digests,
 };
 use step::Loop;
 
@@ -695,6 +695,13 @@ impl Engine {
         let prefill_ns = measure_prefill_ns_per_token(&model, &pool, &mut scratch)?;
         let swap_ns = measure_swap_ns_per_byte(crate::kv::block_bytes(&geom));
         let costs = costs_for(cfg.preempt, prefill_ns, swap_ns, crate::kv::block_bytes(&geom));
+        let flop_attention = model.config().attention_context();
+        let measured_attention = measure_attention_context(&model, &pool, &mut scratch)?;
+        let attention_context = measured_attention.unwrap_or(flop_attention);
+        log::info!(
+            "engine: attention context {attention_context} tokens ({}; the FLOP estimate is {flop_attention})",
+            if measured_attention.is_some() { "measured" } else { "not measurable on this pool" }
+        );
         log::info!(
             "engine: model {} ({} parameters), {} KV blocks of {} bytes, policy {}, prefill {:.0} ns/token, swap {:.3} ns/byte (measured)",
             model.name(),
@@ -718,7 +725,7 @@ impl Engine {
             protect: cfg.protect,
             tier_steps: cfg.tier_steps,
             mixed_batch_tokens: cfg.mixed_batch_tokens,
-            attention_context: model.config().attention_context(),
+            attention_context,
         };
         let prefix =
             if cfg.prefix.enabled { Some(Arc::new(prefix_store(&cfg, &geom)?)) } else { None };

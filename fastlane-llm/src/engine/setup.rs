@@ -176,6 +176,50 @@ pub(super) fn measure_prefill_ns_per_token(
     Ok(t0.elapsed().as_nanos() as f64 / n as f64)
 }
 
+/// The context at which one token's attention costs what the rest of its pass does, measured
+/// (what the scheduler prices a batch token at a long context by,
+/// [`SchedConfig::attention_context`](fastlane_sched::SchedConfig::attention_context)): the
+/// same 16-token prefill at position 0 and at a long position `L`, each the faster of two,
+/// into scratch blocks of the pool. `None` when the model or the pool is too short for `L` of
+/// at least 256, or the two do not differ measurably.
+pub(super) fn measure_attention_context(
+    model: &Model,
+    pool: &KvPool,
+    s: &mut Scratch,
+) -> Result<Option<u32>, LlmError> {
+    const N: usize = 16;
+    let capacity = (pool.blocks() as usize * TOKENS_PER_BLOCK).min(model.max_positions());
+    let long = capacity.saturating_sub(N).min(2048) / TOKENS_PER_BLOCK * TOKENS_PER_BLOCK;
+    if long < 256 {
+        return Ok(None);
+    }
+    let blocks: Vec<BlockId> =
+        (0..(long + N).div_ceil(TOKENS_PER_BLOCK) as u32).map(BlockId).collect();
+    let tokens: Vec<u32> = (0..N as u32).map(|i| (i * 7 + 3) % model.vocab() as u32).collect();
+    let mut time_at = |start_pos: usize| -> Result<u64, LlmError> {
+        let item = [BatchItem { tokens: &tokens, start_pos, blocks: &blocks, want_logits: true }];
+        let mut best = u64::MAX;
+        for _ in 0..2 {
+            let t0 = Instant::now();
+            model.forward(&item, pool, s)?;
+            best = best.min(t0.elapsed().as_nanos() as u64);
+        }
+        Ok(best)
+    };
+    time_at(0)?; // warm-up
+    let (short_ns, long_ns) = (time_at(0)?, time_at(long)?);
+    Ok(attention_context_from(short_ns, long_ns, long))
+}
+
+/// `A` in the scheduler's price `1 + c / A` of a token at context `c`, from one pass's time at
+/// context about 0 and at context `long`: `long / (long_ns / short_ns - 1)`. `None` when the
+/// long pass is not measurably (2 %) slower.
+pub(super) fn attention_context_from(short_ns: u64, long_ns: u64, long: usize) -> Option<u32> {
+    let ratio = long_ns as f64 / short_ns.max(1) as f64;
+    (ratio > 1.02)
+        .then(|| (long as f64 / (ratio - 1.0)).round().clamp(1.0, f64::from(u32::MAX)) as u32)
+}
+
 /// The host tier's copy cost on this machine (kvswap's calibration, 8 blocks, 3 rounds).
 pub(super) fn measure_swap_ns_per_byte(block_bytes: usize) -> f64 {
     match fastlane_sched::sim::calibrate_host_tier(block_bytes, 8, 3) {
@@ -228,5 +272,30 @@ mod tests {
         // One namespace per tenant or none.
         let e = tenant_digests(&model, &tenants, &groups[..2]).unwrap_err();
         assert!(e.to_string().contains("2 tenant namespaces for 3 tenants"), "{e}");
+    }
+
+    #[test]
+    fn attention_context_is_the_context_that_doubles_a_token() {
+        // Twice as long at 1,024: a token there costs 1 + 1,024 / A = 2, so A = 1,024.
+        assert_eq!(attention_context_from(1_000, 2_000, 1_024), Some(1_024));
+        assert_eq!(attention_context_from(1_000, 5_000, 2_048), Some(512));
+        // Not measurably slower (or faster): no estimate.
+        assert_eq!(attention_context_from(1_000, 1_010, 2_048), None);
+        assert_eq!(attention_context_from(1_000, 900, 2_048), None);
+        assert_eq!(attention_context_from(0, 0, 2_048), None);
+    }
+
+    #[test]
+    fn attention_context_is_measured_on_a_long_enough_pool() {
+        let model = Model::load("random:tiny", 7).expect("random:tiny loads");
+        let geom = model.kv_geometry();
+        let mut s = Scratch::default();
+        let short = KvPool::new(&geom, 8).expect("pool");
+        let got = measure_attention_context(&model, &short, &mut s).expect("forward");
+        assert_eq!(got, None, "8 blocks hold 128 tokens: too short to measure");
+        let pool = KvPool::new(&geom, 160).expect("pool");
+        let a = measure_attention_context(&model, &pool, &mut s).expect("forward");
+        let a = a.expect("a 2,048-token context is measurably slower than position 0");
+        assert!((1..=1 << 20).contains(&a), "attention context {a}");
     }
 }
