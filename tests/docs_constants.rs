@@ -228,7 +228,7 @@ tier = "interactive"
         check(
             d,
             "random:tiny's LlamaConfig::attention_context",
-            "(the model's shape: {} for `random:tiny`)",
+            "too short to measure, {} for `random:tiny`)",
             grouped(u64::from(llm::RandomPreset::Tiny.config().attention_context()), ","),
         ),
         check(
