@@ -279,6 +279,8 @@ mod tests {
         // Twice as long at 1,024: a token there costs 1 + 1,024 / A = 2, so A = 1,024.
         assert_eq!(attention_context_from(1_000, 2_000, 1_024), Some(1_024));
         assert_eq!(attention_context_from(1_000, 5_000, 2_048), Some(512));
+        // 10 % slower at 2,048 is measurable: attention is cheap, A is long.
+        assert_eq!(attention_context_from(1_000, 1_100, 2_048), Some(20_480));
         // Not measurably slower (or faster): no estimate.
         assert_eq!(attention_context_from(1_000, 1_010, 2_048), None);
         assert_eq!(attention_context_from(1_000, 900, 2_048), None);
