@@ -5,14 +5,19 @@
 # headers, a valid key that never reads, maximal prompts and stop lists, 429'd bursts), then
 # the same through `fastlane router` before the server. Prints the quiet tenant's TTFT P99
 # with the attack over without it (target <= 1.15), the server's RSS and threads, the answers
-# per kind, and whether the logs hold a panic; writes benches/results/serving/<date>-<commit>-attack.json.
+# per kind, and whether the logs hold a panic. Beside the quiet load a keyless probe (--probe-rate
+# a second, a fresh connection each, timed to its 401) measures the HTTP layer alone, and the same
+# probe and the refused-at-once kinds (burst_429, no_key_trickle, those of --kinds) against a bare
+# accept/read/401/close server (`llm bench --attack-floor`, one
+# thread on the server's core) give the floor: what the attack costs a new client on this machine
+# with no server work in the way. Writes benches/results/serving/<date>-<commit>-attack.json.
 #
 #   scripts/bench-attack.sh [--attack N] [--seconds S] [--rate R] [--policy P] [--fronts serve,router]
-#                           [--kinds K,K...]
-#   defaults 1000, 60, 4, llm serve's default policy, both fronts, every kind
+#                           [--kinds K,K...] [--probe-rate P]
+#   defaults 1000, 60, 4, llm serve's default policy, both fronts, every kind, 20
 set -euo pipefail
 cd "$(dirname "$0")/.."
-attack=1000 seconds=60 rate=4 policy=() fronts=serve,router kinds=()
+attack=1000 seconds=60 rate=4 policy=() fronts=serve,router kinds=() probe=20
 while [ $# -gt 0 ]; do
   case "$1" in
     --attack) attack=${2:?}; shift 2 ;;
@@ -21,7 +26,8 @@ while [ $# -gt 0 ]; do
     --policy) policy=(--policy "${2:?}"); shift 2 ;;
     --fronts) fronts=${2:?}; shift 2 ;;
     --kinds) kinds=(--attack-kinds "${2:?}"); shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --probe-rate) probe=${2:?}; shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "bench-attack.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -66,7 +72,7 @@ bench() { # label url pid extra...: one run, JSON into $tmp/label.json (none: th
   # none of the solo run's prompts in the prefix cache.
   local label=$1 u=$2 pid=$3; shift 3
   taskset -c 1 "$bin" llm bench --prompt-tag "$label." --url "$u" --solo --rate "$rate" --seconds "$seconds" \
-    --server-pid "$pid" --json "$@" >"$tmp/$label.json" || {
+    --server-pid "$pid" --probe-rate "$probe" --json "$@" >"$tmp/$label.json" || {
     echo "bench-attack.sh: the $label run failed (above); recorded as failed" >&2
     rm -f "$tmp/$label.json"
   }
@@ -95,12 +101,25 @@ for front in ${fronts//,/ }; do
   stop serve
   cat "$tmp"/*.log >"$tmp/$front-logs.txt"
 done
+# The floor: the kinds any server refuses at once (one that a server holds reconnects at once
+# when refused, and would be another attack).
+floor_kinds=$(python3 -c 'import sys; k = sys.argv[1].split(",") if sys.argv[1] else ["burst_429", "no_key_trickle"]
+print(",".join(x for x in k if x in ("burst_429", "no_key_trickle")))' "${kinds[1]:-}")
+if [ -n "$floor_kinds" ]; then
+  echo "== floor: a bare server under $floor_kinds" >&2
+  taskset -c 1 "$bin" llm bench --attack-floor --floor-core "$server_cpus" --attack "$attack" \
+    --attack-kinds "$floor_kinds" --probe-rate "$probe" --seconds "$seconds" --json >"$tmp/floor.json" || {
+    echo "bench-attack.sh: the floor run failed (above)" >&2
+    rm -f "$tmp/floor.json"
+  }
+fi
+export FLOOR_KINDS=$floor_kinds
 FRONTS=$fronts python3 - "$tmp" "$attack" "$seconds" "$rate" "$*" <<'PY'
 import json, os, sys
 sys.path.insert(0, os.path.join(os.getcwd(), "scripts"))
 from bench_results import write
 tmp, attack, seconds, rate, args = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
-rows, raw, failed = [], {}, False
+rows, raw, failed, probes = [], {}, False, {}
 print(f"quiet tenant at {rate}/s for {seconds} s; {attack} hostile connections of each kind")
 print(f"{'front':<7} {'solo P99':>10} {'attack P99':>11} {'ratio':>6} {'ok/sent':>9} {'RSS end':>10} {'threads':>8} {'panics':>6}")
 for front in [f for f in ["serve", "router"] if f in os.environ["FRONTS"].split(",")]:
@@ -125,6 +144,37 @@ for front in [f for f in ["serve", "router"] if f in os.environ["FRONTS"].split(
                  "ok": a["ok"], "sent": a["sent"], "server_rss_kb": end.get("rss_kb"),
                  "server_threads": end.get("threads"), "panics": panics})
     failed |= panics > 0 or a["ok"] != a["sent"]
+    # The attack's CPU on the server: the attack run's CPU less the solo run's (same load and
+    # length), over the attacking connections opened.
+    cpu = lambda r: (r["server_at_end"] or {}).get("cpu_s", 0) - (r["server_at_start"] or {}).get("cpu_s", 0)
+    opened = sum(k["opened"] for k in (att.get("attack") or {}).values())
+    per_conn = (cpu(att) - cpu(solo)) * 1e6 / opened if opened else None
+    probes[front] = (solo.get("probe"), att.get("probe"), per_conn)
+    rows[-1]["ttft_p99_added_ms"] = a["ttft_p99_ms"] - s["ttft_p99_ms"]
+if os.path.exists(f"{tmp}/floor.json"):
+    fl = json.load(open(f"{tmp}/floor.json"))
+    raw["floor"] = fl
+    f = fl["floor"]
+    probes["floor"] = (f["probe_solo"], f["probe_attack"], f["cpu_us_per_connection"])
+elif os.environ["FLOOR_KINDS"]:
+    print("floor   FAILED: the bare server's run failed (log above)")
+    failed = True
+if os.environ["FLOOR_KINDS"]:
+    print(f"(the floor: a bare accept/read/401/close server under {os.environ['FLOOR_KINDS']} only)")
+print(f"keyless probe (a fresh connection, timed to its 401) at the same time, and the server CPU per attacking connection")
+print(f"{'server':<7} {'solo P99':>10} {'attack P99':>11} {'added':>9} {'failed':>7} {'CPU/conn':>9}")
+for name, (ps, pa, per_conn) in probes.items():
+    if not ps or not pa:
+        print(f"{name:<7} no probe")
+        continue
+    added = pa["p99_ms"] - ps["p99_ms"]
+    pc = f"{per_conn:>7.1f}us" if per_conn is not None else f"{'?':>9}"
+    print(f"{name:<7} {ps['p99_ms']:>8.2f}ms {pa['p99_ms']:>9.2f}ms {added:>7.2f}ms {pa['failed']:>7} {pc}")
+    case = f"floor ({os.environ['FLOOR_KINDS']}): keyless probe P99 under attack / solo" if name == "floor" else f"{name}: keyless probe P99 under attack / solo"
+    rows.append({"case": case, "value": pa["p99_ms"], "unit": "ms", "peer": ps["p99_ms"],
+                 "ratio": pa["p99_ms"] / ps["p99_ms"], "added_ms": added, "probes_failed": pa["failed"],
+                 "cpu_us_per_attack_connection": per_conn})
+    failed |= pa["failed"] > 0
 load = raw.get("serve", {}).get("attack", {}).get("load")
 print(f"load {load}")
 write("serving", "scripts/bench-attack.sh " + args, rows, raw=raw, load=load, label="attack")

@@ -161,6 +161,12 @@ tier = "interactive"
         ),
         check(
             d,
+            "daemon::http::LISTEN_BACKLOG",
+            "The backlog is {} (`LISTEN_BACKLOG`",
+            grouped(daemon::http::LISTEN_BACKLOG as u64, ","),
+        ),
+        check(
+            d,
             "daemon::http::CONNECTION_BUFFER_BYTES",
             "hyper's connection buffer of {} (`CONNECTION_BUFFER_BYTES`",
             size(daemon::http::CONNECTION_BUFFER_BYTES as u64),

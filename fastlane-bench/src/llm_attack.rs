@@ -196,9 +196,186 @@ pub async fn run(addr: String, a: Attack, stop: Arc<AtomicBool>) -> Report {
     r
 }
 
-/// `VmRSS`, `VmHWM` (kB) and `Threads` of process `pid`, from `/proc`.
+/// [`run`] on a thread of its own with its own runtime, at niceness +10: the attackers stand
+/// for other machines, so the measured client (another thread, on the same core in
+/// `scripts/bench-attack.sh`) must not wait behind them, neither in a shared runtime's queue
+/// nor for the CPU. Join the handle for the counts once `stop` is set.
+pub fn spawn(
+    addr: String,
+    a: Attack,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<Report>> {
+    std::thread::Builder::new().name("llm-attack".into()).spawn(move || {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        // SAFETY: setpriority on the calling thread's id; lowering one's own priority needs
+        // no privilege, and a failure only leaves the attack at the client's priority.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10) };
+        match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => rt.block_on(run(addr, a, stop)),
+            Err(e) => {
+                log::warn!("attack runtime: {e}");
+                Report::new()
+            }
+        }
+    })
+}
+
+/// The keyless request [`probe`] sends: answered 401 by any server at once.
+const PROBE: &[u8] = b"POST /v1/completions HTTP/1.1\r\nHost: probe\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+
+/// Latencies of keyless requests sent every `1 / rate` s for `secs` s, each on a fresh
+/// connection (connect, send, read the answer to its end); requests that failed or got no
+/// answer within 10 s are counted apart. What the HTTP layer alone costs a new client: the
+/// same probe measures our server and [`FloorServer`].
+pub async fn probe(addr: String, rate: f64, secs: f64) -> (Vec<Duration>, u64) {
+    let start = tokio::time::Instant::now();
+    let n = (rate * secs).floor() as u64;
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let addr = addr.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
+                let t0 = std::time::Instant::now();
+                let answer = async {
+                    let mut s = tokio::net::TcpStream::connect(&addr).await?;
+                    s.set_nodelay(true)?;
+                    s.write_all(PROBE).await?;
+                    let mut sink = Vec::new();
+                    s.read_to_end(&mut sink).await?;
+                    Ok::<_, std::io::Error>(sink.starts_with(b"HTTP/1.1 "))
+                };
+                match tokio::time::timeout(Duration::from_secs(10), answer).await {
+                    Ok(Ok(true)) => Some(t0.elapsed()),
+                    _ => None,
+                }
+            })
+        })
+        .collect();
+    let (mut lat, mut failed) = (Vec::new(), 0);
+    for t in tasks {
+        match t.await {
+            Ok(Some(d)) => lat.push(d),
+            _ => failed += 1,
+        }
+    }
+    lat.sort();
+    (lat, failed)
+}
+
+/// P50, P99 and the largest of sorted latencies, in ms, as JSON.
+pub fn latency_summary(lat: &[Duration], failed: u64) -> serde_json::Value {
+    let q = |p: f64| -> f64 {
+        if lat.is_empty() {
+            return f64::NAN;
+        }
+        let i = ((p * lat.len() as f64).ceil() as usize).clamp(1, lat.len()) - 1;
+        lat[i].as_secs_f64() * 1e3
+    };
+    serde_json::json!({"n": lat.len(), "failed": failed, "p50_ms": q(0.5), "p99_ms": q(0.99),
+        "max_ms": q(1.0)})
+}
+
+/// The physical floor of the HTTP layer under attack: one thread, pinned to a core, that
+/// accepts, reads once, writes a fixed 401 and closes each connection (no parsing, no
+/// routing, no epoll): less than any server does for a connection it refuses. Meant for the
+/// kinds that are refused at once by any server (`burst_429`, `no_key_trickle`): a kind that a
+/// server holds (`slow_headers`, `never_reads`, `max_prompt`) reconnects at once when the
+/// floor refuses it, and becomes another attack. Attacked and
+/// probed like our server, it shows what the attack costs a quiet client on this machine
+/// with no server work in the way.
+#[derive(Debug)]
+pub struct FloorServer {
+    /// Where it listens (loopback, a free port).
+    pub addr: std::net::SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<(u64, Duration)>,
+}
+
+const FLOOR_ANSWER: &[u8] = b"HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: 36\r\nconnection: close\r\n\r\n{\"error\":{\"message\":\"no API key\"}}";
+
+/// The calling thread's CPU time.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into `ts`, on our stack.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+impl FloorServer {
+    /// Starts it on a free loopback port, its thread pinned to `core` (`--floor-core`).
+    pub fn start(core: usize) -> anyhow::Result<FloorServer> {
+        use std::io::{Read, Write};
+        use std::os::fd::AsRawFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let fd = listener.as_raw_fd();
+        let one: libc::c_int = 1;
+        // SAFETY: setsockopt reads one c_int from our stack.
+        let nodelay = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_NODELAY,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        // SAFETY: listen on a listening socket only sets its backlog, here the one our server
+        // asks for (`fastlane_daemon::http::LISTEN_BACKLOG`; `bind` asked for 128).
+        let backlog =
+            unsafe { libc::listen(fd, fastlane_daemon::http::LISTEN_BACKLOG as libc::c_int) };
+        let ok = nodelay == 0 && backlog == 0;
+        anyhow::ensure!(ok, "floor server: {}", std::io::Error::last_os_error());
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new().name("floor-server".into()).spawn(move || {
+            let pinned = crate::pin::pin_to(core, "--floor-core");
+            let failed = pinned.is_err();
+            let _ = ready_tx.send(pinned);
+            if failed {
+                return (0, Duration::ZERO);
+            }
+            let cpu0 = thread_cpu();
+            let mut served = 0u64;
+            let mut buf = vec![0u8; 64 << 10];
+            // Bounded by `stop` (set, then one connection wakes the accept).
+            while !flag.load(Ordering::Relaxed) {
+                let Ok((mut c, _)) = listener.accept() else { continue };
+                // One read, waiting for the request a moment only: a client that has sent
+                // nothing by then is answered all the same.
+                let _ = c.set_read_timeout(Some(Duration::from_millis(20)));
+                let _ = c.read(&mut buf);
+                let _ = c.write_all(FLOOR_ANSWER);
+                served += 1;
+            }
+            (served, thread_cpu() - cpu0)
+        })?;
+        ready_rx.recv()??;
+        Ok(FloorServer { addr, stop, thread })
+    }
+
+    /// Stops it: the connections it answered and the CPU time its thread spent.
+    pub fn stop(self) -> (u64, Duration) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = std::net::TcpStream::connect(self.addr);
+        self.thread.join().unwrap_or((0, Duration::ZERO))
+    }
+}
+
+/// `VmRSS`, `VmHWM` (kB) and `Threads` of process `pid`, from `/proc`, and its CPU time
+/// (`cpu_s`, user + system, from `/proc/PID/stat`).
 pub fn process_usage(pid: u32) -> Option<serde_json::Value> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces) end with ')': utime and stime are
+    // the 14th and 15th fields, in clock ticks.
+    let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |i: usize| rest.get(i).and_then(|v| v.parse::<u64>().ok());
+    // SAFETY: sysconf reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let cpu_s = (ticks(11)? + ticks(12)?) as f64 / hz;
     let field = |name: &str| -> Option<u64> {
         text.lines()
             .find(|l| l.starts_with(name))
@@ -206,5 +383,33 @@ pub fn process_usage(pid: u32) -> Option<serde_json::Value> {
             .and_then(|v| v.parse().ok())
     };
     Some(serde_json::json!({"rss_kb": field("VmRSS:")?, "hwm_kb": field("VmHWM:")?,
-        "threads": field("Threads:")?}))
+        "threads": field("Threads:")?, "cpu_s": cpu_s}))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn the_floor_answers_every_probe_and_counts_its_connections() {
+        let core = core_affinity::get_core_ids().unwrap()[0].id;
+        let floor = super::FloorServer::start(core).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let (lat, failed) = rt.block_on(super::probe(floor.addr.to_string(), 50.0, 0.2));
+        assert_eq!((lat.len(), failed), (10, 0), "every probe answered");
+        assert!(lat.windows(2).all(|w| w[0] <= w[1]), "sorted");
+        let s = super::latency_summary(&lat, failed);
+        assert!(s["p99_ms"].as_f64().unwrap() <= s["max_ms"].as_f64().unwrap());
+        let (served, cpu) = floor.stop();
+        // The ten probes and the connection that wakes the accept to stop it.
+        assert_eq!(served, 11);
+        assert!(cpu > Duration::ZERO);
+    }
+
+    #[test]
+    fn a_processs_cpu_time_is_read_from_proc() {
+        let u = super::process_usage(std::process::id()).unwrap();
+        assert!(u["cpu_s"].as_f64().unwrap() >= 0.0);
+        assert!(u["threads"].as_u64().unwrap() >= 1);
+    }
 }

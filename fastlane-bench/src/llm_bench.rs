@@ -112,6 +112,20 @@ pub struct BenchArgs {
     /// never_reads, max_prompt, burst_429), to find which one costs the quiet tenant.
     #[arg(long, value_delimiter = ',', default_values_t = crate::llm_attack::KINDS.map(String::from))]
     attack_kinds: Vec<String>,
+    /// With --url: keyless requests a second on fresh connections during the run (latency
+    /// to their 401: what the HTTP layer alone costs a new client); 0: none.
+    #[arg(long, default_value_t = 0.0)]
+    probe_rate: f64,
+    /// Instead of a server at --url: the floor of the attack measurement, a bare server in
+    /// this process (one thread on --floor-core that accepts, reads once, writes a fixed 401
+    /// and closes: less than any server does), probed at --probe-rate for --seconds alone
+    /// and then under --attack (use the kinds any server refuses at once: burst_429,
+    /// no_key_trickle).
+    #[arg(long)]
+    attack_floor: bool,
+    /// With --attack-floor: the floor server's core.
+    #[arg(long, default_value_t = 0)]
+    floor_core: usize,
     /// With --url: the server's pid; its RSS and threads are reported at the start and end.
     #[arg(long)]
     server_pid: Option<u32>,
@@ -260,10 +274,10 @@ fn emit(a: &BenchArgs, v: &serde_json::Value) -> Result<()> {
 
 /// Runs `fastlane llm bench`.
 pub fn run(a: &BenchArgs) -> Result<()> {
-    if let Some(url) = &a.url {
+    if a.url.is_some() || a.attack_floor {
         let attack_kinds = crate::llm_attack::kinds(&a.attack_kinds)?;
-        let v = crate::llm_load::bench(&crate::llm_load::LoadOpts {
-            url: url.clone(),
+        let o = crate::llm_load::LoadOpts {
+            url: a.url.clone().unwrap_or_default(),
             solo: a.solo,
             rate: a.rate,
             secs: a.seconds,
@@ -284,8 +298,17 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             hlog_dir: a.hlog_dir.clone(),
             seed: a.seed,
             prompt_tag: a.prompt_tag.clone(),
+            probe_rate: a.probe_rate,
             json: a.json,
-        })?;
+        };
+        let v = if a.attack_floor {
+            if a.url.is_some() {
+                bail!("--attack-floor starts its own server: leave out --url");
+            }
+            crate::llm_load::floor(&o, a.floor_core)?
+        } else {
+            crate::llm_load::bench(&o)?
+        };
         return emit(a, &v);
     }
     let model = Arc::new(

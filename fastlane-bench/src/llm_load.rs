@@ -61,6 +61,8 @@ pub(crate) struct LoadOpts {
     pub seed: u64,
     /// Written into every prompt ahead of its number (see `llm bench --prompt-tag`).
     pub prompt_tag: String,
+    /// Keyless requests a second ([`crate::llm_attack::probe`]) during the measured load; 0: none.
+    pub probe_rate: f64,
     /// JSON instead of the table.
     pub json: bool,
 }
@@ -202,6 +204,7 @@ struct Held {
     busy_at_end: Option<f64>,
     attack: Option<crate::llm_attack::Report>,
     server: [Option<serde_json::Value>; 2],
+    probe: Option<serde_json::Value>,
 }
 
 async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<TenantResult>, Held)> {
@@ -246,15 +249,17 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
     }
     // The attack runs for the whole measured load.
     let attack_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let attack = o
-        .attack
-        .clone()
-        .map(|a| tokio::spawn(crate::llm_attack::run(addr.clone(), a, attack_stop.clone())));
+    let attack = match o.attack.clone() {
+        Some(a) => Some(crate::llm_attack::spawn(addr.clone(), a, attack_stop.clone())?),
+        None => None,
+    };
     if attack.is_some() {
         // Let every attacking connection open before the measurement starts.
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
     let server_start = o.server_pid.and_then(crate::llm_attack::process_usage);
+    let probe = (o.probe_rate > 0.0)
+        .then(|| tokio::spawn(crate::llm_attack::probe(addr.clone(), o.probe_rate, o.secs)));
     let start = Instant::now();
     let answered = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut handles = Vec::new();
@@ -340,9 +345,23 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
         busy.1 = busy_sequences(&addr).await;
     }
     let server_end = o.server_pid.and_then(crate::llm_attack::process_usage);
+    let probe = match probe {
+        Some(p) => {
+            p.await.ok().map(|(lat, failed)| crate::llm_attack::latency_summary(&lat, failed))
+        }
+        None => None,
+    };
     attack_stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let attack = match attack {
-        Some(t) => tokio::time::timeout(Duration::from_secs(90), t).await.ok().and_then(Result::ok),
+        // The attack thread takes 5 s to count after `stop`; the join waits off the runtime.
+        Some(t) => tokio::time::timeout(
+            Duration::from_secs(90),
+            tokio::task::spawn_blocking(move || t.join().ok()),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .flatten(),
         None => None,
     };
     let wall = start.elapsed().as_secs_f64();
@@ -364,6 +383,7 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
         busy_at_end: busy.1,
         attack,
         server: [server_start, server_end],
+        probe,
     };
     drop(held);
     Ok((res, held_n))
@@ -507,6 +527,9 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
                 );
             }
         }
+        if let Some(p) = &slow.probe {
+            print_probe("keyless probe", p);
+        }
         if held > 0 {
             let b = |v: Option<f64>| v.map_or("?".to_string(), |v| v.to_string());
             println!(
@@ -524,5 +547,78 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
         "slow_streams_held": held, "slow_busy_at_start": slow.busy_at_start,
         "slow_busy_at_end": slow.busy_at_end, "attack": slow.attack,
         "server_at_start": slow.server[0], "server_at_end": slow.server[1],
-        "load": load, "tenants": res}))
+        "probe": slow.probe, "load": load, "tenants": res}))
+}
+
+/// One line of a probe's latencies.
+fn print_probe(what: &str, p: &serde_json::Value) {
+    println!(
+        "{what:<22} {:>5} answered {:>3} failed  P50 {:>7.2}ms  P99 {:>7.2}ms  max {:>7.2}ms",
+        p["n"],
+        p["failed"],
+        p["p50_ms"].as_f64().unwrap_or(f64::NAN),
+        p["p99_ms"].as_f64().unwrap_or(f64::NAN),
+        p["max_ms"].as_f64().unwrap_or(f64::NAN)
+    );
+}
+
+/// `fastlane llm bench --attack-floor`: [`crate::llm_attack::FloorServer`] on `core`, probed
+/// alone and then under `o.attack` at `o.probe_rate` for `o.secs` each; prints the table.
+pub(crate) fn floor(o: &LoadOpts, core: usize) -> Result<serde_json::Value> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some(attack) = o.attack.clone() else {
+        bail!("--attack-floor needs --attack N (connections of each kind)");
+    };
+    if !(o.probe_rate.is_finite() && o.probe_rate > 0.0 && o.secs.is_finite() && o.secs > 0.0) {
+        bail!("--attack-floor needs a positive --probe-rate and --seconds");
+    }
+    let conns = attack.per_kind * attack.kinds.len();
+    let fds = fastlane_daemon::http::raise_fd_limit();
+    if fds < 2 * conns as u64 + 256 {
+        bail!(
+            "--attack-floor with {conns} connections needs {} open files; the limit here is {fds}",
+            2 * conns + 256
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let (solo, under, report, served, cpu) = rt.block_on(async {
+        let server = crate::llm_attack::FloorServer::start(core)?;
+        let addr = server.addr.to_string();
+        let solo = crate::llm_attack::probe(addr.clone(), o.probe_rate, o.secs).await;
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let t = crate::llm_attack::spawn(addr.clone(), attack, stop.clone())?;
+        // As with a server at --url: every attacking connection open before the measurement.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let under = crate::llm_attack::probe(addr, o.probe_rate, o.secs).await;
+        stop.store(true, Ordering::Relaxed);
+        let (report, (served, cpu)) = tokio::task::spawn_blocking(move || {
+            let report = t.join().unwrap_or_default();
+            (report, server.stop())
+        })
+        .await?;
+        Ok::<_, anyhow::Error>((solo, under, report, served, cpu))
+    })?;
+    let solo = crate::llm_attack::latency_summary(&solo.0, solo.1);
+    let under = crate::llm_attack::latency_summary(&under.0, under.1);
+    let added =
+        under["p99_ms"].as_f64().unwrap_or(f64::NAN) - solo["p99_ms"].as_f64().unwrap_or(f64::NAN);
+    let per_conn_us = cpu.as_secs_f64() * 1e6 / served.max(1) as f64;
+    let load = crate::load::loadavg();
+    if !o.json {
+        println!(
+            "floor server (accept, one read, a fixed 401, close; one thread on core {core}), keyless probe at {}/s for {} s, load {load}",
+            o.probe_rate, o.secs
+        );
+        print_probe("alone", &solo);
+        print_probe("under attack", &under);
+        println!("P99 added by the attack: {added:.2} ms; the floor's CPU: {per_conn_us:.1} us a connection ({served} connections)");
+        println!("{:<16} {:>8}  statuses answered", "attack", "opened");
+        for (kind, k) in &report {
+            let st: Vec<String> = k.statuses.iter().map(|(s, n)| format!("{s}: {n}")).collect();
+            println!("{kind:<16} {:>8}  {}", k.opened, st.join(", "));
+        }
+    }
+    Ok(serde_json::json!({"floor": {"core": core, "probe_solo": solo, "probe_attack": under,
+        "p99_added_ms": added, "connections": served, "cpu_us_per_connection": per_conn_us},
+        "probe_rate": o.probe_rate, "seconds": o.secs, "attack": report, "load": load}))
 }

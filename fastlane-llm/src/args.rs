@@ -131,7 +131,7 @@ impl HttpArgs {
         &self,
         addr: std::net::SocketAddr,
         what: &str,
-        app: impl FnOnce() -> crate::server::Router,
+        app: impl FnOnce() -> crate::server::Router + Send + 'static,
     ) -> Result<()> {
         use fastlane_daemon::http;
         let opts = self.options()?;
@@ -141,10 +141,13 @@ impl HttpArgs {
             .enable_all()
             .thread_name("fastlane-http")
             .build()?;
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding {addr}"))?;
+        // The whole server runs as a task on the runtime, not in `block_on` on the main
+        // thread: accepting there made every connection a wake-up of a worker thread, and on
+        // a shared core the context switches cost more than the refusals under a flood of
+        // connections (docs/serving.md, "Measured under attack").
+        let what = what.to_string();
+        let served = rt.spawn(async move {
+            let listener = http::bind(addr).with_context(|| format!("binding {addr}"))?;
             let local = listener.local_addr()?;
             let app = app();
             println!("listening on http://{local}");
@@ -161,7 +164,8 @@ impl HttpArgs {
                 ),
             }
             Ok::<(), anyhow::Error>(())
-        })
+        });
+        rt.block_on(served).context("the HTTP server task panicked")?
     }
 }
 
