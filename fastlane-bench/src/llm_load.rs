@@ -432,6 +432,7 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
     if !(o.rate.is_finite() && o.rate > 0.0 && o.secs.is_finite() && o.secs > 0.0) {
         bail!("--rate and --seconds must be positive");
     }
+    check_probe_rate(o.probe_rate)?;
     let arrivals = |rate: f64| -> Result<ArrivalProcess> {
         Ok(match o.arrivals.as_str() {
             "poisson" => ArrivalProcess::Poisson { rate_per_s: rate },
@@ -550,6 +551,14 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
         "probe": slow.probe, "load": load, "tenants": res}))
 }
 
+/// `--probe-rate`: 0 (none) up to 10,000 a second (each probe is a task and a connection).
+fn check_probe_rate(rate: f64) -> Result<()> {
+    if !(0.0..=10_000.0).contains(&rate) {
+        bail!("--probe-rate {rate}: 0 (no probe) to 10000 requests a second");
+    }
+    Ok(())
+}
+
 /// One line of a probe's latencies.
 fn print_probe(what: &str, p: &serde_json::Value) {
     println!(
@@ -569,7 +578,8 @@ pub(crate) fn floor(o: &LoadOpts, core: usize) -> Result<serde_json::Value> {
     let Some(attack) = o.attack.clone() else {
         bail!("--attack-floor needs --attack N (connections of each kind)");
     };
-    if !(o.probe_rate.is_finite() && o.probe_rate > 0.0 && o.secs.is_finite() && o.secs > 0.0) {
+    check_probe_rate(o.probe_rate)?;
+    if !(o.probe_rate > 0.0 && o.secs.is_finite() && o.secs > 0.0) {
         bail!("--attack-floor needs a positive --probe-rate and --seconds");
     }
     let conns = attack.per_kind * attack.kinds.len();
@@ -621,4 +631,18 @@ pub(crate) fn floor(o: &LoadOpts, core: usize) -> Result<serde_json::Value> {
     Ok(serde_json::json!({"floor": {"core": core, "probe_solo": solo, "probe_attack": under,
         "p99_added_ms": added, "connections": served, "cpu_us_per_connection": per_conn_us},
         "probe_rate": o.probe_rate, "seconds": o.secs, "attack": report, "load": load}))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn probe_rates_past_the_bound_or_not_numbers_are_refused() {
+        for ok in [0.0, 20.0, 10_000.0] {
+            assert!(super::check_probe_rate(ok).is_ok(), "{ok}");
+        }
+        for bad in [-1.0, 10_001.0, f64::INFINITY, f64::NAN] {
+            let e = super::check_probe_rate(bad).unwrap_err().to_string();
+            assert!(e.starts_with("--probe-rate"), "{e}");
+        }
+    }
 }

@@ -142,9 +142,8 @@ impl HttpArgs {
             .thread_name("fastlane-http")
             .build()?;
         // The whole server runs as a task on the runtime, not in `block_on` on the main
-        // thread: accepting there made every connection a wake-up of a worker thread, and on
-        // a shared core the context switches cost more than the refusals under a flood of
-        // connections (docs/serving.md, "Measured under attack").
+        // thread: accepting there made every connection a wake-up of a worker thread, a
+        // context switch each on a shared core (docs/serving.md, "Measured under attack").
         let what = what.to_string();
         let served = rt.spawn(async move {
             let listener = http::bind(addr).with_context(|| format!("binding {addr}"))?;
