@@ -112,8 +112,8 @@ pub struct BenchArgs {
     /// never_reads, max_prompt, burst_429), to find which one costs the quiet tenant.
     #[arg(long, value_delimiter = ',', default_values_t = crate::llm_attack::KINDS.map(String::from))]
     attack_kinds: Vec<String>,
-    /// With --url: keyless requests a second on fresh connections during the run (latency
-    /// to their 401: what the HTTP layer alone costs a new client); 0: none.
+    /// With --url or --attack-floor: keyless requests a second on fresh connections during
+    /// the run (latency to their 401: what the HTTP layer alone costs a new client); 0: none.
     #[arg(long, default_value_t = 0.0)]
     probe_rate: f64,
     /// Instead of a server at --url: the floor of the attack measurement, a bare server in
@@ -126,7 +126,8 @@ pub struct BenchArgs {
     /// With --attack-floor: the floor server's core.
     #[arg(long, default_value_t = 0)]
     floor_core: usize,
-    /// With --url: the server's pid; its RSS and threads are reported at the start and end.
+    /// With --url: the server's pid; its RSS, threads and CPU time are reported at the start
+    /// and end.
     #[arg(long)]
     server_pid: Option<u32>,
     /// With --url: write `<tenant>.hlog` (tags ttft, itl) and ttft.svg into this directory.
