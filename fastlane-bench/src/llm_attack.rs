@@ -231,33 +231,38 @@ const PROBE: &[u8] = b"POST /v1/completions HTTP/1.1\r\nHost: probe\r\nContent-T
 pub async fn probe(addr: String, rate: f64, secs: f64) -> (Vec<Duration>, u64) {
     let start = tokio::time::Instant::now();
     let n = (rate * secs).floor() as u64;
-    let tasks: Vec<_> = (0..n)
-        .map(|i| {
-            let addr = addr.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
-                let t0 = std::time::Instant::now();
-                let answer = async {
-                    let mut s = tokio::net::TcpStream::connect(&addr).await?;
-                    s.set_nodelay(true)?;
-                    s.write_all(PROBE).await?;
-                    let mut sink = Vec::new();
-                    s.read_to_end(&mut sink).await?;
-                    Ok::<_, std::io::Error>(sink.starts_with(b"HTTP/1.1 "))
-                };
-                match tokio::time::timeout(Duration::from_secs(10), answer).await {
-                    Ok(Ok(true)) => Some(t0.elapsed()),
-                    _ => None,
-                }
-            })
-        })
-        .collect();
+    // Each probe is spawned when it is due (open loop: a slow answer does not delay the next)
+    // and collected once done, so only those in flight are held.
+    let mut tasks = tokio::task::JoinSet::new();
     let (mut lat, mut failed) = (Vec::new(), 0);
-    for t in tasks {
-        match t.await {
-            Ok(Some(d)) => lat.push(d),
-            _ => failed += 1,
+    let mut collect = |r: Result<Option<Duration>, tokio::task::JoinError>| match r {
+        Ok(Some(d)) => lat.push(d),
+        _ => failed += 1,
+    };
+    for i in 0..n {
+        tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
+        while let Some(r) = tasks.try_join_next() {
+            collect(r);
         }
+        let addr = addr.clone();
+        tasks.spawn(async move {
+            let t0 = std::time::Instant::now();
+            let answer = async {
+                let mut s = tokio::net::TcpStream::connect(&addr).await?;
+                s.set_nodelay(true)?;
+                s.write_all(PROBE).await?;
+                let mut sink = Vec::new();
+                s.read_to_end(&mut sink).await?;
+                Ok::<_, std::io::Error>(sink.starts_with(b"HTTP/1.1 "))
+            };
+            match tokio::time::timeout(Duration::from_secs(10), answer).await {
+                Ok(Ok(true)) => Some(t0.elapsed()),
+                _ => None,
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        collect(r);
     }
     lat.sort();
     (lat, failed)
