@@ -268,19 +268,6 @@ pub async fn probe(addr: String, rate: f64, secs: f64) -> (Vec<Duration>, u64) {
     (lat, failed)
 }
 
-/// P50, P99 and the largest of sorted latencies, in ms, as JSON.
-pub fn latency_summary(lat: &[Duration], failed: u64) -> serde_json::Value {
-    let q = |p: f64| -> f64 {
-        if lat.is_empty() {
-            return f64::NAN;
-        }
-        let i = ((p * lat.len() as f64).ceil() as usize).clamp(1, lat.len()) - 1;
-        lat[i].as_secs_f64() * 1e3
-    };
-    serde_json::json!({"n": lat.len(), "failed": failed, "p50_ms": q(0.5), "p99_ms": q(0.99),
-        "max_ms": q(1.0)})
-}
-
 /// The physical floor of the HTTP layer under attack: one thread, pinned to a core, that
 /// accepts, reads once, writes a fixed 401 and closes each connection (no parsing, no
 /// routing, no epoll): less than any server does for a connection it refuses. Meant for the
@@ -314,23 +301,12 @@ impl FloorServer {
         use std::os::fd::AsRawFd;
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         let fd = listener.as_raw_fd();
-        let one: libc::c_int = 1;
-        // SAFETY: setsockopt reads one c_int from our stack.
-        let nodelay = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::IPPROTO_TCP,
-                libc::TCP_NODELAY,
-                (&one as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
+        fastlane_daemon::http::set_int_option(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
         // SAFETY: listen on a listening socket only sets its backlog, here the one our server
         // asks for (`fastlane_daemon::http::LISTEN_BACKLOG`; `bind` asked for 128).
         let backlog =
             unsafe { libc::listen(fd, fastlane_daemon::http::LISTEN_BACKLOG as libc::c_int) };
-        let ok = nodelay == 0 && backlog == 0;
-        anyhow::ensure!(ok, "floor server: {}", std::io::Error::last_os_error());
+        anyhow::ensure!(backlog == 0, "floor server: listen: {}", std::io::Error::last_os_error());
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
@@ -403,7 +379,7 @@ mod tests {
         let (lat, failed) = rt.block_on(super::probe(floor.addr.to_string(), 50.0, 0.2));
         assert_eq!((lat.len(), failed), (10, 0), "every probe answered");
         assert!(lat.windows(2).all(|w| w[0] <= w[1]), "sorted");
-        let s = super::latency_summary(&lat, failed);
+        let s = crate::llm_load::probe_summary(&lat, failed);
         assert!(s["p99_ms"].as_f64().unwrap() <= s["max_ms"].as_f64().unwrap());
         let (served, cpu) = floor.stop();
         // The ten probes and the connection that wakes the accept to stop it.

@@ -195,6 +195,17 @@ fn ms(h: &Histogram<u64>, q: f64) -> f64 {
     }
 }
 
+/// A probe's latencies ([`crate::llm_attack::probe`]) as JSON: answered and failed, P50, P99
+/// and the largest in ms, from the same histogram as the TTFTs.
+pub(crate) fn probe_summary(lat: &[Duration], failed: u64) -> serde_json::Value {
+    let mut h = new_histogram();
+    for d in lat {
+        record(&mut h, d.as_nanos() as u64);
+    }
+    serde_json::json!({"n": lat.len(), "failed": failed, "p50_ms": ms(&h, 0.5),
+        "p99_ms": ms(&h, 0.99), "max_ms": ms(&h, 1.0)})
+}
+
 /// Runs the loads (then waits for the requests in flight, at most 120 s).
 /// What the slow readers were: streams sent and held, and the server's busy sequences (our
 /// server only) when the measured load began and when it ended.
@@ -346,9 +357,7 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
     }
     let server_end = o.server_pid.and_then(crate::llm_attack::process_usage);
     let probe = match probe {
-        Some(p) => {
-            p.await.ok().map(|(lat, failed)| crate::llm_attack::latency_summary(&lat, failed))
-        }
+        Some(p) => p.await.ok().map(|(lat, failed)| probe_summary(&lat, failed)),
         None => None,
     };
     attack_stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -608,8 +617,8 @@ pub(crate) fn floor(o: &LoadOpts, core: usize) -> Result<serde_json::Value> {
         .await?;
         Ok::<_, anyhow::Error>((solo, under, report, served, cpu))
     })?;
-    let solo = crate::llm_attack::latency_summary(&solo.0, solo.1);
-    let under = crate::llm_attack::latency_summary(&under.0, under.1);
+    let solo = probe_summary(&solo.0, solo.1);
+    let under = probe_summary(&under.0, under.1);
     let added =
         under["p99_ms"].as_f64().unwrap_or(f64::NAN) - solo["p99_ms"].as_f64().unwrap_or(f64::NAN);
     let per_conn_us = cpu.as_secs_f64() * 1e6 / served.max(1) as f64;

@@ -191,7 +191,7 @@ pub fn raise_fd_limit() -> u64 {
 }
 
 /// Sets an `int` socket option on `fd`; a failure is logged.
-fn set_int_option(fd: std::os::fd::RawFd, level: libc::c_int, name: libc::c_int, value: usize) {
+pub fn set_int_option(fd: std::os::fd::RawFd, level: libc::c_int, name: libc::c_int, value: usize) {
     let v = libc::c_int::try_from(value).unwrap_or(libc::c_int::MAX);
     let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: setsockopt reads one c_int from our stack for a socket the caller holds.
