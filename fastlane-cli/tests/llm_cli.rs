@@ -115,3 +115,23 @@ fn bad_models_and_flags_are_clear_errors() {
         assert!(help.contains(flag), "--help lacks {flag}");
     }
 }
+
+#[test]
+fn attack_floor_and_probe_flags_are_clear_errors() {
+    let err = |args: &[&str]| {
+        let out = fastlane(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = err(&["llm", "bench", "--attack-floor"]);
+    assert!(e.contains("--attack-floor needs --attack N"), "{e}");
+    let e = err(&["llm", "bench", "--attack-floor", "--attack", "1", "--probe-rate", "0"]);
+    assert!(e.contains("positive --probe-rate"), "{e}");
+    let e = err(&["llm", "bench", "--attack-floor", "--attack", "1", "--probe-rate", "NaN"]);
+    assert!(e.contains("--probe-rate NaN"), "{e}");
+    let e =
+        err(&["llm", "bench", "--attack-floor", "--url", "http://127.0.0.1:1", "--attack", "1"]);
+    assert!(e.contains("leave out --url"), "{e}");
+    let e = err(&["llm", "bench", "--url", "http://127.0.0.1:1", "--probe-rate", "1e9"]);
+    assert!(e.contains("--probe-rate 1000000000: 0 (no probe) to 10000"), "{e}");
+}
