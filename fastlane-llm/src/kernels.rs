@@ -397,6 +397,80 @@ mod avx512 {
         }
     }
 
+    /// [`fold`](super::fold) of one register: lanes `l + w` into `l` for w = 8, 4, 2, 1.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    fn fold16(v: __m512) -> f32 {
+        let lo = _mm512_castps512_ps256(v);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        let s8 = _mm256_add_ps(lo, hi);
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        let s1 = _mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2));
+        _mm_cvtss_f32(s1)
+    }
+
+    /// [`super::attend_head`] for a head of `V` × 16 floats.
+    ///
+    /// # Safety
+    ///
+    /// AVX-512F and FMA present; `q` and `out` hold `V * 16` floats, and so does every slice
+    /// `key` and `value` return.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn attend<'a, const V: usize>(
+        q: &[f32],
+        n: usize,
+        key: impl Fn(usize) -> &'a [f32],
+        value: impl Fn(usize) -> &'a [f32],
+        scale: f32,
+        sc: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        assert!(q.len() == V * 16 && out.len() == V * 16);
+        let mut qv = [_mm512_setzero_ps(); V];
+        for (c, r) in qv.iter_mut().enumerate() {
+            // SAFETY: c * 16 + 16 <= q.len() (asserted).
+            *r = unsafe { _mm512_loadu_ps(q.as_ptr().wrapping_add(c * 16)) };
+        }
+        sc.clear();
+        let mut max = f32::NEG_INFINITY;
+        for j in 0..n {
+            let k = key(j);
+            assert!(k.len() == V * 16);
+            let mut acc = _mm512_setzero_ps();
+            for (c, qc) in qv.iter().enumerate() {
+                // SAFETY: c * 16 + 16 <= k.len() (asserted).
+                let kc = unsafe { _mm512_loadu_ps(k.as_ptr().wrapping_add(c * 16)) };
+                acc = _mm512_fmadd_ps(*qc, kc, acc);
+            }
+            let v = fold16(acc) * scale;
+            max = max.max(v);
+            sc.push(v);
+        }
+        let mut sum = 0.0f32;
+        for v in sc.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        let mut o = [_mm512_setzero_ps(); V];
+        for (j, &e) in sc.iter().enumerate() {
+            let vals = value(j);
+            assert!(vals.len() == V * 16);
+            let ev = _mm512_set1_ps(e);
+            for (c, oc) in o.iter_mut().enumerate() {
+                // SAFETY: c * 16 + 16 <= vals.len() (asserted).
+                let vc = unsafe { _mm512_loadu_ps(vals.as_ptr().wrapping_add(c * 16)) };
+                *oc = _mm512_fmadd_ps(ev, vc, *oc);
+            }
+        }
+        let inv = _mm512_set1_ps(1.0 / sum);
+        for (c, oc) in o.iter().enumerate() {
+            let r = _mm512_mul_ps(*oc, inv);
+            // SAFETY: c * 16 + 16 <= out.len() (asserted).
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().wrapping_add(c * 16), r) };
+        }
+    }
+
     /// One row against two whole panels (64 outputs at `y`), over all of k: per output one
     /// FMA per k in ascending k, exactly as [`tile`] does, so the result is the same bits.
     ///
@@ -430,6 +504,40 @@ mod avx512 {
             unsafe { _mm512_storeu_ps(y.wrapping_add(i * 16), *v) };
         }
     }
+}
+
+/// One query head's attention over keys `0..n` with the AVX-512 kernel when this CPU runs it
+/// and the head is 32, 64 or 128 wide; `false` (nothing written) otherwise, and the caller runs
+/// the lane code. The operations are those of the lane code: each score is [`dot`] (16 lanes,
+/// one FMA per element in ascending order, the same fold) times `scale`, the softmax is the
+/// same scalar code, and each output element is one FMA per key in ascending key order, so
+/// the result is the same bits. What differs is where the output lives: in registers for the
+/// whole run of keys, not in memory (the lane code's `axpy` reloads and stores `out` for every
+/// key, a store-to-load chain that made it most of a prefill's attention time).
+pub(crate) fn attend_head<'a>(
+    q: &[f32],
+    n: usize,
+    key: impl Fn(usize) -> &'a [f32],
+    value: impl Fn(usize) -> &'a [f32],
+    scale: f32,
+    sc: &mut Vec<f32>,
+    out: &mut [f32],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx512 && out.len() == q.len() {
+        match q.len() {
+            // SAFETY: the CPU has AVX-512F and FMA; q and out are 2 × 16 floats.
+            32 => unsafe { avx512::attend::<2>(q, n, key, value, scale, sc, out) },
+            // SAFETY: as above, 4 × 16 floats.
+            64 => unsafe { avx512::attend::<4>(q, n, key, value, scale, sc, out) },
+            // SAFETY: as above, 8 × 16 floats.
+            128 => unsafe { avx512::attend::<8>(q, n, key, value, scale, sc, out) },
+            _ => return false,
+        }
+        return true;
+    }
+    let _ = (q, n, &key, &value, scale, sc, out);
+    false
 }
 
 /// Lanes of the row reductions.

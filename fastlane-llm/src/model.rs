@@ -173,10 +173,20 @@ struct KvRef<'a> {
     kv_head: usize,
 }
 
+/// One query head's attention over positions `0..=pos`: scores in ascending position,
+/// softmax, weighted sum of values in ascending position (a fixed order: batch-invariant).
+/// The AVX-512 kernel where it applies, else the lane code (the same bits either way).
+fn attend(q: &[f32], kv: &KvRef<'_>, pos: usize, scale: f32, sc: &mut Vec<f32>, out: &mut [f32]) {
+    let key = |j| kv.pool.key(kv.blocks, kv.layer, kv.kv_head, j);
+    let value = |j| kv.pool.value(kv.blocks, kv.layer, kv.kv_head, j);
+    if !kernels::attend_head(q, pos + 1, key, value, scale, sc, out) {
+        attend_lanes(q, kv, pos, scale, sc, out);
+    }
+}
+
 kernels::multiversion! {
-    /// One query head's attention over positions `0..=pos`: scores in ascending position,
-    /// softmax, weighted sum of values in ascending position (a fixed order: batch-invariant).
-    fn attend(q: &[f32], kv: &KvRef<'_>, pos: usize, scale: f32, sc: &mut Vec<f32>, out: &mut [f32]) = attend_impl;
+    /// [`attend`] in the lane code.
+    fn attend_lanes(q: &[f32], kv: &KvRef<'_>, pos: usize, scale: f32, sc: &mut Vec<f32>, out: &mut [f32]) = attend_impl;
 }
 
 #[inline(always)]
