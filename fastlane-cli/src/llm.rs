@@ -10,9 +10,6 @@ use anyhow::Result;
 use clap::{Args, Subcommand};
 use fastlane_llm::commands::{self, GenerateArgs, MakeRandomArgs, ServeArgs};
 
-/// The listener flags `fastlane router` shares with `llm serve`.
-pub use fastlane_llm::args::HttpArgs;
-
 /// Arguments of `fastlane llm`.
 #[derive(Debug, Args)]
 pub struct LlmArgs {

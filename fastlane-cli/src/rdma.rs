@@ -98,7 +98,10 @@ fn serve(a: &ServeArgs) -> Result<()> {
         dev.active_mtu_bytes(),
         pool.local_addr()?
     );
-    pool.serve(&stop)?;
+    fastlane_daemon::notify::ready(&format!("rdma serve on {}", pool.local_addr()?));
+    let served = pool.serve(&stop);
+    fastlane_daemon::notify::stopping("stopped serving");
+    served?;
     drop(exporter);
     eprintln!("fastlane rdma serve: stopped");
     Ok(())

@@ -53,19 +53,19 @@ pub struct RouterArgs {
     #[arg(long, default_value_t = 256)]
     quantum_tokens: u64,
     #[command(flatten)]
-    http: crate::llm::HttpArgs,
+    http: fastlane_openai::HttpArgs,
 }
 
 /// Runs the router until SIGTERM/SIGINT.
 pub fn run(a: &RouterArgs) -> Result<()> {
     crate::logging::init();
-    let upstream: fastlane_llm::server::Uri =
+    let upstream: fastlane_openai::Uri =
         a.upstream.parse().with_context(|| format!("--upstream {:?}", a.upstream))?;
     if upstream.scheme_str() != Some("http") || upstream.host().is_none() {
         bail!("--upstream: http://HOST:PORT (no TLS)");
     }
     let upstream_timeout =
-        fastlane_llm::args::seconds("--upstream-timeout-seconds", a.upstream_timeout_seconds)?;
+        fastlane_openai::listen::seconds("--upstream-timeout-seconds", a.upstream_timeout_seconds)?;
     if a.upstream_slots == 0 {
         bail!("--upstream-slots must be at least 1");
     }

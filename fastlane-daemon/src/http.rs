@@ -157,18 +157,26 @@ pub enum Drained {
     TimedOut,
 }
 
-/// Resolves at SIGTERM or SIGINT (logging which).
-pub async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            log::error!("cannot watch SIGTERM: {e}");
-            return std::future::pending().await;
+/// A future that resolves at SIGTERM or SIGINT (logging which). The handlers are installed
+/// when this is called, not when the future is first polled: a daemon that says `READY=1`
+/// after calling it drains on a SIGTERM that follows at once (otherwise the default action
+/// would kill it). Call it inside the runtime.
+pub fn shutdown_signal() -> impl Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        let (mut term, mut int) = match (term, int) {
+            (Ok(t), Ok(i)) => (t, i),
+            (Err(e), _) | (_, Err(e)) => {
+                log::error!("cannot watch SIGTERM/SIGINT: {e}");
+                return std::future::pending().await;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => log::info!("SIGTERM: no new requests; draining the ones in flight"),
+            _ = int.recv() => log::info!("SIGINT: no new requests; draining the ones in flight"),
         }
-    };
-    tokio::select! {
-        _ = term.recv() => log::info!("SIGTERM: no new requests; draining the ones in flight"),
-        _ = tokio::signal::ctrl_c() => log::info!("SIGINT: no new requests; draining the ones in flight"),
     }
 }
 
@@ -286,6 +294,54 @@ pub async fn serve(
         _ = graceful.shutdown() => Drained::Clean,
         _ = tokio::time::sleep(opts.drain) => Drained::TimedOut,
     }
+}
+
+/// Runs an HTTP front end the way `llm serve` and `fastlane router` run: a two-worker tokio
+/// runtime, the server as a task on it (accepting in `block_on` on the main thread made every
+/// connection a wake-up of a worker, a context switch each on a shared core: docs/serving.md,
+/// "Measured under attack"), [`bind`] with its backlog, `listening on http://ADDR` on stdout
+/// (scripts read it), `READY=1` to systemd, [`serve`] until SIGTERM/SIGINT, `STOPPING=1`, drain.
+/// `app` is built inside the runtime (it may spawn tasks); `what` is the log line's subject.
+pub fn run(
+    addr: std::net::SocketAddr,
+    what: &str,
+    opts: HttpOptions,
+    app: impl FnOnce() -> axum::Router + Send + 'static,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let fds = raise_fd_limit();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("fastlane-http")
+        .build()?;
+    let what = what.to_string();
+    let served = rt.spawn(async move {
+        let listener = bind(addr).with_context(|| format!("binding {addr}"))?;
+        let local = listener.local_addr()?;
+        let app = app();
+        println!("listening on http://{local}");
+        log::info!(
+            "{what} on http://{local} (header timeout {:.1}s, {} connections at most, {fds} fds)",
+            opts.header_timeout.as_secs_f64(),
+            opts.max_connections
+        );
+        let signal = shutdown_signal();
+        crate::notify::ready(&format!("serving on http://{local}"));
+        let stop = async {
+            signal.await;
+            crate::notify::stopping("draining");
+        };
+        match serve(listener, app, opts, stop).await {
+            Drained::Clean => log::info!("drained: every stream finished"),
+            Drained::TimedOut => log::warn!(
+                "drain timeout ({}s): exiting with streams still open",
+                opts.drain.as_secs()
+            ),
+        }
+        Ok::<(), anyhow::Error>(())
+    });
+    rt.block_on(served).context("the HTTP server task panicked")?
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@
 
 pub mod api;
 pub mod gate;
+pub mod listen;
 pub mod metrics;
 pub mod protocol;
 pub mod router;
@@ -26,5 +27,6 @@ pub mod tenants;
 pub use api::ApiError;
 pub use axum::http::Uri;
 pub use axum::Router;
+pub use listen::HttpArgs;
 pub use metrics::{Metrics, TenantLatency};
 pub use tenants::{Tenants, TenantsError};

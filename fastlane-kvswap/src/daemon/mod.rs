@@ -271,7 +271,10 @@ pub fn serve(cfg: &ServeConfig) -> Result<()> {
         cfg.socket,
         crate::proto::VERSION
     );
-    server.serve(&stop)?;
+    fastlane_daemon::notify::ready(&format!("kv serve on {:?}", cfg.socket));
+    let served = server.serve(&stop);
+    fastlane_daemon::notify::stopping("stopped serving");
+    served?;
     drop(exporter);
     let c = server.counters();
     eprintln!(
