@@ -4,16 +4,20 @@
 
 use std::fs::OpenOptions;
 use std::io::Write as _;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use fastlane_daemon::signals::StopSignals;
 use fastlane_journal::rdma::RdmaReplicaServer;
 use fastlane_rdma::Device;
 
 use super::ReplicaArgs;
 
 pub(super) fn replica_cmd(a: &ReplicaArgs) -> Result<()> {
+    // Before any thread starts: they all inherit the blocked mask.
+    let signals = StopSignals::block()?;
     let f = OpenOptions::new()
         .read(true)
         .write(true)
@@ -23,11 +27,16 @@ pub(super) fn replica_cmd(a: &ReplicaArgs) -> Result<()> {
         .with_context(|| format!("open {}", a.file.display()))?;
     let dev = Device::open(&a.device).with_context(|| format!("open {}", a.device))?;
     let server = RdmaReplicaServer::bind(&dev, a.listen, f, a.size)?;
-    println!("READY {}", server.local_addr()?);
+    let stop = Arc::new(AtomicBool::new(false));
+    signals.on_stop_set(&stop)?;
+    let addr = server.local_addr()?;
+    println!("READY {addr}");
     std::io::stdout().flush()?;
-    let stop = AtomicBool::new(false);
+    fastlane_daemon::notify::ready(&format!("journal replica on {addr}"));
     let mut served = 0u64;
-    while a.sessions == 0 || served < a.sessions {
+    // SIGTERM/SIGINT end the session in progress at its next check (within a second) and the
+    // loop; what was stored is in the file (each session ends with the primary's sync).
+    while (a.sessions == 0 || served < a.sessions) && !stop.load(Ordering::Relaxed) {
         match server.serve_one(Duration::from_secs(1), &stop)? {
             Some(r) => {
                 served += 1;
@@ -39,6 +48,10 @@ pub(super) fn replica_cmd(a: &ReplicaArgs) -> Result<()> {
             }
             None => continue,
         }
+    }
+    if stop.load(Ordering::Relaxed) {
+        fastlane_daemon::notify::stopping("stopped by signal");
+        log::info!("journal replica: stopped by signal after {served} sessions");
     }
     Ok(())
 }
