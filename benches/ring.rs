@@ -289,15 +289,9 @@ impl<T: Send + 'static> Ring<T> for StdSync {
     }
 }
 
-/// Pins the calling thread to one of the process's first two CPUs. The CPU list is read once,
-/// before any pinning: `core_affinity::get_core_ids` reads the calling thread's mask, which a
-/// pinned thread (and every thread it spawns) has narrowed to one CPU.
+/// Pins the calling thread to the process's CPU `core` (of its first two; nothing on one CPU).
 fn pin(core: usize) {
-    static CORES: std::sync::OnceLock<Vec<core_affinity::CoreId>> = std::sync::OnceLock::new();
-    let ids = CORES.get_or_init(|| core_affinity::get_core_ids().unwrap_or_default());
-    if ids.len() >= 2 {
-        let _ = fastlane::bench::pin::pin_to(ids[core % ids.len()].id, "core");
-    }
+    let _ = fastlane::util::cpu::pin_nth(core);
 }
 
 /// Runs `produce` on a second thread (core 0) and `consume` here (core 1), started together;

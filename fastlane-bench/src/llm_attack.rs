@@ -373,7 +373,7 @@ mod tests {
 
     #[test]
     fn the_floor_answers_every_probe_and_counts_its_connections() {
-        let core = core_affinity::get_core_ids().unwrap()[0].id;
+        let core = fastlane_util::cpu::process_cpus()[0];
         let floor = super::FloorServer::start(core).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let (lat, failed) = rt.block_on(super::probe(floor.addr.to_string(), 50.0, 0.2));

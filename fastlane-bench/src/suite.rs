@@ -241,18 +241,7 @@ fn ring(args: &RingArgs) -> Result<()> {
     Ok(())
 }
 
-/// The CPUs this process may run on, read once: `core_affinity::get_core_ids` reads the
-/// *calling thread's* mask, which after the first `pin` is that one CPU, and a thread spawned
-/// by a pinned thread inherits its mask.
-fn process_cores() -> &'static [core_affinity::CoreId] {
-    static CORES: std::sync::OnceLock<Vec<core_affinity::CoreId>> = std::sync::OnceLock::new();
-    CORES.get_or_init(|| core_affinity::get_core_ids().unwrap_or_default())
-}
-
-fn pin(core: usize) -> bool {
-    let ids = process_cores();
-    ids.len() >= 2 && core_affinity::set_for_current(ids[core % ids.len()])
-}
+use fastlane_util::cpu::{pin_nth as pin, process_cpus as process_cores};
 
 /// Moves u64 sequence numbers from a pinned producer to a pinned consumer for `budget`;
 /// returns (items moved, elapsed). The consumer checks every item's sequence number.

@@ -211,26 +211,12 @@ impl Drop for Flushers {
     }
 }
 
-/// Lets the calling thread run on every CPU the process may use (the kernel intersects the
-/// full set with the cpuset). A thread inherits its creator's mask: the writer's creator may
-/// be pinned to the producer's core (the bench is), and a flusher stuck there behind a
-/// producer that yields in a loop waited milliseconds for the CPU.
-fn unpin() {
-    // SAFETY: `cpu_set_t` is a plain bit array; all zeroes is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for cpu in 0..libc::CPU_SETSIZE as usize {
-        // SAFETY: `cpu < CPU_SETSIZE`, so the bit lies inside `set`.
-        unsafe { libc::CPU_SET(cpu, &mut set) };
-    }
-    // SAFETY: sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of `set`, which lives on
-    // our stack across the call, and touches nothing else. Best effort: on failure the thread
-    // keeps the mask it inherited.
-    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-}
-
 /// A flusher: take the newest request, flush, publish; until stopped or failed.
 fn run(shared: &Shared, mut dev: Dev, control: &Control, stats: &WriterStats) {
-    unpin();
+    // A thread inherits its creator's mask: the writer's creator may be pinned to the
+    // producer's core (the bench is), and a flusher stuck there behind a producer that yields
+    // in a loop waited milliseconds for the CPU.
+    fastlane_util::cpu::unpin();
     loop {
         let (seq, end) = {
             let mut st = shared.lock();

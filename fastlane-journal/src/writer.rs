@@ -380,7 +380,7 @@ impl Writer {
         };
         if let Some(id) = self.core {
             // Best effort: a core that does not exist leaves the thread unpinned.
-            let _ = core_affinity::set_for_current(core_affinity::CoreId { id });
+            let _ = fastlane_util::cpu::pin(id);
         }
         let result = match flushers {
             Some(Ok(f)) => self.run_flusher(f),

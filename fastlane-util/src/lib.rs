@@ -6,6 +6,7 @@
 //!   synthetic latencies, the simulator and the disk verification pattern;
 //! - [`pattern`]: the seeded, position-addressed test-data pattern of the data-path checks;
 //! - [`tsc`]: the x86 time-stamp counter as a cheap clock for benchmarks;
+//! - [`cpu`]: pinning a thread to a CPU, unpinning it, the process's CPU list;
 //! - [`SeqId`], [`BlockId`]: the ids the swap tier and the scheduler share;
 //! - [`CountingAlloc`]: the global allocator of the "allocates nothing" tests.
 //!
@@ -14,6 +15,7 @@
 //! `memmap2`, cache padding is `crossbeam-utils`, fd passing is `vmm-sys-util`).
 
 mod alloc_count;
+pub mod cpu;
 mod ids;
 pub mod pattern;
 mod rng;
