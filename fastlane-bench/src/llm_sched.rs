@@ -121,14 +121,6 @@ pub(crate) struct BRun {
     preempt_recompute: u64,
 }
 
-fn pct(v: &[f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1;
-    v[i]
-}
-
 /// Scenario b: `secs` seconds of chat at `rate` requests/s beside `jobs` batch jobs.
 pub(crate) fn scenario_b(
     model: &Arc<Model>,
@@ -208,8 +200,8 @@ pub(crate) fn scenario_b(
     Ok(BRun {
         policy: policy.map_or("solo".into(), |p| p.to_string()),
         chat_requests: ttft.len(),
-        ttft_p50_ms: pct(&ttft, 0.5),
-        ttft_p99_ms: pct(&ttft, 0.99),
+        ttft_p50_ms: crate::stats::nearest_rank(&ttft, 0.5),
+        ttft_p99_ms: crate::stats::nearest_rank(&ttft, 0.99),
         ttft_max_ms: ttft.last().copied().unwrap_or(f64::NAN),
         batch_tokens: c.generated_tokens.saturating_sub(8 * ttft.len() as u64),
         preempt_swap: c.preempt_swap,

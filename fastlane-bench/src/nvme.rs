@@ -21,13 +21,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use fastlane_block::{BlockDevice, BlockOp, BlockRequest, Completion, Segment};
 use fastlane_hist::{format_ns, HlogWriter, LatencyRecorder, Summary};
 use fastlane_nvme::{DmaBuffer, NvmeDevice, NvmeOptions};
 use fastlane_util::parse_size;
 use fastlane_vhost_blk::spec::{BackendSpec, SpecOptions};
 use serde::Serialize;
+
+use crate::blk::Pattern;
 
 /// Largest queue depth.
 const QD_MAX: u32 = 256;
@@ -71,25 +73,6 @@ pub struct NvmeArgs {
     /// lines go to stderr).
     #[arg(long)]
     json: bool,
-}
-
-/// Access pattern.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-enum Pattern {
-    /// Uniformly random reads.
-    Randread,
-    /// Uniformly random writes.
-    Randwrite,
-}
-
-impl Pattern {
-    fn name(self) -> &'static str {
-        match self {
-            Pattern::Randread => "randread",
-            Pattern::Randwrite => "randwrite",
-        }
-    }
 }
 
 /// Buffer memory for all slots: DMA-mapped (VFIO) or anonymous.

@@ -114,10 +114,10 @@ pub struct BlkArgs {
     p50_target: f64,
 }
 
-/// What a case does.
+/// What a case does (also `fastlane bench nvme`'s `--pattern`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-enum Pattern {
+pub(crate) enum Pattern {
     /// Uniformly random, size-aligned reads over the whole disk.
     Randread,
     /// Uniformly random, size-aligned writes over the whole disk.
@@ -125,7 +125,7 @@ enum Pattern {
 }
 
 impl Pattern {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Pattern::Randread => "randread",
             Pattern::Randwrite => "randwrite",
