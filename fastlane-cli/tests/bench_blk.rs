@@ -4,7 +4,7 @@
 
 use std::os::unix::fs::FileTypeExt as _;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -18,7 +18,7 @@ struct Serve(Child);
 
 impl Serve {
     fn start(socket: &Path, backend: &str, extra: &[&str]) -> Serve {
-        let child = Command::new(env!("CARGO_BIN_EXE_fastlane"))
+        let child = common::cli::command()
             .args(["serve", "--socket", socket.to_str().unwrap(), "--backend", backend])
             .args(["--queues", "1"])
             .args(extra)

@@ -6,105 +6,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::fs::FileTypeExt as _;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::daemon::Daemon;
 use common::http::curl;
 use fastlane_kvswap::client::{KvClient, Where};
-
-/// A daemon started with `--metrics 127.0.0.1:0`: its stderr is collected, the metrics
-/// address read from its log line. SIGKILLed on drop if still running.
-struct Daemon {
-    child: Child,
-    /// `http://HOST:PORT/metrics`.
-    url: String,
-    addr: String,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Daemon {
-    fn start(args: &[&str]) -> Daemon {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_fastlane"))
-            .args(args)
-            .args(["--metrics", "127.0.0.1:0"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start fastlane");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let (tx, rx) = mpsc::channel();
-        let (pipe, log) = (child.stderr.take().unwrap(), stderr.clone());
-        // Drains stderr to its end (the daemon never blocks on a full pipe).
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines() {
-                let Ok(line) = line else { break };
-                if let Some((_, url)) = line.split_once("metrics on ") {
-                    let _ = tx.send(url.trim().to_string());
-                }
-                log.lock().unwrap().push_str(&line);
-                log.lock().unwrap().push('\n');
-            }
-        });
-        let url = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| {
-            panic!("no `metrics on` line within 30 s:\n{}", stderr.lock().unwrap())
-        });
-        let addr = url.strip_prefix("http://").unwrap().strip_suffix("/metrics").unwrap().into();
-        Daemon { child, url, addr, stderr }
-    }
-
-    /// One scrape: every sample line, `name{labels}` → value.
-    fn scrape(&self) -> Scrape {
-        let (status, text) = curl(&[&self.url]);
-        assert_eq!(status, 200, "{text}");
-        assert!(text.to_ascii_lowercase().contains("content-type: text/plain; version=0.0.4"));
-        Scrape(text)
-    }
-
-    fn sigterm_and_wait(mut self) -> String {
-        let st = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        assert!(st.unwrap().success());
-        let t0 = Instant::now();
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(30), "no exit within 30 s");
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        // The reader thread has the rest once the pipe closes.
-        std::thread::sleep(Duration::from_millis(100));
-        let log = self.stderr.lock().unwrap().clone();
-        assert!(status.success(), "{status:?}\n{log}");
-        log
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-struct Scrape(String);
-
-impl Scrape {
-    /// The value of the sample named exactly `name_and_labels`; panics if absent.
-    fn get(&self, name_and_labels: &str) -> u64 {
-        let v = self
-            .0
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
-            .unwrap_or_else(|| panic!("no {name_and_labels} in the scrape:\n{}", self.0));
-        v.parse().unwrap_or_else(|e| panic!("{name_and_labels} {v:?}: {e}"))
-    }
-}
 
 /// The daemon answers 404 elsewhere, 405 to another method, survives a request that is not
 /// HTTP, and keeps serving scrapes.
@@ -273,7 +182,7 @@ fn vhost_blk_serve_counts_a_clients_io() {
 
     // A real frontend: 256 KiB written and read back (64 + 64 requests of 4 KiB), then
     // random reads only.
-    let out = Command::new(env!("CARGO_BIN_EXE_fastlane"))
+    let out = common::cli::command()
         .args(["bench", "blk", "--socket", sock_s, "--seconds", "0.1", "--qd", "1"])
         .args(["--pattern", "randread", "--verify", "0:256K", "--json"])
         .output()

@@ -15,10 +15,8 @@ use std::time::{Duration, Instant};
 
 use common::http::KillOnDrop;
 
-const FASTLANE: &str = env!("CARGO_BIN_EXE_fastlane");
-
 fn serve(dir: &Path, urls: &str, log: &Path) -> KillOnDrop {
-    let child = Command::new(FASTLANE)
+    let child = common::cli::command()
         .args(["journal", "serve", "--dir"])
         .arg(dir)
         .args(["--segment-bytes", "4M", "--status-every", "1", "--export", urls])
@@ -39,7 +37,7 @@ fn read(p: &Path) -> String {
 }
 
 fn producer(dir: &Path, n: u64) -> Child {
-    Command::new(FASTLANE)
+    common::cli::command()
         .args(["journal", "append", "--service"])
         .arg(dir)
         .args(["--generate", &n.to_string(), "--record-bytes", "80", "--ack-every", "500"])
@@ -70,7 +68,7 @@ fn exported(line: &str) -> Option<u64> {
 
 /// The journal's records (`dump --raw`): seq → payload.
 fn journal(dir: &Path) -> BTreeMap<u64, Vec<u8>> {
-    let out = Command::new(FASTLANE).args(["journal", "dump", "--raw"]).arg(dir).output().unwrap();
+    let out = common::cli::command().args(["journal", "dump", "--raw"]).arg(dir).output().unwrap();
     assert!(out.status.success(), "dump: {}", String::from_utf8_lossy(&out.stderr));
     let b = out.stdout;
     let (mut at, mut recs) = (0, BTreeMap::new());
@@ -143,7 +141,7 @@ fn every_durable_record_reaches_the_stream_exactly_once_across_a_sigkill() {
     let log = read(&log2);
     assert!(log.contains("export stopped"), "{log}");
 
-    let v = Command::new(FASTLANE).args(["journal", "verify"]).arg(&dir).output().unwrap();
+    let v = common::cli::command().args(["journal", "verify"]).arg(&dir).output().unwrap();
     let v = String::from_utf8_lossy(&v.stdout).into_owned();
     assert!(v.contains("OK"), "verify: {v}");
     let recs = journal(&dir);

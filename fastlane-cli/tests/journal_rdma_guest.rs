@@ -7,6 +7,8 @@
 //! acknowledged stays in both copies. Skips, with a message, only when QEMU is not installed
 //! (`.ci/install-deps.sh` installs it and the RDMA packages).
 
+mod common;
+
 use fastlane_guest_tests::rxe_guest;
 
 /// The checks the guest must report as ok (each printed as `CHECK <name> ok ...`).
@@ -28,7 +30,7 @@ fn journal_replicated_over_soft_roce_in_a_guest() {
     rxe_guest::RxeGuest {
         script: root.join("tests/vm/guest-journal-rdma.sh"),
         root,
-        bins: &[env!("CARGO_BIN_EXE_fastlane")],
+        bins: &[common::cli::FASTLANE],
         extra: &["--mem", "768M"],
         timeout_s: 150,
         expected: EXPECTED,

@@ -15,8 +15,6 @@ use std::time::{Duration, Instant};
 
 use common::http::{curl, metric_in, KillOnDrop};
 
-const FASTLANE: &str = env!("CARGO_BIN_EXE_fastlane");
-
 /// A running `journal serve`, its log in a file; killed on drop.
 struct Svc {
     child: KillOnDrop,
@@ -28,7 +26,7 @@ impl Svc {
         static STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = dir.with_extension(format!("log{n}"));
-        let mut cmd = Command::new(FASTLANE);
+        let mut cmd = common::cli::command();
         cmd.args(["journal", "serve", "--dir"])
             .arg(dir)
             .args(["--segment-bytes", "4M", "--status-every", "0"])
@@ -69,7 +67,7 @@ struct Producer {
 
 impl Producer {
     fn start(dir: &Path, n: u64, ack_every: u64) -> Producer {
-        let mut child = Command::new(FASTLANE)
+        let mut child = common::cli::command()
             .args(["journal", "append", "--service"])
             .arg(dir)
             .args(["--generate", &n.to_string(), "--record-bytes", "100"])
@@ -116,7 +114,7 @@ impl Producer {
 
 /// Every record of the directory, from `dump --raw`: (producer id, payload) by global seq.
 fn dump_raw(dir: &Path) -> BTreeMap<u64, (u32, Vec<u8>)> {
-    let out = Command::new(FASTLANE).args(["journal", "dump", "--raw"]).arg(dir).output().unwrap();
+    let out = common::cli::command().args(["journal", "dump", "--raw"]).arg(dir).output().unwrap();
     assert!(out.status.success(), "dump: {}", String::from_utf8_lossy(&out.stderr));
     let b = out.stdout;
     let mut at = 0;
@@ -160,7 +158,7 @@ fn check_acked(recs: &BTreeMap<u64, (u32, Vec<u8>)>, ids: &BTreeSet<u32>, last_a
 }
 
 fn verify_ok(dir: &Path) -> String {
-    let out = Command::new(FASTLANE).args(["journal", "verify"]).arg(dir).output().unwrap();
+    let out = common::cli::command().args(["journal", "verify"]).arg(dir).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success() && text.contains("OK"), "verify: {text}");
     text
@@ -277,7 +275,7 @@ fn notify_metrics_and_sigterm() {
 #[test]
 fn append_without_a_service_says_so() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = Command::new(FASTLANE)
+    let out = common::cli::command()
         .args(["journal", "append", "--service"])
         .arg(tmp.path())
         .arg("x")

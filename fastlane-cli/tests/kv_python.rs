@@ -2,6 +2,8 @@
 //! unittest suite (`python/tests`) with this build's binary, so `cargo test --workspace`
 //! runs the Python tests too. Each Python test starts and stops its own server.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -31,7 +33,7 @@ fn python_client_unittests_pass_against_kv_serve() {
     let mut child = Command::new(PYTHON)
         .args(["-m", "unittest", "discover", "-s", "python/tests", "-v"])
         .current_dir(&root)
-        .env("FASTLANE_BIN", env!("CARGO_BIN_EXE_fastlane"))
+        .env("FASTLANE_BIN", common::cli::FASTLANE)
         // No __pycache__ in the source tree; no user site-packages shadowing the package.
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("PYTHONNOUSERSITE", "1")

@@ -8,7 +8,6 @@
 //! second server still gets the right answer within a bounded time, every lookup a miss
 //! counted as a cluster error. Greedy decoding throughout; every wait is bounded.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use fastlane_kvswap::testing::RedisCluster;
@@ -82,7 +81,7 @@ fn complete(s: &Server, prompt: &str) -> (Vec<u64>, String) {
 
 /// The same prompt through `fastlane llm generate --prefix-cache off` (the reference).
 fn reference(prompt: &str) -> (Vec<u64>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_fastlane"))
+    let out = common::cli::command()
         .args(["llm", "generate", "--model", "random:tiny", "--prefix-cache", "off", "--json"])
         .args(["--max-tokens", &MAX_TOKENS.to_string(), prompt])
         .output()

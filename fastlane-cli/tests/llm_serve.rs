@@ -57,14 +57,6 @@ fn start() -> (Server, tempfile::TempDir) {
     (Server::llm(&tenants, &["--drain-seconds", "5", "--header-timeout-seconds", "1"]), dir)
 }
 
-fn post(s: &Server, path: &str, key: &str, body: &str) -> (u16, String) {
-    s.post(path, key, body)
-}
-
-fn metric(s: &Server, name_and_labels: &str) -> f64 {
-    s.metric(name_and_labels)
-}
-
 /// Waits (at most 10 s) until no KV block is in use.
 fn blocks_come_back(s: &Server) {
     s.wait_metric("fastlane_llm_kv_blocks{state=\"used\"}", 10, "KV blocks still in use", |v| {
@@ -82,7 +74,7 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
 
     // Non-streaming: the same token ids as the CLI's greedy generation.
     let body = r#"{"prompt": "hello world", "max_tokens": 12, "temperature": 0, "return_token_ids": true}"#;
-    let (st, text) = post(&s, "/v1/completions", "key-quiet", body);
+    let (st, text) = s.post("/v1/completions", "key-quiet", body);
     assert_eq!(st, 200, "{text}");
     let v = json_body(&text);
     let ids: Vec<u64> = v["choices"][0]["token_ids"]
@@ -93,7 +85,7 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
         .collect();
     assert_eq!(ids.len(), 12);
     assert_eq!(v["usage"]["completion_tokens"], 12);
-    let cli = Command::new(env!("CARGO_BIN_EXE_fastlane"))
+    let cli = common::cli::command()
         .args(["llm", "generate", "--max-tokens", "12", "--json", "hello world"])
         .output()
         .unwrap();
@@ -108,7 +100,7 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
 
     // Streaming: the chunks carry the same tokens, then usage, then [DONE].
     let body = r#"{"prompt": "hello world", "max_tokens": 12, "temperature": 0, "stream": true, "return_token_ids": true}"#;
-    let (st, text) = post(&s, "/v1/completions", "key-quiet", body);
+    let (st, text) = s.post("/v1/completions", "key-quiet", body);
     assert_eq!(st, 200);
     assert!(text.contains("text/event-stream"), "{text}");
     let events: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
@@ -131,7 +123,7 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
         let body = format!(
             r#"{{"prompt": "hello world", "max_tokens": 16, "temperature": 1.0, "return_token_ids": true{seed}}}"#
         );
-        let (st, text) = post(&s, "/v1/completions", "key-quiet", &body);
+        let (st, text) = s.post("/v1/completions", "key-quiet", &body);
         assert_eq!(st, 200, "{text}");
         json_body(&text)["choices"][0]["token_ids"].clone()
     };
@@ -144,7 +136,7 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
     let body = r#"{"prompt": "hello world", "max_tokens": 5, "temperature": 0, "stream": true,
         "stream_options": {"include_usage": true}, "frequency_penalty": 0, "presence_penalty": 0.0,
         "logprobs": null, "logit_bias": {}, "echo": false, "best_of": 1, "user": "u1"}"#;
-    let (st, text) = post(&s, "/v1/completions", "key-quiet", body);
+    let (st, text) = s.post("/v1/completions", "key-quiet", body);
     assert_eq!(st, 200, "{text}");
     let events: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
     assert_eq!(events.last(), Some(&"[DONE]"));
@@ -152,7 +144,7 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
     assert_eq!(last["usage"]["completion_tokens"], 5, "include_usage: the last chunk has usage");
     let body = r#"{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3,
         "temperature": 0, "logprobs": false, "top_logprobs": 0, "response_format": {"type": "text"}}"#;
-    let (st, text) = post(&s, "/v1/chat/completions", "key-quiet", body);
+    let (st, text) = s.post("/v1/chat/completions", "key-quiet", body);
     assert_eq!(st, 200, "{text}");
     assert_eq!(json_body(&text)["usage"]["completion_tokens"], 3, "max_completion_tokens");
     for (field, body) in [
@@ -170,47 +162,44 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
             r#"{"prompt": "hi", "max_tokens": 4, "max_completion_tokens": 5}"#,
         ),
     ] {
-        let (st, text) = post(&s, "/v1/completions", "key-quiet", body);
+        let (st, text) = s.post("/v1/completions", "key-quiet", body);
         assert_eq!(st, 400, "{field}: {text}");
         assert!(json_body(&text)["error"]["message"].as_str().unwrap().contains(field), "{text}");
     }
     let body = r#"{"messages": [{"role": "user", "content": "hi"}], "logprobs": true,
         "top_logprobs": 21}"#;
-    let (st, text) = post(&s, "/v1/chat/completions", "key-quiet", body);
+    let (st, text) = s.post("/v1/chat/completions", "key-quiet", body);
     assert_eq!(st, 400, "{text}");
     assert!(text.contains("top_logprobs"), "{text}");
 
     // Chat.
     let body =
         r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}"#;
-    let (st, text) = post(&s, "/v1/chat/completions", "key-quiet", body);
+    let (st, text) = s.post("/v1/chat/completions", "key-quiet", body);
     assert_eq!(st, 200, "{text}");
     assert_eq!(json_body(&text)["object"], "chat.completion");
 
     // Errors: OpenAI-shaped, with the right status.
-    let (st, text) = post(&s, "/v1/completions", "nobody", r#"{"prompt": "x"}"#);
+    let (st, text) = s.post("/v1/completions", "nobody", r#"{"prompt": "x"}"#);
     assert_eq!(st, 401, "{text}");
     assert_eq!(json_body(&text)["error"]["code"], "invalid_api_key");
-    let (st, text) = post(&s, "/v1/completions", "key-quiet", "{not json");
+    let (st, text) = s.post("/v1/completions", "key-quiet", "{not json");
     assert_eq!(st, 400, "{text}");
-    let (st, text) =
-        post(&s, "/v1/completions", "key-quiet", r#"{"prompt": "x", "temprature": 0}"#);
+    let (st, text) = s.post("/v1/completions", "key-quiet", r#"{"prompt": "x", "temprature": 0}"#);
     assert_eq!(st, 400);
     assert!(json_body(&text)["error"]["message"].as_str().unwrap().contains("temprature"));
     let (st, _) =
-        post(&s, "/v1/completions", "key-quiet", r#"{"prompt": "x", "max_tokens": 100000}"#);
+        s.post("/v1/completions", "key-quiet", r#"{"prompt": "x", "max_tokens": 100000}"#);
     assert_eq!(st, 400);
     // The tight tenant: one request, then 429 with Retry-After.
-    let (st, _) = post(&s, "/v1/completions", "key-tight", r#"{"prompt": "x", "max_tokens": 2}"#);
+    let (st, _) = s.post("/v1/completions", "key-tight", r#"{"prompt": "x", "max_tokens": 2}"#);
     assert_eq!(st, 200);
-    let (st, text) =
-        post(&s, "/v1/completions", "key-tight", r#"{"prompt": "x", "max_tokens": 2}"#);
+    let (st, text) = s.post("/v1/completions", "key-tight", r#"{"prompt": "x", "max_tokens": 2}"#);
     assert_eq!(st, 429, "{text}");
     assert!(text.to_ascii_lowercase().contains("retry-after: 60"), "{text}");
     assert_eq!(json_body(&text)["error"]["code"], "rate_limit_exceeded");
     assert!(
-        metric(&s, "fastlane_llm_requests_total{outcome=\"rejected_rate\",tenant=\"tight\"}")
-            >= 1.0
+        s.metric("fastlane_llm_requests_total{outcome=\"rejected_rate\",tenant=\"tight\"}") >= 1.0
     );
 
     // The one-slot tenant: while its stream runs, a second request finds the slot busy and
@@ -222,7 +211,7 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
         String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"),
         "the long stream started"
     );
-    let (st, text) = post(&s, "/v1/completions", "key-slot", r#"{"prompt": "x", "max_tokens": 2}"#);
+    let (st, text) = s.post("/v1/completions", "key-slot", r#"{"prompt": "x", "max_tokens": 2}"#);
     assert_eq!(st, 503, "{text}");
     assert_eq!(json_body(&text)["error"]["code"], "queue_full");
     assert!(text.to_ascii_lowercase().contains("retry-after: 1"), "{text}");
@@ -232,8 +221,7 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
     // The fence: a 1-second tenant's long stream ends with an error event, and its blocks
     // come back.
     let t0 = Instant::now();
-    let (st, text) = post(
-        &s,
+    let (st, text) = s.post(
         "/v1/completions",
         "key-fenced",
         r#"{"prompt": "x", "max_tokens": 3000, "stream": true, "ignore_eos": true}"#,
@@ -245,10 +233,10 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
         "{text}"
     );
     blocks_come_back(&s);
-    assert!(metric(&s, "fastlane_llm_requests_total{outcome=\"fenced\",tenant=\"fenced\"}") >= 1.0);
+    assert!(s.metric("fastlane_llm_requests_total{outcome=\"fenced\",tenant=\"fenced\"}") >= 1.0);
 
     // A client that goes away mid-stream: the request is aborted and its blocks come back.
-    let aborted = metric(&s, "fastlane_llm_requests_total{outcome=\"aborted\",tenant=\"quiet\"}");
+    let aborted = s.metric("fastlane_llm_requests_total{outcome=\"aborted\",tenant=\"quiet\"}");
     let out = Command::new("curl")
         .args(["-s", "-N", "--max-time", "1", "-H", "Authorization: Bearer key-quiet", "-d"])
         .arg(r#"{"prompt": "x", "max_tokens": 3000, "stream": true, "ignore_eos": true}"#)
@@ -258,12 +246,12 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
     assert!(!out.stdout.is_empty(), "tokens arrived before the client left");
     blocks_come_back(&s);
     assert!(
-        metric(&s, "fastlane_llm_requests_total{outcome=\"aborted\",tenant=\"quiet\"}") > aborted
+        s.metric("fastlane_llm_requests_total{outcome=\"aborted\",tenant=\"quiet\"}") > aborted
     );
 
     // Metrics: per-tenant TTFT histograms and the engine's gauges.
-    assert!(metric(&s, "fastlane_llm_ttft_seconds_count{tenant=\"quiet\"}") >= 3.0);
-    assert!(metric(&s, "fastlane_llm_engine_steps_total") > 0.0);
+    assert!(s.metric("fastlane_llm_ttft_seconds_count{tenant=\"quiet\"}") >= 3.0);
+    assert!(s.metric("fastlane_llm_engine_steps_total") > 0.0);
 
     // SIGTERM with a stream in flight: new connections are refused, the stream runs to its
     // [DONE], and the server exits 0.

@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::http::Server;
 
 const TENANTS: &str = r#"
@@ -30,7 +28,7 @@ queue = 2000
 "#;
 
 fn bench(url: &str, extra: &[&str]) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_fastlane"))
+    let out = common::cli::command()
         .args(["llm", "bench", "--url", url, "--solo", "--rate", "4", "--seconds", "5", "--json"])
         .args(extra)
         .output()

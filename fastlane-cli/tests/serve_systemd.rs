@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use common::http::curl;
 
-const FASTLANE: &str = env!("CARGO_BIN_EXE_fastlane");
+use common::cli::FASTLANE;
 
 /// A child whose stderr is collected line by line; SIGKILLed on drop if still running.
 struct Logged {
@@ -104,7 +104,7 @@ impl Drop for Logged {
 /// `fastlane bench blk` against `socket`: 256 KiB written and verified at `region`, then
 /// `seconds` of QD1 random reads; the number of measured requests.
 fn client_io(socket: &Path, region: &str, seconds: &str) -> u64 {
-    let out = Command::new(FASTLANE)
+    let out = common::cli::command()
         .args(["bench", "blk", "--socket", socket.to_str().unwrap()])
         .args(["--seconds", seconds, "--qd", "1", "--pattern", "randread"])
         .args(["--verify", region, "--json"])
@@ -127,7 +127,7 @@ fn print_capabilities_under_both_names() {
     let link = dir.path().join("fastlane-vhost-user-blk");
     std::os::unix::fs::symlink(FASTLANE, &link).unwrap();
     for cmd in [
-        Command::new(FASTLANE).args(["serve", "--print-capabilities"]).output(),
+        common::cli::command().args(["serve", "--print-capabilities"]).output(),
         Command::new(&link).arg("--print-capabilities").output(),
     ] {
         let out = cmd.unwrap();
@@ -148,7 +148,7 @@ fn print_capabilities_under_both_names() {
 fn a_wrong_invocation_fails_naming_the_flag() {
     let dir = tempfile::tempdir().unwrap();
     let run = |args: &[&str]| {
-        let out = Command::new(FASTLANE).arg("serve").args(args).env_remove("LISTEN_FDS").output();
+        let out = common::cli::command().arg("serve").args(args).env_remove("LISTEN_FDS").output();
         let out = out.unwrap();
         (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
@@ -174,7 +174,7 @@ fn an_inherited_fd_is_served_and_left_in_place() {
     let sock = dir.path().join("libvirt.sock");
     let listener = UnixListener::bind(&sock).unwrap();
     let fd = listener.as_raw_fd();
-    let mut cmd = Command::new(FASTLANE);
+    let mut cmd = common::cli::command();
     cmd.args(["serve", "--fd", &fd.to_string(), "--blk-file", image.to_str().unwrap()]);
     let let_through = move || {
         // The standard library opens sockets close-on-exec: let this one through.

@@ -23,6 +23,8 @@
 //! qemu-storage-daemon instead, to tell a guest-script problem from a `serve` problem (the
 //! checks specific to `fastlane serve` are then skipped).
 
+mod common;
+
 use std::fmt::Write as _;
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -85,7 +87,7 @@ impl Daemon {
         match backend {
             Backend::Fastlane => {
                 name = "fastlane serve";
-                cmd = Command::new(env!("CARGO_BIN_EXE_fastlane"));
+                cmd = common::cli::command();
                 cmd.arg("serve")
                     .arg("--socket")
                     .arg(socket)
@@ -567,7 +569,7 @@ fn vhost_user_blk_serve_with_a_real_guest() {
             ),
         );
         c.check(hlog.exists(), format!("--hlog file {} exists", hlog.display()));
-        let hist = Command::new(env!("CARGO_BIN_EXE_fastlane")).arg("hist").arg(&hlog).output();
+        let hist = common::cli::command().arg("hist").arg(&hlog).output();
         let hist_ok = hist.as_ref().is_ok_and(|o| o.status.success());
         c.check(
             hist_ok,
@@ -665,7 +667,7 @@ fn vhost_user_blk_serve_with_a_real_guest() {
         cmd.env("NOTIFY_SOCKET", &notify_path)
             .args(["-E", "NOTIFY_SOCKET", "-E", "RUST_LOG", "-l"])
             .arg(&socket_sa)
-            .arg(env!("CARGO_BIN_EXE_fastlane"))
+            .arg(common::cli::FASTLANE)
             .args(["serve", "--queues", "2", "--blk-file"])
             .arg(&image.0)
             .env("RUST_LOG", "info");

@@ -13,6 +13,8 @@
 //! hand). The seed of the kill schedule is printed and can be fixed with
 //! `FASTLANE_VM_BLK_SEED`.
 
+mod common;
+
 use std::fs;
 use std::io::BufReader;
 use std::os::unix::fs::FileTypeExt as _;
@@ -60,7 +62,7 @@ impl Backend {
     fn start(socket: &Path, image: &Path, log: PathBuf) -> Backend {
         let out = fs::File::create(&log).expect("backend log");
         let err = out.try_clone().expect("dup log");
-        let child = Command::new(env!("CARGO_BIN_EXE_fastlane"))
+        let child = common::cli::command()
             .args(["serve", "--socket-path"])
             .arg(socket)
             .arg("--blk-file")

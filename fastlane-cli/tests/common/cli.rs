@@ -4,9 +4,13 @@
 
 use std::process::{Command, Output};
 
+/// The path of this build's `fastlane` binary (for tools that run it: systemd's socket
+/// activation, a guest's file list, the Python tests).
+pub const FASTLANE: &str = env!("CARGO_BIN_EXE_fastlane");
+
 /// `fastlane` with no arguments yet.
 pub fn command() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fastlane"))
+    Command::new(FASTLANE)
 }
 
 /// Runs `fastlane ARGS` to its end.

@@ -46,7 +46,7 @@ impl Server {
     /// As [`Server::start`], with `RUST_LOG` set to `rust_log` and stderr (the log) written
     /// to `log` when given.
     pub fn start_logging(args: &[&str], rust_log: Option<&str>, log: Option<&Path>) -> Server {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fastlane"));
+        let mut cmd = super::cli::command();
         cmd.args(args).stdout(Stdio::piped());
         match log {
             Some(p) => cmd.stderr(std::fs::File::create(p).expect("create the log file")),
