@@ -1,14 +1,17 @@
 //! Write mirror: ordered RDMA WRITEs of a primary into a replica's registered memory, for
 //! the journal (and kvswap) to keep a second copy on another node.
 //!
-//! * [`Mirror::write`] returns when the replica's device acknowledged the WRITE. On one RC
-//!   queue pair WRITEs are placed in the order posted, so a returned `write` also covers all
-//!   earlier ones. With soft-RoCE the bytes are in the replica's memory at that point.
-//! * [`Mirror::sync`] is the explicit durability step, for hardware whose acknowledgement
-//!   may precede placement, or for callers that need the replica process to have seen the
-//!   data: [`Durability::ReadAfterWrite`] issues a small RDMA READ behind the writes (a READ
-//!   is answered only after the earlier WRITEs are placed); [`Durability::ReplicaAck`] sends
-//!   a message the replica process answers after its `on_sync` hook ran (e.g. an msync).
+//! * [`Mirror::write`] posts the WRITEs and returns without waiting for them: they are
+//!   pipelined, up to [`STAGING_SLOTS`] in flight, each from its own slice of the staging
+//!   buffer (a slice is reused once the WRITE that read it completed). On one RC queue pair
+//!   WRITEs are placed in the order posted. A failed WRITE breaks the connection and shows as
+//!   the error of a later `write` or of `sync`.
+//! * [`Mirror::sync`] is the durability step, and the only one: it returns when every
+//!   earlier WRITE completed and, with [`Durability::ReadAfterWrite`], a small RDMA READ
+//!   behind them was answered (a READ is answered only after the earlier WRITEs are placed),
+//!   or with [`Durability::ReplicaAck`], a message the replica process answers after its
+//!   `on_sync` hook ran (e.g. an msync) was answered. The request goes out right behind the
+//!   WRITEs (one round trip for the lot, not one per WRITE plus one for the sync).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,10 +20,13 @@ use std::time::Duration;
 use crate::buffer::RegisteredBuffer;
 use crate::conn::{ConnectOptions, Connection, Listener};
 use crate::error::{RdmaError, Result};
-use crate::verbs::Device;
+use crate::verbs::{Device, SendOp};
 
 /// Bytes at the end of the primary's buffer kept for the read-after-write target.
 const SCRATCH: usize = 64;
+/// WRITEs [`Mirror::write`] keeps in flight at most (the staging buffer is cut into this many
+/// slices; fewer when the send queue is shallower).
+pub const STAGING_SLOTS: usize = 8;
 /// Receives the replica keeps posted.
 const REPLICA_RECVS: usize = 16;
 
@@ -39,6 +45,11 @@ pub struct Mirror {
     conn: Connection,
     writes: u64,
     last: Option<(u64, usize)>,
+    /// Bytes of one staging slice.
+    slot_bytes: usize,
+    /// Per slice, the wr_id of the WRITE that reads it (0: none); made once at connect.
+    slots: Vec<u64>,
+    next: usize,
 }
 
 impl Mirror {
@@ -57,7 +68,10 @@ impl Mirror {
                 detail: "the replica exposed no memory".into(),
             });
         }
-        Ok(Mirror { conn, writes: 0, last: None })
+        // One request beside the WRITEs (the sync's READ or SEND) must always fit.
+        let n = STAGING_SLOTS.min(conn.send_depth().saturating_sub(1).max(1) as usize);
+        let slot_bytes = (conn.buffer().len() - SCRATCH) / n;
+        Ok(Mirror { conn, writes: 0, last: None, slot_bytes, slots: vec![0; n], next: 0 })
     }
 
     /// Bytes of the replica's region.
@@ -71,22 +85,41 @@ impl Mirror {
     }
 
     /// Writes `data` at `offset` of the replica's region, in order after every earlier
-    /// write; returns when the replica's device acknowledged it.
+    /// write. Returns once the WRITEs are posted (module docs): only [`Mirror::sync`] says
+    /// they arrived. Waits only for a staging slice to come free.
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
         let region = self.conn.remote();
         region.checked_addr("mirror write", offset, data.len() as u64)?;
-        let chunk = self.conn.buffer().len() - SCRATCH;
-        for (i, part) in data.chunks(chunk).enumerate() {
-            // The previous chunk's WRITE completed (it was waited for), so the staging bytes
-            // are free to reuse.
-            self.conn.buffer().write_at(0, part)?;
-            let off = offset + (i * chunk) as u64;
-            self.conn.write_to(&region, 0, off, part.len(), None)?;
+        for (i, part) in data.chunks(self.slot_bytes).enumerate() {
+            let slot = self.next;
+            self.next = (slot + 1) % self.slots.len();
+            // The slice's previous WRITE must have read it before it is overwritten.
+            if self.slots[slot] != 0 {
+                self.conn.wait_send("mirror write", self.slots[slot])?;
+                self.slots[slot] = 0;
+            }
+            let local = slot * self.slot_bytes;
+            self.conn.buffer().write_at(local, part)?;
+            let off = offset + (i * self.slot_bytes) as u64;
+            let remote_addr = region.checked_addr("mirror write", off, part.len() as u64)?;
+            let op = SendOp::Write { remote_addr, rkey: region.rkey, imm: None };
+            self.slots[slot] = self.conn.post(op, local, part.len(), true)?;
         }
         if !data.is_empty() {
             self.last = Some((offset, data.len()));
         }
         self.writes += 1;
+        Ok(())
+    }
+
+    /// Waits (bounded) until every request posted so far completed: the staging buffer is
+    /// free, and any WRITE that failed has said so.
+    fn drain(&mut self, op: &'static str) -> Result<()> {
+        let posted = self.conn.posted();
+        if posted > 0 {
+            self.conn.wait_send(op, posted)?;
+        }
+        self.slots.fill(0);
         Ok(())
     }
 
@@ -100,7 +133,10 @@ impl Mirror {
                 // Read the last byte written: the READ is answered after the WRITEs before it.
                 let region = self.conn.remote();
                 let at = off + len as u64 - 1;
-                self.conn.read_from(&region, scratch, at, 1)
+                // Completions come in order: the READ's covers every WRITE before it.
+                self.conn.read_from(&region, scratch, at, 1)?;
+                self.slots.fill(0);
+                Ok(())
             }
             Durability::ReplicaAck => {
                 let token = (self.writes as u32).wrapping_mul(2654435761) | 1;
@@ -114,6 +150,8 @@ impl Mirror {
                         detail: format!("ack {:?}, expected {token:#x}", c.imm),
                     });
                 }
+                // The SEND completed (`send` waits for it), and completions come in order.
+                self.slots.fill(0);
                 Ok(())
             }
         }
@@ -123,6 +161,8 @@ impl Mirror {
     pub fn read_back(&mut self, offset: u64, out: &mut [u8]) -> Result<()> {
         let region = self.conn.remote();
         region.checked_addr("mirror read", offset, out.len() as u64)?;
+        // The READs land where WRITEs in flight may still read from.
+        self.drain("mirror read")?;
         let chunk = self.conn.buffer().len() - SCRATCH;
         for (i, part) in out.chunks_mut(chunk).enumerate() {
             self.conn.read_from(&region, 0, offset + (i * chunk) as u64, part.len())?;
