@@ -10,6 +10,7 @@ The benchmark scripts call this at the end of a run (format: benches/results/REA
   python3 scripts/bench_results.py kv-remote GUEST_LOG COMMAND...
   python3 scripts/bench_results.py cluster TIER_JSON PREFIX_JSON MISS_JSON COMMAND...  # scripts/bench-cluster.sh
   python3 scripts/bench_results.py kv-tiers DIR LOAD_BEFORE LOAD_AFTER COMMAND...  # scripts/bench-kv.sh
+  python3 scripts/bench_results.py journal-replicated GUEST_LOG COMMAND...  # prints the table too
 
 and scripts/bench-report.py imports `write`. Date: `date +%F`; commit: `git rev-parse --short
 HEAD`; a label, when given, is appended (`<date>-<commit>-<label>.json`); BENCH_RESULTS_DIR
@@ -240,6 +241,58 @@ def kv_tiers(folder, load_before, load_after, command):
                  label="tiers")
 
 
+def journal_replicated(guest_log, command):
+    """scripts/bench-journal-replicated.sh: the guest's BENCHJSON lines (`journal bench --json`
+    at local and replicated durability, ib_write_lat's one-way times), per round; the
+    replicated ack P99 against the local one plus one round trip (2 x perftest's one-way P99)
+    of the same round, median over the rounds. Prints the table; fails when a round is
+    missing any of its three parts."""
+    runs = {}
+    for line in open(guest_log, errors="replace"):
+        parts = line.strip().split(" ", 3)
+        if len(parts) == 4 and parts[0] == "BENCHJSON":
+            runs.setdefault(int(parts[2]), {})[parts[1]] = json.loads(parts[3])
+    rounds = []
+    for r in sorted(runs):
+        got = runs[r]
+        missing = {"local", "replicated", "rtt"} - set(got)
+        if missing:
+            sys.exit(f"bench_results.py: round {r} lacks {sorted(missing)} in {guest_log}")
+        loc, rep, rtt = got["local"]["ack"], got["replicated"]["ack"], got["rtt"]
+        rtt_p99_us = 2 * rtt["one_way_p99_us"]
+        rounds.append({
+            "round": r,
+            "local_p50_us": loc["p50_ns"] / 1e3, "local_p99_us": loc["p99_ns"] / 1e3,
+            "replicated_p50_us": rep["p50_ns"] / 1e3, "replicated_p99_us": rep["p99_ns"] / 1e3,
+            "rtt_p50_us": 2 * rtt["one_way_p50_us"], "rtt_p99_us": rtt_p99_us,
+            "ratio": rep["p99_ns"] / 1e3 / (loc["p99_ns"] / 1e3 + rtt_p99_us),
+        })
+    if not rounds:
+        sys.exit(f"bench_results.py: no BENCHJSON rounds in {guest_log}")
+
+    def med(key):
+        v = sorted(x[key] for x in rounds)
+        n = len(v)
+        return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+    print(f"{'round':>5} {'local p50':>10} {'local p99':>10} {'repl p50':>10} {'repl p99':>10} "
+          f"{'rtt p50':>9} {'rtt p99':>9} {'repl99/(local99+rtt99)':>23}")
+    for x in rounds:
+        print(f"{x['round']:>5} {x['local_p50_us']:>10.0f} {x['local_p99_us']:>10.0f} "
+              f"{x['replicated_p50_us']:>10.0f} {x['replicated_p99_us']:>10.0f} "
+              f"{x['rtt_p50_us']:>9.0f} {x['rtt_p99_us']:>9.0f} {x['ratio']:>23.2f}")
+    print(f"(µs; rtt = 2 x ib_write_lat's one-way time, 64 B, same rxe device, same boot; "
+          f"median ratio {med('ratio'):.2f})")
+    rows = [
+        row("local durable ack p99", med("local_p99_us"), "µs"),
+        row("replicated durable ack p99", med("replicated_p99_us"), "µs",
+            peer="local ack p99 + one RDMA round trip p99 (perftest)",
+            peer_value=med("local_p99_us") + med("rtt_p99_us"), ratio=med("ratio")),
+        row("RDMA round trip p99 (2 x ib_write_lat one-way)", med("rtt_p99_us"), "µs"),
+    ]
+    write("journal", command, rows, raw={"rounds": rounds}, label="replicated")
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
@@ -256,6 +309,8 @@ def main():
         kv_remote(args[0], " ".join(args[1:]))
     elif kind == "cluster":
         cluster(args[0], args[1], args[2], " ".join(args[3:]))
+    elif kind == "journal-replicated":
+        journal_replicated(args[0], " ".join(args[1:]))
     elif kind == "kv-tiers":
         kv_tiers(args[0], args[1], args[2], " ".join(args[3:]))
     else:

@@ -14,6 +14,9 @@
 #               exit with the writer's replica error within the RDMA timeout (no hang), and
 #               every seq it acknowledged must be in both files, which still verify.
 #
+#   bench       (fl_journal_phase=bench) local against replicated durable acks and the
+#               device's round trip: see below and scripts/bench-journal-replicated.sh.
+#
 # Output: "CHECK name ok|FAIL detail" and "RESULT ..." lines. Exits non-zero on any failure;
 # every process is bounded by `timeout` or killed by this script.
 set -u
@@ -45,6 +48,58 @@ wait_for() {
 
 # field NAME FILE: the value after "NAME " in a `journal verify` line
 field() { sed -n "s/.*$1 \([0-9a-f]*\).*/\1/p" "$2" | head -1; }
+
+# --- bench (kernel command line fl_journal_phase=bench; scripts/bench-journal-replicated.sh) --
+# Per round, in one boot: `journal bench` at local durability, the same at replicated durability
+# through a `journal replica` on this guest's rxe0, and ib_write_lat's round trip on the same
+# device. Prints each bench's JSON on one "BENCHJSON <durability> <round> {...}" line and
+# perftest's numbers as "BENCHJSON rtt <round> {...}"; the host side reads those.
+phase=test rounds=3 rate=2000 seconds=3
+for a in $(cat /proc/cmdline); do
+    case "$a" in
+        fl_journal_phase=*) phase=${a#fl_journal_phase=} ;;
+        fl_rounds=*) rounds=${a#fl_rounds=} ;;
+        fl_rate=*) rate=${a#fl_rate=} ;;
+        fl_seconds=*) seconds=${a#fl_seconds=} ;;
+    esac
+done
+if [ "$phase" = bench ]; then
+    timeout 3600 $F journal replica --listen 127.0.0.1:7495 --device rxe0 --file $T/rb.journal \
+        --size 64M >$T/rb.log 2>&1 &
+    rpid=$!
+    wait_for $T/rb.log READY 20 || { cat $T/rb.log; echo "RESULT failures=1"; exit 1; }
+    common="--size 64M --records 20000 --rate $rate --seconds $seconds --baseline-ops 200 --json"
+    r=1
+    while [ "$r" -le "$rounds" ]; do
+        for d in local replicated; do
+            extra=
+            [ "$d" = replicated ] && extra="--replica rdma://127.0.0.1:7495 --device rxe0"
+            # shellcheck disable=SC2086 # $common and $extra hold several arguments on purpose
+            if timeout 600 $F journal bench $T/b-$d.journal --durability $d $common $extra \
+                --hlog $T/b.hlog >$T/b.json 2>$T/b.err; then
+                echo "BENCHJSON $d $r $(tr -d '\n ' <$T/b.json)"
+            else
+                cat $T/b.err; failures=$((failures + 1))
+            fi
+        done
+        timeout 120 ib_write_lat -F -d rxe0 -x 1 -s 64 -n 1000 -p 18515 >$T/pl.server 2>&1 &
+        sleep 0.3
+        timeout 120 ib_write_lat -F -d rxe0 -x 1 -s 64 -n 1000 -p 18515 127.0.0.1 >$T/pl.client 2>&1 || true
+        wait $! 2>/dev/null || true
+        # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9% (µs, one way)
+        line=$(awk '$1 == 64 { print; exit }' $T/pl.client)
+        if [ -n "$line" ]; then
+            echo "$line" | awk -v r="$r" '{ printf "BENCHJSON rtt %s {\"one_way_p50_us\":%s,\"one_way_p99_us\":%s}\n", r, $5, $8 }'
+        else
+            cat $T/pl.client $T/pl.server; failures=$((failures + 1))
+        fi
+        r=$((r + 1))
+    done
+    kill $rpid 2>/dev/null; wait $rpid 2>/dev/null
+    echo "RESULT failures=$failures"
+    [ "$failures" = 0 ]
+    exit
+fi
 
 # --- replicated: every acknowledged seq is in the replica's copy --------------------------
 t0=$(date +%s)

@@ -160,6 +160,9 @@ fn fresh_journal(a: &BenchArgs, wait: WaitStrategy, size: u64) -> Result<Journal
             opts.replica = Some(rp.to_string_lossy().into_owned());
         }
         c.replica = open_replica(&opts, size, true)?;
+        // Every run makes a new journal, so the replica holds the previous run's: a bench's
+        // replica is scratch, rewritten each time (a run against a diverged one was refused).
+        c.replica_rebuild = true;
     }
     c.preprocess = Some(make_preprocess(a.preprocess)?);
     Ok(Journal::create(c)?)
