@@ -72,6 +72,26 @@ impl Layer {
         }
     }
 
+    /// Layer `li` over every row of the batch, in place on `s.x`: attention, then the MLP.
+    /// `abort(2 * li + 1)` is asked between the two (at a long context a layer's attention
+    /// alone can take tens of milliseconds on a CPU); `false`: it said stop, the MLP did not run.
+    fn forward(
+        &self,
+        m: &Model,
+        li: usize,
+        items: &[BatchItem<'_>],
+        pool: &KvPool,
+        s: &mut Scratch,
+        abort: &dyn Fn(usize) -> bool,
+    ) -> bool {
+        self.attention(m, li, items, pool, s);
+        if abort(2 * li + 1) {
+            return false;
+        }
+        self.mlp(m, s);
+        true
+    }
+
     /// This layer's second half over every row, in place on `s.x`: the MLP (norm, gate and
     /// up, SiLU, down, residual).
     fn mlp(&self, m: &Model, s: &mut Scratch) {
@@ -514,16 +534,9 @@ impl Model {
             }
         }
         for (li, layer) in self.layers.iter().enumerate() {
-            if abort(2 * li) {
+            if abort(2 * li) || !layer.forward(self, li, items, pool, s, abort) {
                 return Ok(Forward::Aborted { layer: li });
             }
-            layer.attention(self, li, items, pool, s);
-            // Checked again halfway: at a long context a layer's attention alone can take
-            // tens of milliseconds on a CPU.
-            if abort(2 * li + 1) {
-                return Ok(Forward::Aborted { layer: li });
-            }
-            layer.mlp(self, s);
         }
         let n = s.last_rows.len();
         // Gather the rows that sample into h, final norm, output head.
