@@ -6,9 +6,12 @@
 # numbers: they compare the paths, not hardware.
 #
 #   scripts/bench-journal-replicated.sh [--rounds N] [--rate R] [--seconds S] [--smp VCPUS]
-#                                       [--out DIR] [--bin PATH-TO-RELEASE-fastlane]
+#                                       [--replica-sync ack|read] [--out DIR]
+#                                       [--bin PATH-TO-RELEASE-fastlane]
 #
-# Defaults: 3 rounds, 2,000 records/s for 3 s per run, 2 vCPUs. Prints the table
+# Defaults: 3 rounds, 2,000 records/s for 3 s per run, 2 vCPUs, --replica-sync ack (the replica
+# process fdatasyncs its file before it answers; read: an RDMA READ behind the writes, the
+# replica's memory only). Prints the table
 # (scripts/bench_results.py journal-replicated) and writes the run as
 # benches/results/journal/<date>-<commit>-replicated.json; the guest's output is in
 # DIR/guest.log (default target/bench-journal-replicated). Needs .ci/install-deps.sh's packages.
@@ -16,16 +19,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 command="scripts/bench-journal-replicated.sh$(printf ' %q' "$@")"
 
-rounds=3 rate=2000 seconds=3 smp=2 out=target/bench-journal-replicated bin=
+rounds=3 rate=2000 seconds=3 smp=2 sync=ack out=target/bench-journal-replicated bin=
 while [ $# -gt 0 ]; do
     case "$1" in
         --rounds) rounds=$2; shift ;;
         --rate) rate=$2; shift ;;
         --seconds) seconds=$2; shift ;;
         --smp) smp=$2; shift ;;
+        --replica-sync) sync=$2; shift ;;
         --out) out=$2; shift ;;
         --bin) bin=$2; shift ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         *) echo "bench-journal-replicated.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -38,7 +42,7 @@ fi
 provider=/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so
 echo "load before: $(cat /proc/loadavg)"
 tests/vm/run-guest.sh --script tests/vm/guest-journal-rdma.sh \
-    --append "fl_journal_phase=bench fl_rounds=$rounds fl_rate=$rate fl_seconds=$seconds" \
+    --append "fl_journal_phase=bench fl_rounds=$rounds fl_rate=$rate fl_seconds=$seconds fl_replica_sync=$sync" \
     --bin "$bin" --bin /usr/bin/rdma --bin /usr/bin/ib_write_lat \
     --lib "$provider" --file /etc/libibverbs.d/rxe.driver:/etc/libibverbs.d/rxe.driver \
     --modules "crc32_generic ib_core ib_uverbs udp_tunnel ip6_udp_tunnel rdma_rxe dummy" \

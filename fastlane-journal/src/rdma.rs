@@ -49,8 +49,8 @@ use std::time::Duration;
 
 use crc32c::crc32c;
 use fastlane_rdma::{
-    ConnectOptions, Device, Durability as MirrorDurability, Mirror, MirrorReplica, RdmaError,
-    RegisteredBuffer,
+    ConnectOptions, Device, Durability as MirrorDurability, Mirror, MirrorReplica, PollMode,
+    RdmaError, RegisteredBuffer,
 };
 
 use super::format::{Chain, DATA_OFFSET};
@@ -367,6 +367,13 @@ impl RdmaReplicaServer {
         file.set_len(image_bytes).map_err(|source| ReplicaError::Io { offset: 0, source })?;
         let replica = MirrorReplica::bind(device, addr, size).map_err(link)?;
         Ok(RdmaReplicaServer { replica, file, image_bytes })
+    }
+
+    /// How the replica waits for the primary's requests ([`MirrorReplica::with_poll`];
+    /// busy polling by default).
+    pub fn with_poll(mut self, poll: PollMode) -> RdmaReplicaServer {
+        self.replica = self.replica.with_poll(poll);
+        self
     }
 
     /// The listening address.

@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::buffer::RegisteredBuffer;
 use crate::conn::{ConnectOptions, Connection, Listener};
 use crate::error::{RdmaError, Result};
-use crate::verbs::{Device, SendOp};
+use crate::verbs::{Device, PollMode, SendOp};
 
 /// Bytes at the end of the primary's buffer kept for the read-after-write target.
 const SCRATCH: usize = 64;
@@ -187,6 +187,14 @@ impl MirrorReplica {
         let options =
             ConnectOptions { buffer_len: size, expose_buffer: true, ..Default::default() };
         Ok(MirrorReplica { device: device.clone(), listener: Listener::bind(addr)?, size, options })
+    }
+
+    /// How sessions wait for the primary's requests: [`PollMode::Busy`] (the default: the
+    /// lowest latency, a core kept busy) or [`PollMode::Event`] (sleep on the completion
+    /// channel: one wake-up a request, no core spent while idle).
+    pub fn with_poll(mut self, poll: PollMode) -> Self {
+        self.options.poll = poll;
+        self
     }
 
     /// The listening address.

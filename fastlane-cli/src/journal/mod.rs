@@ -75,6 +75,12 @@ struct ReplicaArgs {
     /// Serve this many primaries, one after the other, then exit (0: forever).
     #[arg(long, default_value_t = 0)]
     sessions: u64,
+    /// How to wait for the primary's requests: busy (spin on the completion queue: the
+    /// lowest latency, one core kept busy) or event (sleep on the completion channel: a
+    /// wake-up per request, no core spent; for a replica sharing its cores, as in the
+    /// soft-RoCE guest bench).
+    #[arg(long, default_value = "busy", value_parser = ["busy", "event"])]
+    poll: String,
 }
 
 #[derive(Debug, Args)]

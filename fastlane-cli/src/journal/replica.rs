@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use fastlane_daemon::signals::StopSignals;
 use fastlane_journal::rdma::RdmaReplicaServer;
-use fastlane_rdma::Device;
+use fastlane_rdma::{Device, PollMode};
 
 use super::ReplicaArgs;
 
@@ -26,7 +26,8 @@ pub(super) fn replica_cmd(a: &ReplicaArgs) -> Result<()> {
         .open(&a.file)
         .with_context(|| format!("open {}", a.file.display()))?;
     let dev = Device::open(&a.device).with_context(|| format!("open {}", a.device))?;
-    let server = RdmaReplicaServer::bind(&dev, a.listen, f, a.size)?;
+    let poll = if a.poll == "event" { PollMode::Event } else { PollMode::Busy };
+    let server = RdmaReplicaServer::bind(&dev, a.listen, f, a.size)?.with_poll(poll);
     let stop = Arc::new(AtomicBool::new(false));
     signals.on_stop_set(&stop)?;
     let addr = server.local_addr()?;
