@@ -253,15 +253,17 @@ pub struct RdmaReplica {
 impl RdmaReplica {
     /// Connects to the replica at `addr` through `device`, for a journal device of
     /// `image_bytes`. `op_timeout` bounds every wait (a dead replica is reported within it,
-    /// or within the transport's retry time, whichever comes first).
+    /// or within the transport's retry time, whichever comes first); `poll` is how the
+    /// writer waits for completions.
     pub fn connect(
         device: &Device,
         addr: SocketAddr,
         image_bytes: u64,
         mode: MirrorDurability,
         op_timeout: Duration,
+        poll: PollMode,
     ) -> Result<RdmaReplica, ReplicaError> {
-        let options = ConnectOptions { op_timeout, ..ConnectOptions::default() };
+        let options = ConnectOptions { op_timeout, poll, ..ConnectOptions::default() };
         let mirror = Mirror::connect(device, addr, options).map_err(link)?;
         let need = image_bytes.checked_add(NOTE_BYTES).ok_or(ReplicaError::TooSmall {
             offset: 0,

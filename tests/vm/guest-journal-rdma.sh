@@ -54,7 +54,7 @@ field() { sed -n "s/.*$1 \([0-9a-f]*\).*/\1/p" "$2" | head -1; }
 # through a `journal replica` on this guest's rxe0, and ib_write_lat's round trip on the same
 # device. Prints each bench's JSON on one "BENCHJSON <durability> <round> {...}" line and
 # perftest's numbers as "BENCHJSON rtt <round> {...}"; the host side reads those.
-phase=test rounds=3 rate=2000 seconds=3 replica_sync=ack
+phase=test rounds=3 rate=2000 seconds=3 replica_sync=ack replica_poll=event
 for a in $(cat /proc/cmdline); do
     case "$a" in
         fl_journal_phase=*) phase=${a#fl_journal_phase=} ;;
@@ -62,6 +62,7 @@ for a in $(cat /proc/cmdline); do
         fl_rate=*) rate=${a#fl_rate=} ;;
         fl_seconds=*) seconds=${a#fl_seconds=} ;;
         fl_replica_sync=*) replica_sync=${a#fl_replica_sync=} ;;
+        fl_replica_poll=*) replica_poll=${a#fl_replica_poll=} ;;
     esac
 done
 if [ "$phase" = bench ]; then
@@ -76,7 +77,7 @@ if [ "$phase" = bench ]; then
     while [ "$r" -le "$rounds" ]; do
         for d in local replicated; do
             extra=
-            [ "$d" = replicated ] && extra="--replica rdma://127.0.0.1:7495 --device rxe0 --replica-sync $replica_sync"
+            [ "$d" = replicated ] && extra="--replica rdma://127.0.0.1:7495 --device rxe0 --replica-sync $replica_sync --replica-poll $replica_poll"
             # shellcheck disable=SC2086 # $common and $extra hold several arguments on purpose
             if timeout 600 $F journal bench $T/b-$d.journal --durability $d $common $extra \
                 --hlog $T/b.hlog >$T/b.json 2>$T/b.err; then

@@ -36,6 +36,12 @@ pub struct ReplicaOpts {
     /// Bound on every RDMA wait, milliseconds (a dead replica is reported within it).
     #[arg(long, default_value_t = 5000)]
     pub replica_timeout_ms: u64,
+    /// How the writer waits for an rdma:// replica's completions: busy (spin: the lowest
+    /// latency, the writer's core kept busy while it waits) or event (sleep on the completion
+    /// channel: a wake-up each; better where the writer shares its cores, as in the
+    /// soft-RoCE guest bench).
+    #[arg(long, default_value = "busy", value_parser = ["busy", "event"])]
+    pub replica_poll: String,
     /// Rewrite the replica from this journal even if it holds another journal or a chain
     /// that diverged (otherwise refused).
     #[arg(long)]
@@ -143,7 +149,11 @@ pub fn open_replica(
         };
         let dev = Device::open(&o.device).with_context(|| format!("open {}", o.device))?;
         let timeout = Duration::from_millis(o.replica_timeout_ms);
-        let rep = RdmaReplica::connect(&dev, addr, size, mode, timeout)
+        let poll = match o.replica_poll.as_str() {
+            "event" => fastlane_rdma::PollMode::Event,
+            _ => fastlane_rdma::PollMode::Busy,
+        };
+        let rep = RdmaReplica::connect(&dev, addr, size, mode, timeout, poll)
             .with_context(|| format!("connect to the replica at {addr}"))?;
         return Ok(Some(Box::new(rep)));
     }
