@@ -28,8 +28,8 @@
 # zeroes). "-- ARGS" replaces the extra args, e.g. "-- --writer-core 1 --producer-core 0
 # --waiter-core 0 --records 200000 --size 256M --prefill false" for fallocate'd files
 # (unwritten extents) on both sides.
-# Writes DIR/journal-<round>-<n>.{log,hlog} under target/bench-journal, and the rows as
-# benches/results/journal/<date>-<commit>.json (scripts/bench_results.py).
+# Writes DIR/journal-<round>-<n>.{json,log,hlog} under target/bench-journal, and the rows as
+# benches/results/journal/<date>-<commit>.json (scripts/bench_results.py reads the JSON).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command="scripts/bench-journal.sh$(printf ' %q' "$@")"
@@ -64,47 +64,20 @@ fi
 
 echo "uptime before: $(uptime)"
 echo "bench args: ${extra[*]}"
-rows=$out/rows.txt
-: >"$rows"
-rm -f "$out"/rows-*.txt
-printf '%-5s %-34s %9s %9s %9s %9s %9s %7s %7s %9s %8s\n' round config \
-    'ack p50' 'ack p99' 'p99.9' 'floor50' 'floor99' 'x p50' 'x p99' 'nojrn99' 'x nojrn'
+runs=$out/runs.tsv
+: >"$runs"
 for r in $(seq 1 "$rounds"); do
     n=0
     for c in "${configs[@]}"; do
         n=$((n + 1))
-        log=$out/journal-$r-$n.log
+        log=$out/journal-$r-$n.log json=$out/journal-$r-$n.json
+        echo "round $r/$rounds: $c" >&2
         # shellcheck disable=SC2086 # $c holds several arguments on purpose
-        "$bin" journal bench "$file" $c "${extra[@]}" --hlog "$out/journal-$r-$n.hlog" >"$log" 2>&1 \
-            || { echo "run $r/$n ($c) failed, see $log" >&2; continue; }
-        awk -v r="$r" -v c="$c" '
-            /^append->durable ack/ { a50 = $(NF-4); a99 = $(NF-3); a999 = $(NF-2) }
-            /^pwrite\+fdatasync/   { f50 = $(NF-4); f99 = $(NF-3) }
-            /^same load, no journal/ { n99 = $(NF-3) }
-            END {
-                if (f50 == 0 || f99 == 0 || n99 == 0) exit 1
-                printf "%-5s %-34s %9.0f %9.0f %9.0f %9.0f %9.0f %7.2f %7.2f %9.0f %8.2g\n", r, c,
-                    a50 / 1e3, a99 / 1e3, a999 / 1e3, f50 / 1e3, f99 / 1e3, a50 / f50, a99 / f99,
-                    n99 / 1e3, a99 / n99
-            }' "$log" | tee -a "$rows" "$out/rows-$n.txt"
+        "$bin" journal bench "$file" $c "${extra[@]}" --hlog "$out/journal-$r-$n.hlog" --json \
+            >"$json" 2>"$log" || { echo "run $r/$n ($c) failed, see $log" >&2; continue; }
+        printf '%s\t%s\t%s\n' "$r" "$c" "$json" >>"$runs"
     done
 done
-echo "(latencies in µs; x = ack / floor of the same run; nojrn99 = P99 of the same load with one"
-echo " pwrite+fdatasync per record and no journal; x nojrn = ack P99 / nojrn99)"
 echo "uptime after: $(uptime)"
-echo
-# summary TITLE FIELD FORMAT: per config, the median and worst of one column of its rows.
-summary() {
-    echo "$1"
-    local n=0 c
-    for c in "${configs[@]}"; do
-        n=$((n + 1))
-        [ -f "$out/rows-$n.txt" ] || continue
-        awk "{ print \$($2) }" "$out/rows-$n.txt" | sort -g | awk -v c="$c" -v f="$3" '
-            { v[NR] = $1 }
-            END { if (NR) printf "  %-34s median " f "x  worst " f "x  (n=%d)\n", c, (v[int((NR + 1) / 2)] + v[int(NR / 2) + 1]) / 2, v[NR], NR }'
-    done
-}
-summary "per config: ack P99 / floor P99, median and worst over $rounds rounds" NF-2 "%6.2f"
-summary "per config: ack P99 / P99 of the same load without a journal, median and worst" NF "%8.2g"
-python3 scripts/bench_results.py journal "$rows" "$command"
+# The table, per-config medians and the results file, from the runs' JSON.
+python3 scripts/bench_results.py journal "$runs" "$command"

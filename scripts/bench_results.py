@@ -6,7 +6,7 @@ The benchmark scripts call this at the end of a run (format: benches/results/REA
   python3 scripts/bench_results.py blk DIR COMMAND...          # scripts/bench-blk.sh's --out DIR
   python3 scripts/bench_results.py vfio-nvme CONSOLE_LOG COMMAND...
   python3 scripts/bench_results.py rdma ROWS_TSV GUEST_LOG COMMAND...
-  python3 scripts/bench_results.py journal ROWS_TXT COMMAND...
+  python3 scripts/bench_results.py journal RUNS_TSV COMMAND...     # prints the table too
   python3 scripts/bench_results.py kv-remote GUEST_LOG COMMAND...
   python3 scripts/bench_results.py cluster TIER_JSON PREFIX_JSON MISS_JSON COMMAND...  # scripts/bench-cluster.sh
   python3 scripts/bench_results.py kv-tiers DIR LOAD_BEFORE LOAD_AFTER COMMAND...  # scripts/bench-kv.sh
@@ -154,25 +154,50 @@ def rdma(rows_tsv, guest_log, command):
     write("rdma", command, rows, raw={"result_lines": results})
 
 
-def journal(rows_txt, command):
-    """scripts/bench-journal.sh: its rows.txt, one line per run (latencies in µs)."""
-    rows, raw = [], []
-    for line in open(rows_txt):
-        f = line.split()
-        if len(f) < 11:
-            continue
-        # round, config (several words), then 9 numbers
-        r, cfg, nums = f[0], " ".join(f[1:-9]), f[-9:]
-        a50, a99, a999, f50, f99, x50, x99, n99, xn = (float(x) for x in nums)
-        raw.append(line.rstrip("\n"))
-        rows.append(row(f"round {r}, {cfg}: ack P99", a99, "µs", "pwrite + fdatasync, idle (floor) P99",
-                        {"value": f99, "unit": "µs"}, x99, "<= 1.2"))
-        rows.append(row(f"round {r}, {cfg}: ack P50", a50, "µs", "pwrite + fdatasync, idle (floor) P50",
-                        {"value": f50, "unit": "µs"}, x50, None))
-        rows.append(row(f"round {r}, {cfg}: ack P99 vs no journal", a99, "µs",
-                        "pwrite + fdatasync per record, same load, no journal: P99", {"value": n99, "unit": "µs"}, xn, None,
-                        ack_p99_9_us=a999))
-    write("journal", command, rows, raw={"rows": raw})
+def journal(runs_tsv, command):
+    """scripts/bench-journal.sh: RUNS_TSV lists its runs (round, config, path of the run's
+    `fastlane journal bench --json`). Prints one row per run and, per config, the median and
+    worst ratios over the rounds; fails on a run without its JSON."""
+    runs = []
+    for line in open(runs_tsv):
+        r, cfg, path = line.rstrip("\n").split("\t")
+        with open(path) as f:
+            runs.append((int(r), cfg, json.load(f)))
+    if not runs:
+        sys.exit(f"bench_results.py: no runs listed in {runs_tsv}")
+    us = lambda v: v / 1e3  # noqa: E731
+    print(f"{'round':<5} {'config':<48} {'ack p50':>8} {'ack p99':>8} {'p99.9':>8} {'floor50':>8} "
+          f"{'floor99':>8} {'x p50':>6} {'x p99':>6} {'nojrn99':>9} {'x nojrn':>8}")
+    rows, by_cfg = [], {}
+    for r, cfg, d in runs:
+        a, fl, nj = d["ack"], d["pwrite_fdatasync"], d["same_load_no_journal"]
+        x50, x99 = d["ack_over_floor_p50"], d["ack_over_floor_p99"]
+        xn = d["ack_over_no_journal_p99"]
+        print(f"{r:<5} {cfg:<48} {us(a['p50_ns']):>8.0f} {us(a['p99_ns']):>8.0f} {us(a['p999_ns']):>8.0f} "
+              f"{us(fl['p50_ns']):>8.0f} {us(fl['p99_ns']):>8.0f} {x50:>6.2f} {x99:>6.2f} "
+              f"{us(nj['p99_ns']):>9.0f} {xn:>8.2g}")
+        by_cfg.setdefault(cfg, []).append((x99, xn))
+        rows.append(row(f"round {r}, {cfg}: ack P99", us(a["p99_ns"]), "µs", "pwrite + fdatasync, idle (floor) P99",
+                        {"value": us(fl["p99_ns"]), "unit": "µs"}, x99, "<= 1.2"))
+        rows.append(row(f"round {r}, {cfg}: ack P50", us(a["p50_ns"]), "µs", "pwrite + fdatasync, idle (floor) P50",
+                        {"value": us(fl["p50_ns"]), "unit": "µs"}, x50, None))
+        rows.append(row(f"round {r}, {cfg}: ack P99 vs no journal", us(a["p99_ns"]), "µs",
+                        "pwrite + fdatasync per record, same load, no journal: P99",
+                        {"value": us(nj["p99_ns"]), "unit": "µs"}, xn, None, ack_p99_9_us=us(a["p999_ns"])))
+    print("(latencies in µs; x = ack / floor of the same run; nojrn99 = P99 of the same load with one")
+    print(" pwrite+fdatasync per record and no journal; x nojrn = ack P99 / nojrn99)")
+
+    def med(v):
+        v = sorted(v)
+        n = len(v)
+        return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+    for title, k, fmt in (("ack P99 / floor P99", 0, "6.2f"), ("ack P99 / P99 of the same load without a journal", 1, "8.2g")):
+        print(f"per config: {title}, median and worst")
+        for cfg, v in by_cfg.items():
+            xs = [x[k] for x in v]
+            print(f"  {cfg:<48} median {med(xs):{fmt}}x  worst {max(xs):{fmt}}x  (n={len(xs)})")
+    write("journal", command, rows, raw={"runs": [{"round": r, "config": c, "bench": d} for r, c, d in runs]})
 
 
 def kv_remote(guest_log, command):
