@@ -2,7 +2,7 @@
 # Swap-in latency and swap-out/in bandwidth of kvswap's remote tier (a `fastlane rdma serve`
 # pool on soft-RoCE, rxe0 on dummy0) next to the host tier, with `fastlane kv bench --tiers
 # host,remote` in one QEMU TCG guest boot (tests/vm/guest-kv-bench.sh). Prints the bench's table
-# and per-tier latency lines.
+# (from its --json report) and the guest's RESULT lines.
 #
 #   scripts/bench-kv-remote.sh [--bytes SIZE] [--samples N] [--rounds N] [--tiers LIST]
 #                              [--checksum fast|crc32c|off] [--smp VCPUS] [--mem SIZE]
@@ -50,7 +50,7 @@ tests/vm/run-guest.sh --script tests/vm/guest-kv-bench.sh \
     --modules "crc32_generic ib_core ib_uverbs udp_tunnel ip6_udp_tunnel rdma_rxe dummy" \
     --smp "$smp" --mem "$mem" --timeout 1500 >"$out/kv-remote.log" || status=$?
 sed -n 's/^HLOG //p' "$out/kv-remote.log" >"$out/kv-remote.hlog"
-sed -n 's/^BENCH //p; /^RESULT /p' "$out/kv-remote.log"
+sed -n '/^RESULT /p' "$out/kv-remote.log"
 python3 scripts/bench_results.py kv-remote "$out/kv-remote.log" \
     "scripts/bench-kv-remote.sh --bytes $bytes --samples $samples --rounds $rounds --tiers $tiers --checksum $checksum --smp $smp --mem $mem" || true
 echo "guest log: $out/kv-remote.log; histograms: $out/kv-remote.hlog" >&2

@@ -7,7 +7,7 @@ The benchmark scripts call this at the end of a run (format: benches/results/REA
   python3 scripts/bench_results.py vfio-nvme CONSOLE_LOG COMMAND...
   python3 scripts/bench_results.py rdma ROWS_TSV GUEST_LOG COMMAND...
   python3 scripts/bench_results.py journal RUNS_TSV COMMAND...     # prints the table too
-  python3 scripts/bench_results.py kv-remote GUEST_LOG COMMAND...
+  python3 scripts/bench_results.py kv-remote GUEST_LOG COMMAND...   # prints the table too
   python3 scripts/bench_results.py cluster TIER_JSON PREFIX_JSON MISS_JSON COMMAND...  # scripts/bench-cluster.sh
   python3 scripts/bench_results.py kv-tiers DIR LOAD_BEFORE LOAD_AFTER COMMAND...  # scripts/bench-kv.sh
   python3 scripts/bench_results.py journal-replicated GUEST_LOG COMMAND...  # prints the table too
@@ -200,19 +200,32 @@ def journal(runs_tsv, command):
     write("journal", command, rows, raw={"runs": [{"round": r, "config": c, "bench": d} for r, c, d in runs]})
 
 
-def kv_remote(guest_log, command):
-    """scripts/bench-kv-remote.sh: the bench's table lines (BENCH ...) and RESULT lines."""
-    bench = [l[6:].rstrip("\n") for l in open(guest_log, errors="replace") if l.startswith("BENCH ")]
-    results = [l.rstrip("\n") for l in open(guest_log, errors="replace") if l.startswith("RESULT ")]
+def _kv_bandwidth_rows(report, suffix=""):
+    """The rows of one `fastlane kv bench --json` report's bandwidth cases (GiB/s)."""
     rows = []
-    for line in bench:
-        m = re.match(r"^(\S.*?)\s{2,}(-|[0-9.]+)\s+([0-9.]+)\s+(-|[0-9.]+)\s*$", line)
-        if m:
-            num = lambda s: None if s == "-" else float(s)
-            rows.append(row(m.group(1), num(m.group(3)), "GiB/s", "memcpy" if "memcpy" in m.group(1) else None,
-                            num(m.group(2)) is not None and {"value": num(m.group(2)), "unit": "GiB/s"} or None,
-                            num(m.group(4)), ">= 0.8" if "memcpy" in m.group(1) else None))
-    write("kvswap", command, rows, raw={"bench_lines": bench, "result_lines": results})
+    for b in report["bandwidth"]:
+        peer = b.get("peer_bytes_per_s")
+        rows.append({"case": b["case"] + suffix, "value": b["ours_bytes_per_s"] / 2**30, "unit": "GiB/s",
+                     "peer": peer and peer / 2**30, "ratio": b.get("ours_vs_peer"),
+                     "target": ">= 0.8" if peer else None})
+    return rows
+
+
+def kv_remote(guest_log, command):
+    """scripts/bench-kv-remote.sh: the guest's `fastlane kv bench --json` report (its BENCHJSON
+    line) and RESULT lines. Prints the bandwidth cases; fails when the report is missing."""
+    reports = [json.loads(l.split(" ", 1)[1]) for l in open(guest_log, errors="replace")
+               if l.startswith("BENCHJSON ")]
+    results = [l.rstrip("\n") for l in open(guest_log, errors="replace") if l.startswith("RESULT ")]
+    if not reports:
+        sys.exit(f"bench_results.py: no BENCHJSON report in {guest_log}")
+    rows = _kv_bandwidth_rows(reports[-1])
+    print(f"{'case':<40} {'GiB/s':>8} {'peer GiB/s':>11} {'ratio':>7}")
+    for r in rows:
+        peer = "-" if r["peer"] is None else f"{r['peer']:.2f}"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        print(f"{r['case']:<40} {r['value']:>8.2f} {peer:>11} {ratio:>7}")
+    write("kvswap", command, rows, raw={"report": reports[-1], "result_lines": results})
 
 
 def cluster(tier_json, prefix_json, miss_json, command):
@@ -258,10 +271,9 @@ def kv_tiers(folder, load_before, load_after, command):
         path = os.path.join(folder, f"{mode}.json")
         r = json.load(open(path))
         raw[mode] = r
-        for b in r["bandwidth"]:
-            rows.append({"case": f'{b["case"]}, checksum {mode}', "value": b["ours_bytes_per_s"] / 2**30,
-                         "unit": "GiB/s", "peer": b.get("peer_bytes_per_s") and b["peer_bytes_per_s"] / 2**30,
-                         "ratio": b.get("ours_vs_peer"), "target": ">= 0.8" if mode != "crc32c" else None})
+        for x in _kv_bandwidth_rows(r, f", checksum {mode}"):
+            x["target"] = x["target"] if mode != "crc32c" else None
+            rows.append(x)
     return write("kvswap", command, rows, raw=raw, load={"before": load_before, "after": load_after},
                  label="tiers")
 

@@ -3,7 +3,7 @@
 # modules loaded: soft-RoCE on dummy0, a `fastlane rdma serve` pool on it, and
 # `fastlane kv bench --tiers $fl_tiers --pool ...` against that pool. Kernel command line:
 # fl_tiers, fl_bytes, fl_samples, fl_rounds, fl_checksum. Prints the bench's output as
-# "BENCH ..." lines, its .hlog as "HLOG ..." lines and "RESULT failures=N".
+# its `--json` report on one "BENCHJSON {...}" line, its .hlog as "HLOG ..." lines and "RESULT failures=N".
 set -eu
 tiers=host,remote bytes=256M samples=5 rounds=1 checksum=fast
 for a in $(cat /proc/cmdline); do
@@ -44,11 +44,11 @@ echo "RESULT tiers=$tiers bytes=$bytes samples=$samples rounds=$rounds checksum=
 t0=$(date +%s)
 if fastlane kv bench --tiers "$tiers" --pool 127.0.0.1:7490 --device rxe0 --bytes "$bytes" \
     --samples "$samples" --rounds "$rounds" --checksum "$checksum" --file /tmp/kvbench.dat \
-    --hlog /tmp/kvswap-swapin.hlog >$LOG/bench 2>&1; then
-    sed 's/^/BENCH /' $LOG/bench
+    --hlog /tmp/kvswap-swapin.hlog --json >$LOG/bench 2>$LOG/bench.err; then
+    echo "BENCHJSON $(tr -d '\n' <$LOG/bench)"
     sed 's/^/HLOG /' /tmp/kvswap-swapin.hlog
 else
-    sed 's/^/BENCH /' $LOG/bench
+    cat $LOG/bench $LOG/bench.err
     cat $LOG/pool
     failures=$((failures + 1))
 fi
