@@ -11,7 +11,7 @@
 # 128 in flight (perftest's from its message rate), target fastlane/perftest >= 0.95.
 # With --rounds N both run N times, interleaved, and the table uses the median of the rounds.
 # Writes DIR/rdma-bench.hlog (fastlane's latency histograms; read with `fastlane hist`) and
-# DIR/rdma-bench.log (the whole guest output), DIR/rows.tsv (the table), and the run as
+# DIR/rdma-bench.log (the whole guest output), and the run as
 # benches/results/rdma/<date>-<commit>.json (scripts/bench_results.py). Needs .ci/install-deps.sh's packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,42 +46,6 @@ tests/vm/run-guest.sh --script tests/vm/guest-rdma.sh \
     --smp "$smp" --mem 1G --timeout $((300 + rounds * (iters / 10 + bw_iters / 20))) >"$out/rdma-bench.log"
 sed -n 's/^HLOG //p' "$out/rdma-bench.log" >"$out/rdma-bench.hlog"
 
-awk -v tsv="$out/rows.tsv" '
-function kv(key,   i, a) { for (i = 2; i <= NF; i++) { split($i, a, "="); if (a[1] == key) return a[2] } return "" }
-function median(list,   n, a, i, j, t) {
-    n = split(list, a, " ")
-    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
-    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-}
-function median_sizes(   s, list, n, a, i, j, t) {
-    for (s in sizes) list = list " " s
-    n = split(list, a, " ")
-    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
-    list = ""; for (i = 1; i <= n; i++) list = list " " a[i]
-    return list
-}
-/^RESULT perftest_lat / { pl[kv("size")] = pl[kv("size")] " " kv("p50_ns"); sizes[kv("size")] = 1 }
-/^RESULT fastlane_lat / { fl[kv("size")] = fl[kv("size")] " " kv("p50_ns") }
-/^RESULT perftest_bw /  { pb = pb " " kv("bytes_per_s") }
-/^RESULT fastlane_bw /  { fb = fb " " kv("bytes_per_s") }
-END {
-    printf "%-22s %14s %14s %8s %8s\n", "RDMA WRITE (rxe, TCG)", "perftest", "fastlane", "ratio", "target"
-    n = split(median_sizes(), order, " ")
-    for (k = 1; k <= n; k++) {
-        s = order[k]; p = median(pl[s]); f = median(fl[s])
-        if (p !~ /^[0-9.]+$/ || p <= 0) {
-            printf "%-22s %14s %11.2f us %8s %8s %s\n", "latency p50 " s " B", "n/a", f / 1000, "n/a", "<=1.05", "perftest gave no number"
-            printf "%s\t%s\t%.2f\t%s\t%s\t%s\n", "latency p50 " s " B", "n/a", f / 1000, "µs", "n/a", "<= 1.05" > tsv
-            continue
-        }
-        r = f / p
-        printf "%-22s %11.2f us %11.2f us %8.3f %8s %s\n", "latency p50 " s " B", p / 1000, f / 1000, r, "<=1.05", (r <= 1.05 ? "ok" : "MISSED")
-        printf "%s\t%.2f\t%.2f\t%s\t%.3f\t%s\n", "latency p50 " s " B", p / 1000, f / 1000, "µs", r, "<= 1.05" > tsv
-    }
-    p = median(pb); f = median(fb); r = (p > 0) ? f / p : 0
-    printf "%-22s %10.1f MiB/s %8.1f MiB/s %8.3f %8s %s\n", "bandwidth 64 KiB", p / 1048576, f / 1048576, r, ">=0.95", (r >= 0.95 ? "ok" : "MISSED")
-    printf "%s\t%.1f\t%.1f\t%s\t%.3f\t%s\n", "bandwidth 64 KiB", p / 1048576, f / 1048576, "MiB/s", r, ">= 0.95" > tsv
-}' "$out/rdma-bench.log"
-python3 scripts/bench_results.py rdma "$out/rows.tsv" "$out/rdma-bench.log" \
+python3 scripts/bench_results.py rdma "$out/rdma-bench.log" \
     "scripts/bench-rdma.sh --iters $iters --bw-iters $bw_iters --rounds $rounds --smp $smp"
 echo "guest log: $out/rdma-bench.log; histograms: $out/rdma-bench.hlog" >&2

@@ -5,7 +5,7 @@ The benchmark scripts call this at the end of a run (format: benches/results/REA
 
   python3 scripts/bench_results.py blk DIR COMMAND...          # scripts/bench-blk.sh's --out DIR
   python3 scripts/bench_results.py vfio-nvme CONSOLE_LOG COMMAND...
-  python3 scripts/bench_results.py rdma ROWS_TSV GUEST_LOG COMMAND...
+  python3 scripts/bench_results.py rdma GUEST_LOG COMMAND...         # prints the table too
   python3 scripts/bench_results.py journal RUNS_TSV COMMAND...     # prints the table too
   python3 scripts/bench_results.py kv-remote GUEST_LOG COMMAND...   # prints the table too
   python3 scripts/bench_results.py cluster TIER_JSON PREFIX_JSON MISS_JSON COMMAND...  # scripts/bench-cluster.sh
@@ -18,7 +18,6 @@ overrides the folder. Prints the path written to stderr.
 """
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -142,15 +141,53 @@ def vfio_nvme(console_log, command):
     write("vfio-nvme", command, rows, raw={"bench_lines": lines})
 
 
-def rdma(rows_tsv, guest_log, command):
-    """scripts/bench-rdma.sh: its ratio table as TSV (case, perftest, fastlane, unit, ratio, target)."""
+def _median(v):
+    v = sorted(v)
+    n = len(v)
+    return float("nan") if not n else v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def rdma(guest_log, command):
+    """scripts/bench-rdma.sh: the guest's RESULT lines (key=value records: perftest_lat,
+    perftest_bw, and `fastlane rdma bench`'s fastlane_lat, fastlane_bw), per round; the median
+    over the rounds of each, and fastlane / perftest. Prints the table."""
+    lat = {}  # size -> {"perftest": [...], "fastlane": [...]}
+    bw = {"perftest": [], "fastlane": []}
+    results = []
+    for line in open(guest_log, errors="replace"):
+        if not line.startswith("RESULT "):
+            continue
+        results.append(line.rstrip("\n"))
+        f = line.split()
+        kv = dict(x.split("=", 1) for x in f[2:] if "=" in x)
+        who, _, what = f[1].partition("_")
+        try:
+            if what == "lat" and who in ("perftest", "fastlane"):
+                lat.setdefault(int(kv["size"]), {"perftest": [], "fastlane": []})[who].append(float(kv["p50_ns"]))
+            elif what == "bw" and who in ("perftest", "fastlane"):
+                bw[who].append(float(kv["bytes_per_s"]))
+        except (KeyError, ValueError):
+            sys.exit(f"bench_results.py: malformed line in {guest_log}: {line.strip()}")
+    if not lat or not bw["fastlane"]:
+        sys.exit(f"bench_results.py: no fastlane RESULT lines in {guest_log}")
     rows = []
-    for line in open(rows_tsv):
-        case, p, f, unit, r, target = line.rstrip("\n").split("\t")
-        num = lambda s: float(s) if re.fullmatch(r"[0-9.]+", s) else None
-        rows.append(row(case, num(f), unit, "perftest", num(p) is not None and {"value": num(p), "unit": unit} or None,
-                        num(r), target))
-    results = [l.rstrip("\n") for l in open(guest_log, errors="replace") if l.startswith("RESULT ")]
+    print(f"{'RDMA WRITE (rxe, TCG)':<22} {'perftest':>14} {'fastlane':>14} {'ratio':>8} {'target':>8}")
+    for size in sorted(lat):
+        p, f = _median(lat[size]["perftest"]), _median(lat[size]["fastlane"])
+        r = f / p if p and p == p else None
+        case = f"latency p50 {size} B"
+        print(f"{case:<22} {p / 1e3:>11.2f} us {f / 1e3:>11.2f} us "
+              f"{'n/a' if r is None else f'{r:.3f}':>8} {'<=1.05':>8} "
+              f"{'perftest gave no number' if r is None else 'ok' if r <= 1.05 else 'MISSED'}")
+        rows.append(row(case, f / 1e3, "µs", "perftest",
+                        None if r is None else {"value": p / 1e3, "unit": "µs"}, r, "<= 1.05"))
+    p, f = _median(bw["perftest"]), _median(bw["fastlane"])
+    r = f / p if p and p == p else None
+    print(f"{'bandwidth 64 KiB':<22} {p / 2**20:>10.1f} MiB/s {f / 2**20:>8.1f} MiB/s "
+          f"{'n/a' if r is None else f'{r:.3f}':>8} {'>=0.95':>8} "
+          f"{'' if r is None else 'ok' if r >= 0.95 else 'MISSED'}")
+    rows.append(row("bandwidth 64 KiB", f / 2**20, "MiB/s", "perftest",
+                    None if r is None else {"value": p / 2**20, "unit": "MiB/s"}, r, ">= 0.95"))
     write("rdma", command, rows, raw={"result_lines": results})
 
 
@@ -339,7 +376,7 @@ def main():
     elif kind == "vfio-nvme":
         vfio_nvme(args[0], " ".join(args[1:]))
     elif kind == "rdma":
-        rdma(args[0], args[1], " ".join(args[2:]))
+        rdma(args[0], " ".join(args[1:]))
     elif kind == "journal":
         journal(args[0], " ".join(args[1:]))
     elif kind == "kv-remote":
