@@ -75,13 +75,11 @@ queue = 2000
 TOML
 write_upstream_tenants
 engine_url=""
-bench() { # label url extra...: the load, and the engine's step-time histogram around it
+bench() { # label url extra...: the load, and the engine's steps over it (--engine-metrics)
   local label=$1 u=$2; shift 2
   echo "== $label"
-  curl -s "$engine_url/metrics" >"$tmp/$label.before"
   "$bin" llm bench --url "$u" --rate "$rate" --seconds "$seconds" --arrivals "$arrivals" \
-    --hlog-dir "$dir/$stem/$label" --out "$tmp/$label.json" "$@"
-  curl -s "$engine_url/metrics" >"$tmp/$label.after"
+    --engine-metrics "$engine_url" --hlog-dir "$dir/$stem/$label" --out "$tmp/$label.json" "$@"
 }
 echo "load before: $(cat /proc/loadavg)"
 engine=(llm serve --model "$model" --tenants "$tmp/tenants.toml" --device-blocks 4096)
@@ -161,30 +159,6 @@ chosen = sys.argv[4].split(",")
 runs = {k: json.load(open(f"{tmp}/{k}.json")) for k in order if k in chosen}
 t = lambda k, n: next(x for x in runs[k]["tenants"] if x["tenant"] == n)
 
-def steps(k):
-    # The engine's step-time histogram over the run: bucket deltas of
-    # fastlane_llm_engine_step_seconds between the scrapes before and after.
-    def read(path):
-        b = {}
-        for line in open(path):
-            if line.startswith("fastlane_llm_engine_step_seconds_bucket"):
-                le = line.split('le="')[1].split('"')[0]
-                b[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
-        return b
-    a, z = read(f"{tmp}/{k}.before"), read(f"{tmp}/{k}.after")
-    d = sorted((le, z[le] - a.get(le, 0.0)) for le in z)
-    n = d[-1][1] if d else 0
-    q = lambda p: next((le * 1e3 for le, c in d if c >= p * n), float("nan"))
-    return {"steps": n, "p50_le_ms": q(0.5), "p99_le_ms": q(0.99)}
-def aborted(k):
-    # Steps given up (--preemptible-steps) over the run: fastlane_llm_engine_steps_aborted_total
-    # between the scrapes.
-    def read(path):
-        for line in open(path):
-            if line.startswith("fastlane_llm_engine_steps_aborted_total"):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
-    return read(f"{tmp}/{k}.after") - read(f"{tmp}/{k}.before")
 solo = t("solo", "quiet")["ttft_p99_ms"] if "solo" in runs else None
 summary = {
     "quiet_p99_ttft_ms": {k: t(k, "quiet")["ttft_p99_ms"] for k in runs},
@@ -197,10 +171,11 @@ summary = {
     "flood_bucket_per_s": 600 / 60,
     "flood_offered_per_s": 30 * rate,
     "slow_streams_held": runs["slow"]["slow_streams_held"] if "slow" in runs else None,
-    # Bucket upper bounds of the steps that ran to their end (a step given up is not in the
-    # histogram): without --preemptible-steps a request waits for the step in flight.
-    "engine_step_ms": {k: steps(k) for k in runs},
-    "engine_steps_aborted": {k: aborted(k) for k in runs if not k.startswith("router")},
+    # `llm bench --engine-metrics`: bucket upper bounds of the steps that ran to their end (a
+    # step given up is not in the histogram; without --preemptible-steps a request waits for
+    # the step in flight) and the steps given up.
+    "engine_step_ms": {k: runs[k]["engine"] for k in runs},
+    "engine_steps_aborted": {k: runs[k]["engine"]["aborted"] for k in runs if not k.startswith("router")},
 }
 json.dump({"component": "llm", "case": "scenario-a-http", "summary": summary, "runs": runs},
           open(out, "w"), indent=2)

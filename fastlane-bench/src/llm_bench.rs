@@ -126,6 +126,11 @@ pub struct BenchArgs {
     /// With --attack-floor: the floor server's core.
     #[arg(long, default_value_t = 0)]
     floor_core: usize,
+    /// With --url: an `llm serve` (http://HOST:PORT; the upstream when --url is a router)
+    /// whose engine steps over the run are reported: how many, the histogram buckets of their
+    /// P50 and P99, how many were given up.
+    #[arg(long)]
+    engine_metrics: Option<String>,
     /// With --url: the server's pid; its RSS, threads and CPU time are reported at the start
     /// and end.
     #[arg(long)]
@@ -300,6 +305,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             seed: a.seed,
             prompt_tag: a.prompt_tag.clone(),
             probe_rate: a.probe_rate,
+            engine_metrics: a.engine_metrics.clone(),
             json: a.json,
         };
         let v = if a.attack_floor {

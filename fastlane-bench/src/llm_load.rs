@@ -63,6 +63,10 @@ pub(crate) struct LoadOpts {
     pub prompt_tag: String,
     /// Keyless requests a second ([`crate::llm_attack::probe`]) during the measured load; 0: none.
     pub probe_rate: f64,
+    /// `http://HOST:PORT` of an `llm serve` whose engine step histogram and given-up steps
+    /// over the measured load are reported ([`engine_steps`]); it may differ from `url` (the
+    /// upstream behind a router).
+    pub engine_metrics: Option<String>,
     /// JSON instead of the table.
     pub json: bool,
 }
@@ -166,14 +170,67 @@ async fn slow(addr: String, key: String, max_tokens: u32) -> Option<tokio::net::
     Some(s)
 }
 
-/// The sum of our server's `fastlane_llm_sequences` gauges for waiting and running
-/// sequences (`None`: not our server, or no answer).
-async fn busy_sequences(addr: &str) -> Option<f64> {
+/// `GET /metrics` of the server at `addr` (HOST:PORT): the whole response, or `None` when it
+/// does not answer within 5 s.
+async fn scrape(addr: &str) -> Option<String> {
     let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
     let req = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await.ok()?;
     let mut text = String::new();
     tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut text)).await.ok()?.ok()?;
+    Some(text)
+}
+
+/// The value of the sample named exactly `name_and_labels` in a Prometheus text scrape.
+fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The engine's steps between two scrapes of `llm serve`: how many ran to their end, the
+/// upper bounds (ms) of the buckets of `fastlane_llm_engine_step_seconds` that hold their
+/// median and 99th percentile, and how many were given up
+/// (`fastlane_llm_engine_steps_aborted_total`; a step given up is not in the histogram).
+/// An error names what the scrapes lack: a missing family is not read as zero.
+pub(crate) fn engine_steps(before: &str, after: &str) -> Result<serde_json::Value> {
+    let buckets = |text: &str| -> Vec<(f64, f64)> {
+        let mut v: Vec<(f64, f64)> = text
+            .lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix("fastlane_llm_engine_step_seconds_bucket{")?;
+                let le = rest.split("le=\"").nth(1)?.split('"').next()?;
+                let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+                Some((le, l.rsplit(' ').next()?.trim().parse().ok()?))
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        v
+    };
+    let (a, z) = (buckets(before), buckets(after));
+    if z.is_empty() {
+        bail!("no fastlane_llm_engine_step_seconds buckets in the scrape (not an llm serve?)");
+    }
+    let delta: Vec<(f64, f64)> = z
+        .iter()
+        .map(|&(le, c)| (le, c - a.iter().find(|x| x.0 == le).map_or(0.0, |x| x.1)))
+        .collect();
+    let n = delta.last().map_or(0.0, |d| d.1);
+    let q = |p: f64| delta.iter().find(|d| n > 0.0 && d.1 >= p * n).map(|d| d.0 * 1e3);
+    let aborted = |text: &str| sample(text, "fastlane_llm_engine_steps_aborted_total");
+    let aborted = match (aborted(before), aborted(after)) {
+        (Some(x), Some(y)) => y - x,
+        _ => bail!("no fastlane_llm_engine_steps_aborted_total in the scrapes"),
+    };
+    Ok(serde_json::json!({"steps": n, "p50_le_ms": q(0.5), "p99_le_ms": q(0.99),
+        "aborted": aborted}))
+}
+
+/// The sum of our server's `fastlane_llm_sequences` gauges for waiting and running
+/// sequences (`None`: not our server, or no answer).
+async fn busy_sequences(addr: &str) -> Option<f64> {
+    let text = scrape(addr).await?;
     let mut found = false;
     let mut sum = 0.0;
     for l in text.lines() {
@@ -216,6 +273,8 @@ struct Held {
     attack: Option<crate::llm_attack::Report>,
     server: [Option<serde_json::Value>; 2],
     probe: Option<serde_json::Value>,
+    /// [`engine_steps`] over the measured load (`--engine-metrics`).
+    engine: Option<serde_json::Value>,
 }
 
 async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<TenantResult>, Held)> {
@@ -269,6 +328,19 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
     let server_start = o.server_pid.and_then(crate::llm_attack::process_usage);
+    let engine_addr = match &o.engine_metrics {
+        Some(u) => Some(
+            u.trim_end_matches('/')
+                .strip_prefix("http://")
+                .context("--engine-metrics: http://HOST:PORT")?
+                .to_string(),
+        ),
+        None => None,
+    };
+    let engine_start = match &engine_addr {
+        Some(a) => Some(scrape(a).await.with_context(|| format!("no /metrics at {a}"))?),
+        None => None,
+    };
     let probe = (o.probe_rate > 0.0)
         .then(|| tokio::spawn(crate::llm_attack::probe(addr.clone(), o.probe_rate, o.secs)));
     let start = Instant::now();
@@ -356,6 +428,13 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
         busy.1 = busy_sequences(&addr).await;
     }
     let server_end = o.server_pid.and_then(crate::llm_attack::process_usage);
+    let engine = match (&engine_addr, &engine_start) {
+        (Some(a), Some(before)) => {
+            let after = scrape(a).await.with_context(|| format!("no /metrics at {a}"))?;
+            Some(engine_steps(before, &after)?)
+        }
+        _ => None,
+    };
     let probe = match probe {
         Some(p) => p.await.ok().map(|(lat, failed)| probe_summary(&lat, failed)),
         None => None,
@@ -393,6 +472,7 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
         attack,
         server: [server_start, server_end],
         probe,
+        engine,
     };
     drop(held);
     Ok((res, held_n))
@@ -540,6 +620,13 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
         if let Some(p) = &slow.probe {
             print_probe("keyless probe", p);
         }
+        if let Some(e) = &slow.engine {
+            let ms = |k: &str| e[k].as_f64().map_or("?".to_string(), |v| format!("{v}"));
+            println!(
+                "engine: {} steps ran to their end (P50 <= {} ms, P99 <= {} ms by bucket), {} given up",
+                e["steps"], ms("p50_le_ms"), ms("p99_le_ms"), e["aborted"]
+            );
+        }
         if held > 0 {
             let b = |v: Option<f64>| v.map_or("?".to_string(), |v| v.to_string());
             println!(
@@ -557,7 +644,7 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
         "slow_streams_held": held, "slow_busy_at_start": slow.busy_at_start,
         "slow_busy_at_end": slow.busy_at_end, "attack": slow.attack,
         "server_at_start": slow.server[0], "server_at_end": slow.server[1],
-        "probe": slow.probe, "load": load, "tenants": res}))
+        "probe": slow.probe, "engine": slow.engine, "load": load, "tenants": res}))
 }
 
 /// `--probe-rate`: 0 (none) up to 10,000 a second (each probe is a task and a connection).
@@ -653,5 +740,36 @@ mod tests {
             let e = super::check_probe_rate(bad).unwrap_err().to_string();
             assert!(e.starts_with("--probe-rate"), "{e}");
         }
+    }
+
+    /// A scrape of `llm serve` with `n` steps in each of the buckets 0.005, 0.01, 0.05 s and
+    /// `aborted` steps given up.
+    fn scrape(n: [u64; 3], aborted: u64) -> String {
+        let (a, b, c) = (n[0], n[0] + n[1], n[0] + n[1] + n[2]);
+        format!(
+            "# TYPE fastlane_llm_engine_step_seconds histogram\n\
+             fastlane_llm_engine_step_seconds_bucket{{le=\"0.005\"}} {a}\n\
+             fastlane_llm_engine_step_seconds_bucket{{le=\"0.01\"}} {b}\n\
+             fastlane_llm_engine_step_seconds_bucket{{le=\"0.05\"}} {c}\n\
+             fastlane_llm_engine_step_seconds_bucket{{le=\"+Inf\"}} {c}\n\
+             fastlane_llm_engine_steps_aborted_total {aborted}\n"
+        )
+    }
+
+    #[test]
+    fn engine_steps_are_the_bucket_deltas_between_two_scrapes() {
+        // Before: 100 fast steps. During the run: 50 fast, 48 middling, 2 slow, 3 given up.
+        let e = super::engine_steps(&scrape([100, 0, 0], 1), &scrape([150, 48, 2], 4)).unwrap();
+        assert_eq!(e["steps"], 100.0);
+        assert_eq!(e["p50_le_ms"], 5.0);
+        assert_eq!(e["p99_le_ms"], 50.0);
+        assert_eq!(e["aborted"], 3.0);
+        // A scrape without the families is an error, not zero steps.
+        let err = super::engine_steps("", "up 1\n").unwrap_err().to_string();
+        assert!(err.contains("fastlane_llm_engine_step_seconds"), "{err}");
+        let no_aborted =
+            scrape([1, 0, 0], 0).replace("fastlane_llm_engine_steps_aborted_total 0\n", "");
+        let err = super::engine_steps(&no_aborted, &no_aborted).unwrap_err().to_string();
+        assert!(err.contains("aborted"), "{err}");
     }
 }
