@@ -6,44 +6,12 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::os::unix::net::UnixDatagram;
-use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::cli::command;
+use common::daemon::Notify;
 use common::http::KillOnDrop;
-
-/// A datagram socket standing in for systemd's.
-struct Notify {
-    socket: UnixDatagram,
-}
-
-impl Notify {
-    fn bind(path: &Path) -> Notify {
-        let socket = UnixDatagram::bind(path).unwrap();
-        socket.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        Notify { socket }
-    }
-
-    /// The next message that contains `want` (others, e.g. STATUS= alone, are skipped); fails
-    /// after 60 s without one.
-    fn expect(&self, want: &str, what: &str) -> String {
-        let t0 = Instant::now();
-        let mut buf = [0u8; 4096];
-        loop {
-            let n = self
-                .socket
-                .recv(&mut buf)
-                .unwrap_or_else(|e| panic!("{what}: no {want} on NOTIFY_SOCKET: {e}"));
-            let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
-            if msg.contains(want) {
-                return msg;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(60), "{what}: no {want}, last {msg:?}");
-        }
-    }
-}
 
 /// Runs `fastlane ARGS` with `NOTIFY_SOCKET`, waits for READY=1, sends SIGTERM, waits for
 /// STOPPING=1 and a clean exit; a daemon given `--listen` must take connections once ready.

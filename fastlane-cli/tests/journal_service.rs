@@ -5,9 +5,10 @@
 
 mod common;
 
+use common::daemon::Notify;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead as _, BufReader};
-use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -221,12 +222,9 @@ fn notify_metrics_and_sigterm() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("j");
     let notify_path = tmp.path().join("notify");
-    let notify = UnixDatagram::bind(&notify_path).unwrap();
-    notify.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let notify = Notify::bind(&notify_path);
     let mut svc = Svc::start(&dir, Some(&notify_path), &["--metrics", "127.0.0.1:0"]);
-    let mut buf = [0u8; 4096];
-    let n = notify.recv(&mut buf).expect("READY within 20 s");
-    let ready = String::from_utf8_lossy(&buf[..n]).into_owned();
+    let ready = notify.next();
     assert!(ready.contains("READY=1"), "{ready}");
 
     let (last, ok) = Producer::start(&dir, 3000, 1000).finish();
@@ -256,8 +254,7 @@ fn notify_metrics_and_sigterm() {
 
     let st = Command::new("kill").args(["-TERM", &svc.child.0.id().to_string()]).status();
     assert!(st.unwrap().success());
-    let n = notify.recv(&mut buf).expect("STOPPING within 20 s");
-    assert!(String::from_utf8_lossy(&buf[..n]).contains("STOPPING=1"));
+    notify.expect("STOPPING=1", "journal serve after SIGTERM");
     let t0 = Instant::now();
     let status = loop {
         if let Some(s) = svc.child.0.try_wait().unwrap() {

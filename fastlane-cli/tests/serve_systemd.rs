@@ -15,9 +15,11 @@
 
 mod common;
 
+use common::daemon::Notify;
+
 use std::io::{BufRead as _, BufReader};
 use std::os::fd::AsRawFd as _;
-use std::os::unix::net::{UnixDatagram, UnixListener};
+use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -205,26 +207,6 @@ fn an_inherited_fd_is_served_and_left_in_place() {
     let data = std::fs::read(&image).unwrap();
     assert!(data[(1 << 20)..(1 << 20) + (256 << 10)].iter().any(|&b| b != 0));
     assert!(data[..1 << 20].iter().all(|&b| b == 0), "nothing written outside the range");
-}
-
-/// A `NOTIFY_SOCKET` of the test's own: the datagrams the daemon sends.
-struct Notify {
-    sock: UnixDatagram,
-}
-
-impl Notify {
-    fn bind(path: &Path) -> Notify {
-        let sock = UnixDatagram::bind(path).unwrap();
-        sock.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        Notify { sock }
-    }
-
-    /// The next datagram, as text.
-    fn next(&self) -> String {
-        let mut buf = [0u8; 4096];
-        let n = self.sock.recv(&mut buf).expect("a notification within 20 s");
-        String::from_utf8_lossy(&buf[..n]).into_owned()
-    }
 }
 
 fn have_socket_activate() -> bool {

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -100,5 +102,44 @@ impl Scrape {
             .find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' '))
             .unwrap_or_else(|| panic!("no {name_and_labels} in the scrape:\n{}", self.0));
         v.parse().unwrap_or_else(|e| panic!("{name_and_labels} {v:?}: {e}"))
+    }
+}
+
+/// A `NOTIFY_SOCKET` of the test's own: the datagrams a daemon sends systemd.
+pub struct Notify {
+    sock: UnixDatagram,
+}
+
+impl Notify {
+    /// Binds the socket at `path` (give the daemon `NOTIFY_SOCKET=path`); reads wait 60 s at most.
+    pub fn bind(path: &Path) -> Notify {
+        let sock = UnixDatagram::bind(path).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        Notify { sock }
+    }
+
+    /// The next datagram, as text; fails after 60 s without one.
+    pub fn next(&self) -> String {
+        let mut buf = [0u8; 4096];
+        let n = self.sock.recv(&mut buf).expect("a notification within 60 s");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    /// The next datagram that contains `want` (others, e.g. a STATUS= alone, are skipped);
+    /// fails, naming `what`, after 60 s without one.
+    pub fn expect(&self, want: &str, what: &str) -> String {
+        let t0 = Instant::now();
+        loop {
+            let mut buf = [0u8; 4096];
+            let n = self
+                .sock
+                .recv(&mut buf)
+                .unwrap_or_else(|e| panic!("{what}: no {want} on NOTIFY_SOCKET: {e}"));
+            let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+            if msg.contains(want) {
+                return msg;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "{what}: no {want}, last {msg:?}");
+        }
     }
 }
