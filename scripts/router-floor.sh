@@ -61,92 +61,16 @@ for run in solo loaded; do
   stop router-$run
   stop up-$run
 done
-python3 - "$tmp" "$out" "$seconds" "$command" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" \
+# The split, from the JSON events (fastlane_bench::router_floor); then the run's metadata.
+"$bin" llm bench --router-floor "$tmp" --out "$tmp/floor.json"
+python3 - "$tmp/floor.json" "$out" "$seconds" "$command" "$load_before" "$(cut -d' ' -f1-3 /proc/loadavg)" \
   "$(date +%F)" "$(git rev-parse --short HEAD)" <<'PY'
-import bisect, datetime, json, sys
-tmp, out, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3])
-command, load_before, load_after, date, commit = sys.argv[4:9]
-epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
-def events(name, event):
-    # (wall-clock µs of the record, its fields) for every JSON log line with fields.event == event
-    for l in open(f"{tmp}/{name}.log"):
-        if not l.startswith("{"):
-            continue
-        r = json.loads(l)
-        f = r.get("fields", {})
-        if f.get("event") == event:
-            t = datetime.datetime.fromisoformat(r["timestamp"].replace("Z", "+00:00"))
-            yield (t - epoch) // datetime.timedelta(microseconds=1), f
-steps = sorted((t - f["step_us"], t, f["prefill_items"] > 0) for t, f in events("up-loaded", "step"))
-starts = [s[0] for s in steps]
-# Submission to the engine (the event is written when the engine thread takes it, between
-# steps; it says how long before that the request was submitted).
-arrived = sorted(t - f["waited_us"] for t, f in events("up-loaded", "request_taken"))
-window = lambda run: tuple(int(float(open(f"{tmp}/{run}.{e}").read()) * 1e6) for e in ("from", "to"))
-lo, hi = window("loaded")
-# Both router events say how long after the request's arrival at the router they were written:
-# a dispatch and a first bytes with the same arrival (within 1 ms) are the same request.
-dispatched = {t - f["after_us"]: t for t, f in events("router-loaded", "dispatched")
-              if f["tenant"] == "quiet" and lo <= t <= hi}
-firsts = [(t - f["after_us"], t, f["after_us"]) for t, f in events("router-loaded", "first_bytes")
-          if f["tenant"] == "quiet" and lo <= t <= hi]
-by_arrival = sorted(dispatched)
-pairs = []
-for arrival, f, ttft in firsts:
-    k = bisect.bisect_left(by_arrival, arrival - 1000)
-    if k < len(by_arrival) and abs(by_arrival[k] - arrival) <= 1000:
-        pairs.append((dispatched[by_arrival[k]], f, ttft))
-parts = []
-for d, f, ttft in pairs:
-    # Its arrival at the upstream: the first engine arrival after the dispatch.
-    k = bisect.bisect_left(arrived, d)
-    a = arrived[k] if k < len(arrived) else d
-    i = bisect.bisect_right(starts, a) - 1
-    flight = max(0, steps[i][1] - a) if i >= 0 else 0
-    j = bisect.bisect_right(starts, f) - 1
-    while j >= 0 and steps[j][1] > f:
-        j -= 1
-    own = steps[j][1] - steps[j][0] if j > i else 0
-    between = sum(s[1] - s[0] for s in steps[i + 1:j]) if j > i + 1 else 0
-    parts.append({"ttft": ttft, "in_flight": flight, "between": between, "own_step": own,
-                  "rest": ttft - flight - between - own, "floor": flight + own})
-def pct(xs, p):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p * len(xs)))] / 1e3 if xs else float("nan")
-busy = [s for s in steps if lo <= s[0] <= hi]
-span = (busy[-1][1] - busy[0][0]) if busy else 1
-quiet = lambda run: next(x for x in json.load(open(f"{tmp}/{run}.json"))["tenants"]
-                         if x["tenant"] == "quiet")
-flood = next(x for x in json.load(open(f"{tmp}/loaded.json"))["tenants"] if x["tenant"] == "flood")
-solo_p99 = quiet("solo")["ttft_p99_ms"]
-summary = {
-    "seconds": seconds,
-    "quiet_samples": len(parts),
-    "solo_p99_ms": solo_p99,
-    "loaded_p99_ms": quiet("loaded")["ttft_p99_ms"],
-    "loaded_over_solo_p99": quiet("loaded")["ttft_p99_ms"] / solo_p99,
-    "flood_completed_per_s": flood["completed_per_s"],
-    "upstream_busy_share": sum(s[1] - s[0] for s in busy) / span,
-    "upstream_prefill_step_share": sum(s[1] - s[0] for s in busy if s[2]) / span,
-    "router_ttft_ms": {k: {"p50": pct([p[k] for p in parts], 0.5), "p99": pct([p[k] for p in parts], 0.99)}
-                       for k in ("ttft", "in_flight", "between", "own_step", "rest", "floor")},
-}
-summary["floor_over_solo_p99"] = summary["router_ttft_ms"]["floor"]["p99"] / solo_p99
+import json, sys
+floor, out, seconds, command, load_before, load_after, date, commit = sys.argv[1:9]
+r = json.load(open(floor))
+r["summary"]["seconds"] = int(seconds)
 json.dump({"schema": 1, "component": "llm", "case": "router-floor", "date": date, "commit": commit,
-           "command": command, "load": {"before": load_before, "after": load_after},
-           "summary": summary, "requests": parts}, open(out, "w"), indent=2)
-r = summary["router_ttft_ms"]
-print(f"quiet tenant through the router before `llm serve --policy fifo`, {seconds} s each, "
-      f"{len(parts)} quiet requests; solo P99 {solo_p99:.1f} ms, loaded P99 "
-      f"{summary['loaded_p99_ms']:.1f} ms ({summary['loaded_over_solo_p99']:.2f}x), flood "
-      f"{flood['completed_per_s']:.2f}/s")
-print(f"upstream busy {summary['upstream_busy_share']:.0%} of the loaded run, in steps with a "
-      f"prefill {summary['upstream_prefill_step_share']:.0%}")
-print(f"{'part of the TTFT (router-measured)':<36} {'P50 ms':>8} {'P99 ms':>8}")
-for k, name in (("in_flight", "upstream step in flight at arrival"), ("between", "steps between"),
-                ("own_step", "its own step"), ("rest", "rest (router, HTTP, sampling)"),
-                ("ttft", "TTFT at the router"), ("floor", "floor: in flight + own step")):
-    print(f"{name:<36} {r[k]['p50']:>8.1f} {r[k]['p99']:>8.1f}")
-print(f"floor P99 / solo P99: {summary['floor_over_solo_p99']:.2f}x")
+           "command": command, "load": {"before": load_before, "after": load_after}, **r},
+          open(out, "w"), indent=2)
 print("wrote", out)
 PY

@@ -36,5 +36,6 @@ pub mod mem;
 pub mod nvme;
 pub mod pin;
 pub mod rdma;
+pub mod router_floor;
 pub mod stats;
 pub mod suite;

@@ -126,6 +126,11 @@ pub struct BenchArgs {
     /// With --attack-floor: the floor server's core.
     #[arg(long, default_value_t = 0)]
     floor_core: usize,
+    /// Instead of a run: split the router's quiet TTFTs of a scripts/router-floor.sh run whose
+    /// files are in this directory (the JSON logs of upstream and router, the two runs'
+    /// results, the loaded run's window); prints the table, --out/--json the same as JSON.
+    #[arg(long, value_name = "DIR")]
+    router_floor: Option<std::path::PathBuf>,
     /// With --url: an `llm serve` (http://HOST:PORT; the upstream when --url is a router)
     /// whose engine steps over the run are reported: how many, the histogram buckets of their
     /// P50 and P99, how many were given up.
@@ -280,6 +285,10 @@ fn emit(a: &BenchArgs, v: &serde_json::Value) -> Result<()> {
 
 /// Runs `fastlane llm bench`.
 pub fn run(a: &BenchArgs) -> Result<()> {
+    if let Some(dir) = &a.router_floor {
+        let v = crate::router_floor::report(dir, a.json)?;
+        return emit(a, &v);
+    }
     if a.url.is_some() || a.attack_floor {
         let attack_kinds = crate::llm_attack::kinds(&a.attack_kinds)?;
         let o = crate::llm_load::LoadOpts {
