@@ -210,9 +210,12 @@ pub fn estimate_tokens(v: &Value) -> u64 {
         }
         _ => 0,
     };
-    let max_tokens =
-        v.get("max_tokens").and_then(Value::as_u64).unwrap_or(u64::from(DEFAULT_MAX_TOKENS));
-    (prompt as u64).div_ceil(4) + max_tokens
+    // `max_completion_tokens` is the newer name of the same limit (the engine takes either).
+    let max_tokens = ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|k| v.get(*k).and_then(Value::as_u64))
+        .unwrap_or(u64::from(DEFAULT_MAX_TOKENS));
+    (prompt as u64).div_ceil(4).saturating_add(max_tokens)
 }
 
 async fn generate(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
@@ -457,5 +460,23 @@ fn copy_headers(parts: &axum::http::response::Parts, resp: &mut Response) {
     if !resp.headers().contains_key(header::CONTENT_TYPE) {
         resp.headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::estimate_tokens;
+
+    #[test]
+    fn the_cost_estimate_reads_either_limit_and_never_overflows() {
+        let prompt = "x".repeat(40); // 10 tokens
+        assert_eq!(estimate_tokens(&json!({"prompt": prompt, "max_tokens": 5})), 15);
+        assert_eq!(estimate_tokens(&json!({"prompt": prompt, "max_completion_tokens": 7})), 17);
+        let chat = json!({"messages": [{"role": "user", "content": prompt}]});
+        assert_eq!(estimate_tokens(&chat), 10 + u64::from(super::DEFAULT_MAX_TOKENS));
+        let huge = json!({"prompt": prompt, "max_tokens": u64::MAX});
+        assert_eq!(estimate_tokens(&huge), u64::MAX);
     }
 }
