@@ -209,7 +209,7 @@ fn interleaved(rounds: usize) {
         v.sort_by(f64::total_cmp);
     }
     let best = |i: usize| t[i][0];
-    let median = |i: usize| t[i][t[i].len() / 2];
+    let median = |i: usize| fastlane::bench::stats::median(t[i].clone());
     println!("{rounds} interleaved rounds, {MESSAGES} messages, {updates} book updates per round");
     println!("| group | peer | best | median | best rate | ratio (best) | ratio (median) |");
     println!("|---|---|---|---|---|---|---|");

@@ -18,6 +18,7 @@ overrides the folder. Prints the path written to stderr.
 """
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -142,9 +143,8 @@ def vfio_nvme(console_log, command):
 
 
 def _median(v):
-    v = sorted(v)
-    n = len(v)
-    return float("nan") if not n else v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+    """The median (the mean of the two middle values for an even count); NaN when empty."""
+    return statistics.median(v) if v else float("nan")
 
 
 def rdma(guest_log, command):
@@ -224,16 +224,11 @@ def journal(runs_tsv, command):
     print("(latencies in µs; x = ack / floor of the same run; nojrn99 = P99 of the same load with one")
     print(" pwrite+fdatasync per record and no journal; x nojrn = ack P99 / nojrn99)")
 
-    def med(v):
-        v = sorted(v)
-        n = len(v)
-        return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
-
     for title, k, fmt in (("ack P99 / floor P99", 0, "6.2f"), ("ack P99 / P99 of the same load without a journal", 1, "8.2g")):
         print(f"per config: {title}, median and worst")
         for cfg, v in by_cfg.items():
             xs = [x[k] for x in v]
-            print(f"  {cfg:<48} median {med(xs):{fmt}}x  worst {max(xs):{fmt}}x  (n={len(xs)})")
+            print(f"  {cfg:<48} median {_median(xs):{fmt}}x  worst {max(xs):{fmt}}x  (n={len(xs)})")
     write("journal", command, rows, raw={"runs": [{"round": r, "config": c, "bench": d} for r, c, d in runs]})
 
 
@@ -345,9 +340,7 @@ def journal_replicated(guest_log, command):
         sys.exit(f"bench_results.py: no BENCHJSON rounds in {guest_log}")
 
     def med(key):
-        v = sorted(x[key] for x in rounds)
-        n = len(v)
-        return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+        return _median([x[key] for x in rounds])
 
     print(f"{'round':>5} {'local p50':>10} {'local p99':>10} {'repl p50':>10} {'repl p99':>10} "
           f"{'rtt p50':>9} {'rtt p99':>9} {'repl99/(local99+rtt99)':>23}")

@@ -7,6 +7,7 @@
 //! - [`pattern`]: the seeded, position-addressed test-data pattern of the data-path checks;
 //! - [`tsc`]: the x86 time-stamp counter as a cheap clock for benchmarks;
 //! - [`cpu`]: pinning a thread to a CPU, unpinning it, the process's CPU list;
+//! - [`stats`]: median and nearest-rank quantiles;
 //! - [`SeqId`], [`BlockId`]: the ids the swap tier and the scheduler share;
 //! - [`CountingAlloc`]: the global allocator of the "allocates nothing" tests.
 //!
@@ -20,6 +21,7 @@ mod ids;
 pub mod pattern;
 mod rng;
 mod size;
+pub mod stats;
 pub mod tsc;
 
 pub use alloc_count::CountingAlloc;

@@ -88,13 +88,9 @@ pub fn calibrate_host_tier(
         }
         engine.drop_seq(seq)?;
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     Ok(Calibration {
-        out_ns_per_byte: median(&mut outs),
-        in_ns_per_byte: median(&mut ins),
+        out_ns_per_byte: fastlane_util::stats::median(outs),
+        in_ns_per_byte: fastlane_util::stats::median(ins),
         bytes,
         rounds: rounds.max(1),
     })
