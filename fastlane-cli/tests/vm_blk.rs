@@ -65,14 +65,14 @@ impl Drop for TempFile {
 }
 
 /// A running backend daemon; killed on drop unless it already exited.
-struct Daemon {
+struct BackendProcess {
     child: Option<Child>,
     name: &'static str,
     socket: PathBuf,
     log: PathBuf,
 }
 
-impl Daemon {
+impl BackendProcess {
     fn start(
         backend: Backend,
         socket: &Path,
@@ -81,7 +81,7 @@ impl Daemon {
         readonly: bool,
         hlog: Option<&Path>,
         log: PathBuf,
-    ) -> Daemon {
+    ) -> BackendProcess {
         let mut cmd;
         let name;
         match backend {
@@ -123,17 +123,17 @@ impl Daemon {
                     ));
             }
         }
-        Daemon::spawn(cmd, name, socket, log)
+        BackendProcess::spawn(cmd, name, socket, log)
     }
 
     /// Start `cmd` with its output in `log`.
-    fn spawn(mut cmd: Command, name: &'static str, socket: &Path, log: PathBuf) -> Daemon {
+    fn spawn(mut cmd: Command, name: &'static str, socket: &Path, log: PathBuf) -> BackendProcess {
         let out = fs::File::create(&log).expect("create daemon log");
         let err = out.try_clone().expect("dup daemon log");
         cmd.stdin(Stdio::null()).stdout(out).stderr(err);
         let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
         eprintln!("vm_blk: started {name} (pid {}): {cmd:?}", child.id());
-        Daemon { child: Some(child), name, socket: socket.to_path_buf(), log }
+        BackendProcess { child: Some(child), name, socket: socket.to_path_buf(), log }
     }
 
     fn log_text(&self) -> String {
@@ -192,7 +192,7 @@ impl Daemon {
     }
 }
 
-impl Drop for Daemon {
+impl Drop for BackendProcess {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -435,7 +435,7 @@ fn vhost_user_blk_serve_with_a_real_guest() {
     let mut logs = String::new();
 
     // --- 1. read-write daemon, two queues; first guest writes ---------------------------------
-    let mut daemon = Daemon::start(
+    let mut daemon = BackendProcess::start(
         backend,
         &socket,
         &image.0,
@@ -605,7 +605,7 @@ fn vhost_user_blk_serve_with_a_real_guest() {
     // --- 4. read-only export ------------------------------------------------------------------
     let sha_before = host_sha256(&image.0, 0, DISK_BYTES);
     let socket_ro = tmp.path().join("blk-ro.sock");
-    let mut ro = Daemon::start(
+    let mut ro = BackendProcess::start(
         backend,
         &socket_ro,
         &image.0,
@@ -661,8 +661,7 @@ fn vhost_user_blk_serve_with_a_real_guest() {
     if fastlane {
         let socket_sa = tmp.path().join("blk-activated.sock");
         let notify_path = tmp.path().join("notify");
-        let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).expect("notify socket");
-        notify.set_read_timeout(Some(Duration::from_secs(30))).expect("notify timeout");
+        let notify = common::daemon::Notify::bind(&notify_path);
         let mut cmd = Command::new("systemd-socket-activate");
         cmd.env("NOTIFY_SOCKET", &notify_path)
             .args(["-E", "NOTIFY_SOCKET", "-E", "RUST_LOG", "-l"])
@@ -671,7 +670,7 @@ fn vhost_user_blk_serve_with_a_real_guest() {
             .args(["serve", "--queues", "2", "--blk-file"])
             .arg(&image.0)
             .env("RUST_LOG", "info");
-        let mut sa = Daemon::spawn(
+        let mut sa = BackendProcess::spawn(
             cmd,
             "socket-activated fastlane serve",
             &socket_sa,
@@ -682,10 +681,7 @@ fn vhost_user_blk_serve_with_a_real_guest() {
                 c.check(false, format!("[activated] {e}"));
             }
             Ok(_) => {
-                let ready = std::thread::spawn(move || {
-                    let mut buf = [0u8; 512];
-                    notify.recv(&mut buf).map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
-                });
+                let ready = std::thread::spawn(move || notify.recv());
                 let g4 = run_guest("verify", 2, 2, &socket_sa);
                 logs.push_str(&g4.dump());
                 c.check(

@@ -120,9 +120,15 @@ impl Notify {
 
     /// The next datagram, as text; fails after 60 s without one.
     pub fn next(&self) -> String {
+        self.recv().expect("a notification within 60 s")
+    }
+
+    /// The next datagram, as text, or the error (a timeout after 60 s) for a caller that
+    /// reports it instead of failing at once.
+    pub fn recv(&self) -> std::io::Result<String> {
         let mut buf = [0u8; 4096];
-        let n = self.sock.recv(&mut buf).expect("a notification within 60 s");
-        String::from_utf8_lossy(&buf[..n]).into_owned()
+        let n = self.sock.recv(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
     }
 
     /// The next datagram that contains `want` (others, e.g. a STATUS= alone, are skipped);
