@@ -148,9 +148,10 @@ def _median(v):
 
 
 def rdma(guest_log, command):
-    """scripts/bench-rdma.sh: the guest's RESULT lines (key=value records: perftest_lat,
-    perftest_bw, and `fastlane rdma bench`'s fastlane_lat, fastlane_bw), per round; the median
-    over the rounds of each, and fastlane / perftest. Prints the table."""
+    """scripts/bench-rdma.sh: per round, perftest's numbers (RESULT perftest_lat / perftest_bw
+    records, which the guest script takes from perftest's own output) and `fastlane rdma bench
+    --json`'s report (its BENCHJSON line); the median over the rounds of each, and fastlane /
+    perftest. Prints the table."""
     lat = {}  # size -> {"perftest": [...], "fastlane": [...]}
     bw = {"perftest": [], "fastlane": []}
     results = []
@@ -159,6 +160,8 @@ def rdma(guest_log, command):
             continue
         results.append(line.rstrip("\n"))
         f = line.split()
+        if f[1].startswith("fastlane_"):
+            continue
         kv = dict(x.split("=", 1) for x in f[2:] if "=" in x)
         who, _, what = f[1].partition("_")
         try:
@@ -168,8 +171,15 @@ def rdma(guest_log, command):
                 bw[who].append(float(kv["bytes_per_s"]))
         except (KeyError, ValueError):
             sys.exit(f"bench_results.py: malformed line in {guest_log}: {line.strip()}")
+    for line in open(guest_log, errors="replace"):
+        if line.startswith("BENCHJSON fastlane "):
+            rep = json.loads(line.split(" ", 3)[3])
+            for x in rep["latency"]:
+                lat.setdefault(x["size_bytes"], {"perftest": [], "fastlane": []})["fastlane"].append(
+                    float(x["one_way"]["p50_ns"]))
+            bw["fastlane"].append(float(rep["bandwidth"]["bytes_per_s"]))
     if not lat or not bw["fastlane"]:
-        sys.exit(f"bench_results.py: no fastlane RESULT lines in {guest_log}")
+        sys.exit(f"bench_results.py: no `fastlane rdma bench` report (BENCHJSON) in {guest_log}")
     rows = []
     print(f"{'RDMA WRITE (rxe, TCG)':<22} {'perftest':>14} {'fastlane':>14} {'ratio':>8} {'target':>8}")
     for size in sorted(lat):

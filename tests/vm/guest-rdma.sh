@@ -162,11 +162,12 @@ run_bench() {
         sleep 0.3
         if timeout 300 fastlane rdma bench --device rxe0 --connect 127.0.0.1:7480 \
             --sizes 8,64,512,4096,65536 --iters "$iters" --bw-size 65536 --bw-iters "$bw_iters" \
-            --bw-depth 128 --hlog /tmp/rdma-bench-$r.hlog >$LOG/fb.client 2>&1; then
-            sed "s/^RESULT \([a-z]*\) /RESULT fastlane_\1 round=$r /" $LOG/fb.client
+            --bw-depth 128 --hlog /tmp/rdma-bench-$r.hlog --json >$LOG/fb.client 2>$LOG/fb.err; then
+            # Its report, on one line: scripts/bench_results.py reads it.
+            echo "BENCHJSON fastlane $r $(tr -d '\n' <$LOG/fb.client)"
             sed 's/^/HLOG /' /tmp/rdma-bench-$r.hlog
         else
-            cat $LOG/fb.client $LOG/fb.server
+            cat $LOG/fb.client $LOG/fb.err $LOG/fb.server
             failures=$((failures + 1))
         fi
         wait || true
