@@ -7,7 +7,7 @@
 #
 #   scripts/bench-vfio-nvme.sh [OUT_DIR] (default target/bench-vfio; SECONDS_PER_CASE=3)
 #
-# Writes OUT_DIR/console.log, OUT_DIR/results.txt (the BENCH lines and tables) and
+# Prints the table (from the guest's two `bench nvme --json` reports). Writes OUT_DIR/console.log and
 # OUT_DIR/{vfio,kernel}.hlog (read them with `fastlane hist`), and the run as
 # benches/results/vfio-nvme/<date>-<commit>.json (scripts/bench_results.py).
 set -euo pipefail
@@ -34,6 +34,6 @@ truncate -s 256M "$DISK"
 
 sed -n 's/^HLOG vfio //p' "$OUT/console.log" >"$OUT/vfio.hlog"
 sed -n 's/^HLOG kernel //p' "$OUT/console.log" >"$OUT/kernel.hlog"
-grep -E '^(BENCH |# |case |vfio_|kernel_|VFIO-)' "$OUT/console.log" | tee "$OUT/results.txt"
+grep -E '^VFIO-' "$OUT/console.log"
 python3 "$ROOT/scripts/bench_results.py" vfio-nvme "$OUT/console.log" \
     "SECONDS_PER_CASE=$SECS scripts/bench-vfio-nvme.sh $OUT"

@@ -115,31 +115,33 @@ def blk(out_dir, command):
     write("vhost-blk", command, rows, raw=reports, load=_env_load(os.path.join(out_dir, "env.txt")))
 
 
-def _kv_line(line):
-    fields = line.split()
-    return fields[1], dict(f.split("=", 1) for f in fields[2:] if "=" in f)
-
-
 def vfio_nvme(console_log, command):
-    """scripts/bench-vfio-nvme.sh: BENCH <label>_qd<N>_<pattern> lines, VFIO against the kernel."""
-    cases = {}
-    lines = [l.rstrip("\n") for l in open(console_log, errors="replace") if l.startswith("BENCH ")]
-    for line in lines:
-        name, kv = _kv_line(line)
-        cases[name] = kv
+    """scripts/bench-vfio-nvme.sh: the guest's two `fastlane bench nvme --json` reports
+    (BENCHJSON vfio / kernel lines), VFIO against the kernel's driver case by case. Prints the
+    table; fails when a report is missing."""
+    reports = {}
+    for line in open(console_log, errors="replace"):
+        if line.startswith("BENCHJSON "):
+            _, label, body = line.split(" ", 2)
+            reports[label] = {c["case"].split("_", 1)[1]: c for c in json.loads(body)["cases"]}
+    missing = {"vfio", "kernel"} - set(reports)
+    if missing:
+        sys.exit(f"bench_results.py: no `bench nvme --json` report for {sorted(missing)} in {console_log}")
     rows = []
-    for name, kv in sorted(cases.items()):
-        if not name.startswith("vfio_"):
-            continue
-        k = cases.get("kernel_" + name[len("vfio_"):])
-        p50, iops = float(kv["p50_ns"]), float(kv["iops"])
-        kp50, kiops = (float(k["p50_ns"]), float(k["iops"])) if k else (None, None)
-        case = name[len("vfio_"):]
+    print(f"{'case':<16} {'VFIO P50':>10} {'kernel P50':>11} {'kernel/VFIO':>12} {'VFIO IOPS':>10} {'kernel IOPS':>12} {'VFIO/kernel':>12}")
+    for case, v in sorted(reports["vfio"].items()):
+        k = reports["kernel"].get(case)
+        p50, iops = float(v["latency"]["p50_ns"]), float(v["iops"])
+        kp50, kiops = (float(k["latency"]["p50_ns"]), float(k["iops"])) if k else (None, None)
+        r50 = kp50 / p50 if kp50 else None
+        riops = iops / kiops if kiops else None
+        print(f"{case:<16} {p50:>8.0f}ns {kp50 or float('nan'):>9.0f}ns {r50 or float('nan'):>12.2f} "
+              f"{iops:>10.0f} {kiops or float('nan'):>12.0f} {riops or float('nan'):>12.2f}")
         rows.append(row(case + " P50", p50, "ns", "kernel nvme + io_uring", kp50 and {"value": kp50, "unit": "ns"},
-                        kp50 / p50 if kp50 else None, None, ratio_is="kernel P50 / VFIO P50"))
+                        r50, None, ratio_is="kernel P50 / VFIO P50"))
         rows.append(row(case + " IOPS", iops, "IOPS", "kernel nvme + io_uring", kiops and {"value": kiops, "unit": "IOPS"},
-                        iops / kiops if kiops else None, None, ratio_is="VFIO IOPS / kernel IOPS"))
-    write("vfio-nvme", command, rows, raw={"bench_lines": lines})
+                        riops, None, ratio_is="VFIO IOPS / kernel IOPS"))
+    write("vfio-nvme", command, rows, raw={"reports": reports})
 
 
 def _median(v):

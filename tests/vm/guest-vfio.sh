@@ -113,10 +113,13 @@ check)
 bench)
     bind_vfio
     # shellcheck disable=SC2086 # BENCH_ARGS is a word list on purpose
-    fastlane bench nvme --backend "nvme:$BDF" --label vfio --hlog /tmp/vfio.hlog $BENCH_ARGS
+    # Each report on one line (BENCHJSON LABEL {...}): scripts/bench_results.py reads them.
+    fastlane bench nvme --backend "nvme:$BDF" --label vfio --hlog /tmp/vfio.hlog --json $BENCH_ARGS >/tmp/vfio.json
+    echo "BENCHJSON vfio $(tr -d '\n' </tmp/vfio.json)"
     bind_nvme
     # shellcheck disable=SC2086
-    fastlane bench nvme --backend file:/dev/nvme0n1 --direct --label kernel --hlog /tmp/kernel.hlog $BENCH_ARGS
+    fastlane bench nvme --backend file:/dev/nvme0n1 --direct --label kernel --hlog /tmp/kernel.hlog --json $BENCH_ARGS >/tmp/kernel.json
+    echo "BENCHJSON kernel $(tr -d '\n' </tmp/kernel.json)"
     print_hlog vfio /tmp/vfio.hlog
     print_hlog kernel /tmp/kernel.hlog
     echo "VFIO-OK"
