@@ -90,7 +90,7 @@ fn serve(a: &ServeArgs) -> Result<()> {
         move || fields.update(&monitor.stats())
     })?;
     signals.on_stop_set(&stop)?;
-    eprintln!(
+    log::info!(
         "fastlane rdma serve: {} bytes on {} (GID index {}, MTU {}), listening on {}",
         pool.size(),
         dev.name(),
@@ -103,7 +103,7 @@ fn serve(a: &ServeArgs) -> Result<()> {
     fastlane_daemon::notify::stopping("stopped serving");
     served?;
     drop(exporter);
-    eprintln!("fastlane rdma serve: stopped");
+    log::info!("fastlane rdma serve: stopped");
     Ok(())
 }
 

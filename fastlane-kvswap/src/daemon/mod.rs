@@ -261,7 +261,7 @@ pub fn serve(cfg: &ServeConfig) -> Result<()> {
         let _ = std::fs::remove_file(&cfg.socket);
     })?;
     signals.on_stop_set(&stop)?;
-    eprintln!(
+    log::info!(
         "fastlane kv serve: {} blocks of {} bytes, host tier {} bytes{}, content-addressed \
          store {cas}, listening on {:?} (protocol v{}), peers allowed: {allowed}",
         cfg.device_blocks,
@@ -277,7 +277,7 @@ pub fn serve(cfg: &ServeConfig) -> Result<()> {
     served?;
     drop(exporter);
     let c = server.counters();
-    eprintln!(
+    log::info!(
         "fastlane kv serve: stopped after {} connections ({} refused), {} requests, {} \
          protocol errors",
         c.accepted.load(Ordering::Relaxed),
@@ -287,7 +287,7 @@ pub fn serve(cfg: &ServeConfig) -> Result<()> {
     );
     if let Some(s) = &store {
         let st = s.stats();
-        eprintln!(
+        log::info!(
             "fastlane kv serve: content-addressed store: {} requests, {} keys got ({} hits: {} \
              cluster), {} blocks inserted, {} evicted for room, {} by EVICT, {} refused; {} \
              blocks ({} bytes) held, {} pins released on close; cluster: {} puts, {} dropped, \
