@@ -231,17 +231,11 @@ pub(crate) fn engine_steps(before: &str, after: &str) -> Result<serde_json::Valu
 /// sequences (`None`: not our server, or no answer).
 async fn busy_sequences(addr: &str) -> Option<f64> {
     let text = scrape(addr).await?;
-    let mut found = false;
-    let mut sum = 0.0;
-    for l in text.lines() {
-        for state in ["waiting", "running", "queued"] {
-            if l.starts_with(&format!("fastlane_llm_sequences{{state=\"{state}\"}}")) {
-                found = true;
-                sum += l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-            }
-        }
-    }
-    found.then_some(sum)
+    let found: Vec<f64> = ["waiting", "running", "queued"]
+        .iter()
+        .filter_map(|state| sample(&text, &format!("fastlane_llm_sequences{{state=\"{state}\"}}")))
+        .collect();
+    (!found.is_empty()).then(|| found.iter().sum())
 }
 
 fn ms(h: &Histogram<u64>, q: f64) -> f64 {

@@ -17,44 +17,20 @@ struct Event {
     fields: serde_json::Map<String, serde_json::Value>,
 }
 
-/// Microseconds since the epoch of an RFC 3339 UTC timestamp as tracing-subscriber writes it
-/// (`2026-12-07T00:09:43.147966Z`; an offset `+HH:MM` is honoured too).
+/// Microseconds since the epoch of an RFC 3339 timestamp as tracing-subscriber writes it
+/// (`2026-12-07T00:09:43.147966Z`; an offset `+HH:MM` is honoured too). The calendar is
+/// `humantime`'s (UTC only), the offset ours.
 fn rfc3339_us(s: &str) -> Option<i64> {
-    let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    let mut rest = &s[19..];
-    let mut us = 0i64;
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
-        let f = &frac[..digits];
-        us = format!("{:0<6}", &f[..digits.min(6)]).parse().ok()?;
-        rest = &frac[digits..];
-    }
-    let offset_s = match rest {
-        "Z" => 0,
-        o if o.len() == 6 && (o.starts_with('+') || o.starts_with('-')) => {
+    let (utc, offset_s) = match s.len().checked_sub(6).map(|k| s.split_at(k)) {
+        Some((t, o)) if (o.starts_with('+') || o.starts_with('-')) && o.as_bytes()[3] == b':' => {
             let v = o[1..3].parse::<i64>().ok()? * 3600 + o[4..6].parse::<i64>().ok()? * 60;
-            if o.starts_with('-') {
-                -v
-            } else {
-                v
-            }
+            (format!("{t}Z"), if o.starts_with('-') { -v } else { v })
         }
-        _ => return None,
+        _ => (s.to_string(), 0),
     };
-    // Days from the civil date (proleptic Gregorian), 1970-01-01 = 0.
-    let (y, m) = if mo <= 2 { (y - 1, mo + 9) } else { (y, mo - 3) };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * m + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(((days * 86_400 + h * 3600 + mi * 60 + sec - offset_s) * 1_000_000) + us)
+    let t = humantime::parse_rfc3339(&utc).ok()?;
+    let us = i64::try_from(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_micros()).ok()?;
+    Some(us - offset_s * 1_000_000)
 }
 
 /// The events named `event` (`fields.event`) of a JSON log; other lines are skipped.
