@@ -135,3 +135,33 @@ fn attack_floor_and_probe_flags_are_clear_errors() {
     let e = err(&["llm", "bench", "--url", "http://127.0.0.1:1", "--probe-rate", "1e9"]);
     assert!(e.contains("--probe-rate 1000000000: 0 (no probe) to 10000"), "{e}");
 }
+
+#[test]
+fn engine_metrics_and_router_floor_inputs_are_clear_errors() {
+    let err = |args: &[&str]| {
+        let out = fastlane(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let url = ["llm", "bench", "--url", "http://127.0.0.1:1", "--seconds", "1"];
+    let e = err(&[&url[..], &["--engine-metrics", "ftp://x"]].concat());
+    assert!(e.contains("--engine-metrics: http://HOST:PORT"), "{e}");
+    // Nothing listens there: an error, not an engine that ran no steps.
+    let e = err(&[&url[..], &["--engine-metrics", "http://127.0.0.1:1"]].concat());
+    assert!(e.contains("no /metrics at 127.0.0.1:1"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let e = err(&["llm", "bench", "--router-floor", d]);
+    assert!(e.contains("loaded.from"), "{e}");
+    // The files of a run whose logs hold no events (not RUST_LOG=trace --log-format json).
+    for (f, text) in [
+        ("loaded.from", "1.0"),
+        ("loaded.to", "2.0"),
+        ("up-loaded.log", "x"),
+        ("router-loaded.log", ""),
+    ] {
+        std::fs::write(dir.path().join(f), text).unwrap();
+    }
+    let e = err(&["llm", "bench", "--router-floor", d]);
+    assert!(e.contains("no engine `step` events"), "{e}");
+}
