@@ -139,13 +139,17 @@ fn a_client_that_reads_nothing_loses_its_slot_at_the_fence_and_its_connection_af
 ) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let t = tenants_file(&dir, TENANTS);
-    let s = Server::llm(&t, &["--client-write-timeout-seconds", "4", "--send-buffer-bytes", "8K"]);
+    let s = Server::llm(&t, &["--client-write-timeout-seconds", "4", "--send-buffer-bytes", "4K"]);
     // Tenant a has one slot and a 2 s fence. This stream takes the slot and reads nothing.
+    // Its events are made large (20 alternatives a token, ~2 KB) so that the kernel's buffers
+    // and hyper's queue of 16 chunks are full within a few dozen tokens, long before the
+    // fence even on a loaded machine: with ~150-byte events a slow debug engine had not
+    // filled them by the fence, the body was still polled, and it ended itself there.
     let mut c = connect_small_window(s.addr());
-    let body = r#"{"prompt": "x", "max_tokens": 4000, "stream": true, "ignore_eos": true}"#;
+    let body = r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 4000, "stream": true, "ignore_eos": true, "logprobs": true, "top_logprobs": 20}"#;
     write!(
         c,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-a\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-a\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
