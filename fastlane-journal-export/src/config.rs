@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::ExportAccess;
+
 /// Default stream name.
 pub const DEFAULT_STREAM: &str = "FASTLANE_JOURNAL";
 /// Default subject the records are published on.
@@ -38,8 +40,11 @@ pub const STREAM_NAME_LEN_MAX: usize = 255;
 /// Where and how the exporter ships records.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportConfig {
-    /// Cluster seed URLs, each `nats://HOST:PORT`; the client learns the other nodes from them.
+    /// Cluster seed URLs, each `nats://HOST:PORT` or `tls://HOST:PORT` (TLS required); the
+    /// client learns the other nodes from them.
     pub urls: Vec<String>,
+    /// Credentials and TLS material ([`crate::access`]).
+    pub access: ExportAccess,
     /// JetStream stream name.
     pub stream: String,
     /// Subject the records are published on; the stream the exporter creates holds only it.
@@ -77,7 +82,9 @@ pub enum ExportConfigError {
     #[error("export: no NATS URL given (expected nats://HOST:PORT[,nats://HOST:PORT...])")]
     NoUrl,
     /// A URL that is not `nats://HOST:PORT`.
-    #[error("export: bad NATS URL {url:?}: {reason} (expected nats://HOST:PORT)")]
+    #[error(
+        "export: bad NATS URL {url:?}: {reason} (expected nats://HOST:PORT or tls://HOST:PORT)"
+    )]
     Url {
         /// The URL as given.
         url: String,
@@ -118,6 +125,12 @@ pub enum ExportConfigError {
         /// Largest accepted.
         max: usize,
     },
+    /// Credentials or TLS files that cannot be used.
+    #[error("export: {reason}")]
+    Access {
+        /// What is wrong, naming the variable or flag.
+        reason: String,
+    },
     /// A zero duration where a wait is needed.
     #[error("export: {field} must be longer than zero")]
     ZeroDuration {
@@ -138,6 +151,7 @@ impl ExportConfig {
     pub fn with_urls(urls: Vec<String>) -> Self {
         Self {
             urls,
+            access: ExportAccess::default(),
             stream: DEFAULT_STREAM.to_string(),
             subject: DEFAULT_SUBJECT.to_string(),
             replicas: DEFAULT_REPLICAS,
@@ -182,9 +196,15 @@ impl ExportConfig {
         }
         Ok(())
     }
+
+    /// Whether the exporter refuses servers that do not speak TLS: a `tls://` URL, a CA or a
+    /// client certificate.
+    pub fn tls_required(&self) -> bool {
+        self.access.wants_tls() || self.urls.iter().any(|u| u.starts_with("tls://"))
+    }
 }
 
-/// Splits and checks an `--export` value: comma-separated `nats://HOST:PORT` URLs, blanks
+/// Splits and checks an `--export` value: comma-separated `nats://HOST:PORT` (or `tls://`) URLs, blanks
 /// around each ignored.
 pub fn parse_urls(list: &str) -> Result<Vec<String>, ExportConfigError> {
     let mut urls: Vec<String> = Vec::new();
@@ -207,11 +227,11 @@ pub fn parse_urls(list: &str) -> Result<Vec<String>, ExportConfigError> {
 
 fn check_url(url: &str) -> Result<(), ExportConfigError> {
     let bad = |reason| Err(ExportConfigError::Url { url: url.to_string(), reason });
-    let Some(rest) = url.strip_prefix("nats://") else {
-        return bad("the scheme must be nats://");
+    let Some(rest) = url.strip_prefix("nats://").or_else(|| url.strip_prefix("tls://")) else {
+        return bad("the scheme must be nats:// or tls://");
     };
     if rest.contains(['/', '?', '#', '@']) {
-        return bad("only HOST:PORT may follow nats:// (no path, query or credentials)");
+        return bad("only HOST:PORT may follow the scheme (no path, query or credentials)");
     }
     let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
         let Some((host, after)) = v6.split_once(']') else {
@@ -303,8 +323,12 @@ mod tests {
         assert_eq!(cfg.stream, DEFAULT_STREAM);
         assert_eq!(cfg.subject, DEFAULT_SUBJECT);
         assert_eq!(cfg.replicas, 3);
+        assert!(!cfg.tls_required());
         let urls = parse_urls("nats://a.example:1, nats://b-2:65535 ,nats://[::1]:4222").unwrap();
         assert_eq!(urls, ["nats://a.example:1", "nats://b-2:65535", "nats://[::1]:4222"]);
+        let cfg = ExportConfig::from_urls("nats://a:1,tls://b:2").unwrap();
+        assert_eq!(cfg.urls, ["nats://a:1", "tls://b:2"]);
+        assert!(cfg.tls_required(), "a tls:// URL requires TLS of every server");
     }
 
     #[test]
@@ -313,7 +337,8 @@ mod tests {
             ("", "no NATS URL"),
             ("  ", "no NATS URL"),
             ("nats://h:1,", "empty entry"),
-            ("tls://h:1", "scheme"),
+            ("ws://h:1", "scheme"),
+            ("tls://u:p@h:1", "credentials"),
             ("h:4222", "scheme"),
             ("nats://h", "missing :PORT"),
             ("nats://h:0", "port"),

@@ -423,7 +423,22 @@ async fn connect(
     lost: Arc<SessionLost>,
 ) -> Result<async_nats::Client, ExportError> {
     let urls = cfg.urls.join(",");
-    let opts = async_nats::ConnectOptions::new()
+    let mut opts = async_nats::ConnectOptions::new();
+    let a = &cfg.access;
+    if let (Some(user), Some(password)) = (&a.user, &a.password) {
+        opts = opts.user_and_password(user.clone(), password.clone());
+    }
+    if let Some(token) = &a.token {
+        opts = opts.token(token.clone());
+    }
+    if let Some(ca) = &a.ca_file {
+        opts = opts.add_root_certificates(ca.clone());
+    }
+    if let Some((cert, key)) = &a.client_cert {
+        opts = opts.add_client_certificate(cert.clone(), key.clone());
+    }
+    let opts = opts
+        .require_tls(cfg.tls_required())
         .name("fastlane-journal-export")
         .connection_timeout(cfg.connect_timeout)
         .request_timeout(Some(cfg.ack_timeout))

@@ -32,18 +32,21 @@
 //! - `exported_seq` advances only on acks, in order. Up to `max_in_flight` acks are
 //!   outstanding; any failed ack ends the session, and the next one resumes from the stream.
 //!
-//! What this crate does not do: read the journal's files (the service's [`RecordSource`]
-//! does), TLS or credentials (plain `nats://` only), or trim the stream (set limits on it
-//! with the `nats` tool). What an acknowledged publish survives on the NATS side is in
+//! Credentials (user and password, or a token) and TLS (`tls://`, a CA, a client
+//! certificate) are in [`access`]. What this crate does not do: read the journal's files (the
+//! service's [`RecordSource`] does), JWT/NKey credentials, or trim the stream (set limits on
+//! it with the `nats` tool). What an acknowledged publish survives on the NATS side is in
 //! `docs/journal-export.md`.
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod access;
 mod config;
 mod error;
 mod exporter;
 mod source;
 mod stats;
 
+pub use access::{AccessFiles, ExportAccess};
 pub use config::{
     parse_urls, ExportConfig, ExportConfigError, DEFAULT_ACK_TIMEOUT, DEFAULT_BACKOFF_MAX,
     DEFAULT_BATCH_MAX, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRAIN_TIMEOUT, DEFAULT_DUPLICATE_WINDOW,

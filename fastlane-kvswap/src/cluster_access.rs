@@ -11,9 +11,8 @@
 //! - the environment: [`USERNAME_ENV`] (optional; Redis 6 ACL user, default `default`) and
 //!   [`PASSWORD_ENV`];
 //! - or a file (`--kv-cluster-password-file PATH`): the password on one line (one trailing
-//!   newline is dropped). The file must not be readable by its group or others (mode `0600`
-//!   or `0400`): it is refused otherwise, as ssh refuses a private key, because a secret
-//!   everyone can read protects nothing. A Kubernetes secret volume needs `defaultMode: 0400`.
+//!   newline is dropped), which must not be readable by its group or others (mode `0600` or
+//!   `0400`; [`fastlane_util::secret`] says why).
 //!
 //! Both a file and [`PASSWORD_ENV`] is refused (which one was meant?). A user without a
 //! password is refused too. The password goes to every node connection (`AUTH`, also to the
@@ -28,21 +27,18 @@
 //! be in its certificate's subject alternative names.
 
 use std::ffi::OsString;
-use std::fs::File;
-use std::io::Read;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 /// Environment variable holding the Redis ACL user (optional).
 pub const USERNAME_ENV: &str = "FASTLANE_REDIS_USERNAME";
 /// Environment variable holding the Redis password.
 pub const PASSWORD_ENV: &str = "FASTLANE_REDIS_PASSWORD";
 /// Largest password file read.
-pub const PASSWORD_FILE_BYTES_MAX: u64 = 4096;
+pub const PASSWORD_FILE_BYTES_MAX: u64 = fastlane_util::secret::SECRET_FILE_BYTES_MAX;
 /// Largest CA file read.
-pub const CA_FILE_BYTES_MAX: u64 = 1 << 20;
+pub const CA_FILE_BYTES_MAX: u64 = fastlane_util::secret::PEM_FILE_BYTES_MAX;
 
 /// Credentials and trust of the cluster connections (see the module doc). The default is no
 /// `AUTH` and, for `rediss://`, the system's roots.
@@ -110,61 +106,25 @@ impl ClusterAccess {
     }
 }
 
-/// The password of `--kv-cluster-password-file`: one line of UTF-8, not empty, in a file
-/// neither its group nor others may read.
+/// The password of `--kv-cluster-password-file` ([`fastlane_util::secret::read_secret_file`]).
 fn read_password_file(path: &Path) -> Result<String> {
-    let flag = || format!("--kv-cluster-password-file {}", path.display());
-    let file = File::open(path).with_context(flag)?;
-    // The checks look at the file opened, not at a path that may have changed since.
-    let meta = file.metadata().with_context(flag)?;
-    if !meta.is_file() {
-        bail!("{}: not a regular file", flag());
-    }
-    let mode = meta.permissions().mode();
-    if mode & 0o044 != 0 {
-        bail!(
-            "{}: readable by its group or others (mode {:04o}); a password file must be \
-             readable by its owner only: chmod 600 it",
-            flag(),
-            mode & 0o7777
-        );
-    }
-    if meta.len() > PASSWORD_FILE_BYTES_MAX {
-        bail!("{}: over {PASSWORD_FILE_BYTES_MAX} bytes: not a password file", flag());
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(PASSWORD_FILE_BYTES_MAX + 1).read_to_end(&mut bytes).with_context(flag)?;
-    let text = String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("{}: not UTF-8", flag()))?;
-    let line = text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text);
-    if line.is_empty() {
-        bail!("{}: empty", flag());
-    }
-    if line.contains(['\n', '\r']) {
-        bail!("{}: more than one line; the file holds the password alone", flag());
-    }
-    Ok(line.to_string())
+    fastlane_util::secret::read_secret_file(path)
+        .map_err(|e| anyhow::anyhow!("--kv-cluster-password-file {}: {e}", path.display()))
 }
 
 /// The PEM certificates of `--kv-cluster-ca`.
 fn read_ca_file(path: &Path) -> Result<Vec<u8>> {
-    let flag = || format!("--kv-cluster-ca {}", path.display());
-    let file = File::open(path).with_context(flag)?;
-    let mut pem = Vec::new();
-    file.take(CA_FILE_BYTES_MAX + 1).read_to_end(&mut pem).with_context(flag)?;
-    if pem.len() as u64 > CA_FILE_BYTES_MAX {
-        bail!("{}: over {CA_FILE_BYTES_MAX} bytes", flag());
-    }
-    if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
-        bail!("{}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it", flag());
-    }
-    Ok(pem)
+    fastlane_util::secret::read_pem_file(path, "CERTIFICATE")
+        .map_err(|e| anyhow::anyhow!("--kv-cluster-ca {}: {e}", path.display()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashMap;
+    use std::fs::File;
     use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
 
     fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
         let m: HashMap<String, OsString> =
@@ -243,6 +203,6 @@ mod tests {
         assert!(!shown.contains("s3cret") && shown.contains("<redacted>"), "{shown}");
         let junk = file(dir.path(), "junk.pem", "not a certificate", 0o644);
         let e = ClusterAccess::load_with(env(&[]), None, Some(&junk)).unwrap_err();
-        assert!(e.to_string().contains("no PEM certificate"), "{e}");
+        assert!(e.to_string().contains("no PEM CERTIFICATE"), "{e}");
     }
 }

@@ -8,6 +8,8 @@
 //! - [`tsc`]: the x86 time-stamp counter as a cheap clock for benchmarks;
 //! - [`cpu`]: pinning a thread to a CPU, unpinning it, the process's CPU list;
 //! - [`stats`]: median and nearest-rank quantiles;
+//! - [`secret`]: passwords, tokens and PEM certificates read from files, checked;
+//! - [`testcert`]: a throwaway CA and certificate for TLS tests, and a time-bounded command;
 //! - [`SeqId`], [`BlockId`]: the ids the swap tier and the scheduler share;
 //! - [`CountingAlloc`]: the global allocator of the "allocates nothing" tests.
 //!
@@ -20,8 +22,10 @@ pub mod cpu;
 mod ids;
 pub mod pattern;
 mod rng;
+pub mod secret;
 mod size;
 pub mod stats;
+pub mod testcert;
 pub mod tsc;
 
 pub use alloc_count::CountingAlloc;

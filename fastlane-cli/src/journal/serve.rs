@@ -16,7 +16,7 @@ use fastlane_daemon::signals::StopSignals;
 use fastlane_journal::segments::Retention;
 use fastlane_journal::service::{Service, ServiceConfig, ServiceStats};
 use fastlane_journal::{Durability, JournalError, JournalProducer, COMMIT_BUCKETS_NS};
-use fastlane_journal_export::{ExportConfig, Exporter};
+use fastlane_journal_export::{AccessFiles, ExportAccess, ExportConfig, Exporter};
 use fastlane_util::parse_size;
 
 /// `fastlane journal serve`.
@@ -70,8 +70,28 @@ pub(super) struct ServeArgs {
     /// Ship every durable record, in sequence order, to a NATS JetStream stream (three
     /// replicas) on these servers, each message with the journal seq as its Nats-Msg-Id;
     /// on its own thread: a slow or dead cluster shows as export lag, never in the acks.
+    /// tls://HOST:PORT refuses servers without TLS. Credentials come from the environment
+    /// (FASTLANE_NATS_USER with FASTLANE_NATS_PASSWORD, or FASTLANE_NATS_TOKEN) or the
+    /// files below, never from the URL.
     #[arg(long, value_name = "nats://HOST:PORT[,…]")]
     export: Option<String>,
+    /// The export's NATS password, alone on one line of a file only its owner may read
+    /// (the user from FASTLANE_NATS_USER).
+    #[arg(long, value_name = "FILE", requires = "export")]
+    export_password_file: Option<PathBuf>,
+    /// The export's NATS token, alone on one line of a file only its owner may read.
+    #[arg(long, value_name = "FILE", requires = "export")]
+    export_token_file: Option<PathBuf>,
+    /// PEM CA certificate(s) the NATS servers' certificates are checked against (instead of
+    /// the system's roots); implies TLS.
+    #[arg(long, value_name = "FILE", requires = "export")]
+    export_ca: Option<PathBuf>,
+    /// PEM client certificate for servers that verify clients (with --export-key); implies TLS.
+    #[arg(long, value_name = "FILE", requires_all = ["export", "export_key"])]
+    export_cert: Option<PathBuf>,
+    /// PEM private key of --export-cert.
+    #[arg(long, value_name = "FILE", requires_all = ["export", "export_cert"])]
+    export_key: Option<PathBuf>,
     /// The JetStream stream the export writes.
     #[arg(long, default_value = "FASTLANE_JOURNAL")]
     export_stream: String,
@@ -176,6 +196,25 @@ pub(super) fn serve(a: &ServeArgs) -> Result<()> {
             source: std::io::Error::other(format!("{}: {e:#}", p.display())),
         })
     });
+    // The export's settings and files are checked before the service opens anything.
+    let export_config = match &a.export {
+        Some(urls) => {
+            let mut c = ExportConfig::from_urls(urls).context("--export")?;
+            c.stream = a.export_stream.clone();
+            c.subject = a.export_subject.clone();
+            c.replicas = a.export_replicas;
+            c.access = ExportAccess::load(&AccessFiles {
+                password_file: a.export_password_file.clone(),
+                token_file: a.export_token_file.clone(),
+                ca_file: a.export_ca.clone(),
+                cert_file: a.export_cert.clone(),
+                key_file: a.export_key.clone(),
+            })?;
+            c.validate().context("--export")?;
+            Some(c)
+        }
+        None => None,
+    };
     let service = Service::start(config)
         .with_context(|| format!("journal serve --dir {}", a.dir.display()))?;
     let r = service.recovered();
@@ -188,16 +227,22 @@ pub(super) fn serve(a: &ServeArgs) -> Result<()> {
         if r.truncated { ", torn tail zeroed" } else { "" },
         a.dir.join(fastlane_journal::service::SOCKET_NAME).display()
     );
-    let export = match &a.export {
-        Some(urls) => {
-            let mut c = ExportConfig::from_urls(urls).context("--export")?;
-            c.stream = a.export_stream.clone();
-            c.subject = a.export_subject.clone();
-            c.replicas = a.export_replicas;
-            c.validate().context("--export")?;
+    let export = match export_config {
+        Some(c) => {
+            let what = format!(
+                "NATS JetStream at {} (stream {}{}{})",
+                c.urls.join(","),
+                c.stream,
+                if c.tls_required() { ", TLS required" } else { "" },
+                match (&c.access.user, &c.access.token) {
+                    (Some(u), _) => format!(", user {u}"),
+                    (None, Some(_)) => ", token".to_string(),
+                    (None, None) => String::new(),
+                }
+            );
             let source = super::export::DirSource::new(a.dir.clone(), service.durable_view()?);
             let e = Exporter::start(c, Box::new(source)).context("--export: start")?;
-            log::info!("exporting to NATS JetStream at {urls} (stream {})", a.export_stream);
+            log::info!("exporting to {what}");
             Some(e)
         }
         None => None,

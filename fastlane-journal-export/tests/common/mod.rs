@@ -39,7 +39,13 @@ struct Node {
 pub struct NatsCluster {
     dir: tempfile::TempDir,
     nodes: Vec<Node>,
+    secured: bool,
 }
+
+/// The user and password of a [`NatsCluster::start_secured`] cluster.
+pub const SECURED_USER: &str = "fastlane";
+/// See [`SECURED_USER`].
+pub const SECURED_PASSWORD: &str = "test-password-1";
 
 fn free_ports(n: usize) -> Vec<u16> {
     // Held together so that no two are the same; a race with another process is possible
@@ -66,8 +72,24 @@ fn require_nats_server() {
 impl NatsCluster {
     /// Starts `n` nodes and waits until each reports JetStream healthy.
     pub fn start(n: usize) -> Self {
+        Self::start_with(n, false)
+    }
+
+    /// As [`start`](Self::start), with clients held to TLS whose certificates the nodes
+    /// verify (`--tlsverify`; the CA, node certificate and key from
+    /// `fastlane_util::testcert` in [`tls_dir`](Self::tls_dir), the node certificate
+    /// serving as the client's too) and to [`SECURED_USER`]'s password. Routes between the
+    /// nodes stay plain (loopback).
+    pub fn start_secured(n: usize) -> Self {
+        Self::start_with(n, true)
+    }
+
+    fn start_with(n: usize, secured: bool) -> Self {
         require_nats_server();
         let dir = tempfile::tempdir().expect("tempdir");
+        if secured {
+            fastlane_util::testcert::make(dir.path()).expect("test certificates");
+        }
         let ports = free_ports(3 * n);
         let nodes = (0..n)
             .map(|i| Node {
@@ -80,7 +102,7 @@ impl NatsCluster {
                 child: None,
             })
             .collect();
-        let mut cluster = Self { dir, nodes };
+        let mut cluster = Self { dir, nodes, secured };
         for i in 0..n {
             cluster.spawn(i);
         }
@@ -98,6 +120,14 @@ impl NatsCluster {
             .filter(|(j, _)| *j != i)
             .map(|(_, n)| format!("nats://127.0.0.1:{}", n.cluster_port))
             .collect();
+        let mut secure: Vec<std::ffi::OsString> = Vec::new();
+        if self.secured {
+            let f = |name: &str| self.dir.path().join(name).into_os_string();
+            use fastlane_util::testcert::{CA_FILE, CERT_FILE, KEY_FILE};
+            secure.extend(["--tlsverify".into(), "--tlscert".into(), f(CERT_FILE)]);
+            secure.extend(["--tlskey".into(), f(KEY_FILE), "--tlscacert".into(), f(CA_FILE)]);
+            secure.extend(["--user", SECURED_USER, "--pass", SECURED_PASSWORD].map(Into::into));
+        }
         let node = &mut self.nodes[i];
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -113,6 +143,7 @@ impl NatsCluster {
             .args(["--cluster_name", "fastlane-test"])
             .args(["--cluster", &format!("nats://127.0.0.1:{}", node.cluster_port)])
             .args(["--routes", &routes.join(",")])
+            .args(&secure)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup the log fd"))
             .stderr(log)
@@ -150,9 +181,30 @@ impl NatsCluster {
         lines[lines.len().saturating_sub(15)..].join("\n")
     }
 
-    /// The client URLs, `nats://127.0.0.1:P` each.
+    /// The client URLs, `nats://127.0.0.1:P` each (`tls://` for a secured cluster).
     pub fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(|n| format!("nats://127.0.0.1:{}", n.client_port)).collect()
+        let scheme = if self.secured { "tls" } else { "nats" };
+        self.nodes.iter().map(|n| format!("{scheme}://127.0.0.1:{}", n.client_port)).collect()
+    }
+
+    /// The directory of a secured cluster's CA, certificate and key (`fastlane_util::testcert`).
+    pub fn tls_dir(&self) -> &std::path::Path {
+        assert!(self.secured, "only a secured cluster has TLS files");
+        self.dir.path()
+    }
+
+    /// Options of a test client that may talk to this cluster.
+    pub fn client_options(&self) -> async_nats::ConnectOptions {
+        let opts = async_nats::ConnectOptions::new();
+        if !self.secured {
+            return opts;
+        }
+        use fastlane_util::testcert::{CA_FILE, CERT_FILE, KEY_FILE};
+        let f = |name: &str| self.dir.path().join(name);
+        opts.user_and_password(SECURED_USER.into(), SECURED_PASSWORD.into())
+            .add_root_certificates(f(CA_FILE))
+            .add_client_certificate(f(CERT_FILE), f(KEY_FILE))
+            .require_tls(true)
     }
 
     /// The URLs as an `--export` value.
@@ -266,9 +318,9 @@ pub fn runtime() -> tokio::runtime::Runtime {
 
 /// The index of the node leading `stream` (bounded by `timeout`).
 pub fn stream_leader(cluster: &NatsCluster, stream: &str, timeout: Duration) -> usize {
-    let urls = cluster.urls();
+    let (urls, opts) = (cluster.urls(), cluster.client_options());
     let leader = runtime().block_on(async {
-        let js = jetstream::new(async_nats::connect(urls.as_slice()).await.expect("connect"));
+        let js = jetstream::new(opts.connect(urls.as_slice()).await.expect("connect"));
         let end = tokio::time::Instant::now() + timeout;
         loop {
             let short = Duration::from_millis(500);
@@ -298,11 +350,11 @@ pub struct Stored {
 
 /// Reads the whole stream back with an ordered consumer (bounded by `timeout`).
 pub fn read_stream(cluster: &NatsCluster, stream: &str, timeout: Duration) -> Vec<Stored> {
-    let urls = cluster.urls();
+    let (urls, opts) = (cluster.urls(), cluster.client_options());
     runtime().block_on(async {
         let end = tokio::time::Instant::now() + timeout;
         tokio::time::timeout_at(end, async {
-            let client = async_nats::connect(urls.as_slice()).await.expect("test client connects");
+            let client = opts.connect(urls.as_slice()).await.expect("test client connects");
             let js = jetstream::new(client);
             // A cluster that just lost or regained a node may take an election to answer.
             let mut tries = 0;

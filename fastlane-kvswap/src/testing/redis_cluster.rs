@@ -71,75 +71,14 @@ pub struct RedisClusterOptions {
 }
 
 /// File names, in the cluster's directory, of the TLS material of a TLS cluster.
-pub const TLS_CA_FILE: &str = "ca.crt";
-const TLS_CERT_FILE: &str = "node.crt";
-const TLS_KEY_FILE: &str = "node.key";
+pub const TLS_CA_FILE: &str = fastlane_util::testcert::CA_FILE;
+const TLS_CERT_FILE: &str = fastlane_util::testcert::CERT_FILE;
+const TLS_KEY_FILE: &str = fastlane_util::testcert::KEY_FILE;
 
 /// Makes a CA and a node certificate signed by it (`IP:127.0.0.1`, `DNS:localhost`) in `dir`
-/// with the `openssl` command: [`TLS_CA_FILE`], `node.crt`, `node.key`.
+/// ([`fastlane_util::testcert::make`]): [`TLS_CA_FILE`], `node.crt`, `node.key`.
 pub fn make_tls_files(dir: &Path) -> Result<(), RedisHarnessError> {
-    if find_on_path("openssl").is_none() {
-        return err(
-            "openssl not found on PATH: install the Debian package openssl (.ci/install-deps.sh              does)",
-        );
-    }
-    let ext = dir.join("node.ext");
-    std::fs::write(
-        &ext,
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=critical,CA:FALSE\n\
-         keyUsage=critical,digitalSignature,keyEncipherment\n\
-         extendedKeyUsage=serverAuth,clientAuth\n",
-    )
-    .map_err(|e| RedisHarnessError(format!("writing {}: {e}", ext.display())))?;
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-    let steps: [Vec<&str>; 3] = [
-        [&["req", "-x509"][..], &ec, &["-keyout", "ca.key", "-out", TLS_CA_FILE, "-days", "2"]]
-            .concat()
-            .into_iter()
-            .chain([
-                "-subj",
-                "/CN=fastlane test CA",
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign,cRLSign",
-            ])
-            .collect(),
-        [
-            &["req"][..],
-            &ec,
-            &["-keyout", TLS_KEY_FILE, "-out", "node.csr", "-subj", "/CN=127.0.0.1"],
-        ]
-        .concat(),
-        vec![
-            "x509",
-            "-req",
-            "-in",
-            "node.csr",
-            "-CA",
-            TLS_CA_FILE,
-            "-CAkey",
-            "ca.key",
-            "-set_serial",
-            "2",
-            "-days",
-            "2",
-            "-extfile",
-            "node.ext",
-            "-out",
-            TLS_CERT_FILE,
-        ],
-    ];
-    for args in steps {
-        let out = run_bounded(Command::new("openssl").args(&args).current_dir(dir), CLI_TIMEOUT)?;
-        if !out.status.success() {
-            return err(format!(
-                "openssl {args:?} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-    }
-    Ok(())
+    fastlane_util::testcert::make(dir).map_err(|e| RedisHarnessError(e.to_string()))
 }
 
 fn find_on_path(name: &str) -> Option<PathBuf> {
@@ -164,26 +103,8 @@ fn free_ports(n: usize) -> Result<Vec<u16>, RedisHarnessError> {
 /// Runs `cmd` to completion, killing it after `limit`. Its output must fit in the pipe
 /// buffers (64 KiB each), as every redis-cli answer the harness asks for does.
 fn run_bounded(cmd: &mut Command, limit: Duration) -> Result<Output, RedisHarnessError> {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| RedisHarnessError(format!("spawning {cmd:?}: {e}")))?;
-    let start = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if start.elapsed() < limit => thread::sleep(Duration::from_millis(2)),
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return err(format!("{cmd:?} did not finish within {limit:?}"));
-            }
-            Err(e) => return err(format!("waiting for {cmd:?}: {e}")),
-        }
-    }
-    child.wait_with_output().map_err(|e| RedisHarnessError(format!("reading {cmd:?}: {e}")))
+    fastlane_util::testcert::run_bounded(cmd, limit)
+        .map_err(|e| RedisHarnessError(format!("running {cmd:?}: {e}")))
 }
 
 fn field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
