@@ -72,7 +72,7 @@ bench() { # label url pid extra...: one run, JSON into $tmp/label.json (none: th
   # none of the solo run's prompts in the prefix cache.
   local label=$1 u=$2 pid=$3; shift 3
   taskset -c 1 "$bin" llm bench --prompt-tag "$label." --url "$u" --solo --rate "$rate" --seconds "$seconds" \
-    --server-pid "$pid" --probe-rate "$probe" --json "$@" >"$tmp/$label.json" || {
+    --server-pid "$pid" --probe-rate "$probe" --engine-metrics "$serve_url" --json "$@" >"$tmp/$label.json" || {
     echo "bench-attack.sh: the $label run failed (above); recorded as failed" >&2
     rm -f "$tmp/$label.json"
   }
@@ -139,10 +139,22 @@ for front in [f for f in ["serve", "router"] if f in os.environ["FRONTS"].split(
           f"{a['ok']:>4}/{a['sent']:<4} {end.get('rss_kb', 0) / 1024:>7.0f} MB {end.get('threads', 0):>8} {panics:>6}")
     for kind, k in (att.get("attack") or {}).items():
         print(f"    {kind:<16} opened {k['opened']:>7}  answered {k['statuses']}")
+    # The engine's own view (llm serve's TTFT and its stages, P99 as the bound of the bucket
+    # holding it, ms): where the quiet tenant's added time is spent inside the server.
+    stages = lambda r: ((r.get("engine") or {}).get("ttft_stages") or {}).get("quiet" if front == "serve" else "router", {})
+    ss, sa = stages(solo), stages(att)
+    if ss and sa:
+        cells = [f"{k} {ss.get(k, {}).get('p99_le_ms')} -> {sa.get(k, {}).get('p99_le_ms')}" for k in ("total", "admit", "engine", "respond")]
+        eng = lambda r: (((r.get("engine") or {}).get("engine_first_token") or {}).get("interactive") or {}).get("p99_le_ms")
+        cells.append(f"engine thread (interactive) {eng(solo)} -> {eng(att)}")
+        print("    server P99 bucket, ms (solo -> attack): " + ", ".join(cells))
+        rows_stages = {"solo": ss, "attack": sa}
+    else:
+        rows_stages = None
     rows.append({"case": f"{front}: quiet TTFT P99 under attack / solo", "value": a["ttft_p99_ms"],
                  "unit": "ms", "peer": s["ttft_p99_ms"], "ratio": ratio, "target": 1.15,
                  "ok": a["ok"], "sent": a["sent"], "server_rss_kb": end.get("rss_kb"),
-                 "server_threads": end.get("threads"), "panics": panics})
+                 "server_threads": end.get("threads"), "panics": panics, "server_ttft_stages": rows_stages})
     failed |= panics > 0 or a["ok"] != a["sent"]
     # The attack's CPU on the server: the attack run's CPU less the solo run's (same load and
     # length), over the attacking connections opened.

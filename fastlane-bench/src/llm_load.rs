@@ -195,12 +195,45 @@ fn sample(text: &str, name_and_labels: &str) -> Option<f64> {
 /// (`fastlane_llm_engine_steps_aborted_total`; a step given up is not in the histogram).
 /// An error names what the scrapes lack: a missing family is not read as zero.
 pub(crate) fn engine_steps(before: &str, after: &str) -> Result<serde_json::Value> {
+    let delta = histogram_delta(before, after, "fastlane_llm_engine_step_seconds", "");
+    if delta.is_empty() {
+        bail!("no fastlane_llm_engine_step_seconds buckets in the scrape (not an llm serve?)");
+    }
+    let (n, p50, p99) = bucket_quantiles(&delta);
+    let aborted = |text: &str| sample(text, "fastlane_llm_engine_steps_aborted_total");
+    let aborted = match (aborted(before), aborted(after)) {
+        (Some(x), Some(y)) => y - x,
+        _ => bail!("no fastlane_llm_engine_steps_aborted_total in the scrapes"),
+    };
+    // The engine's own part of the TTFT (submission to first token), by tier.
+    let mut first = serde_json::Map::new();
+    for tier in ["interactive", "batch"] {
+        let family = "fastlane_llm_engine_first_token_seconds";
+        let (n, p50, p99) =
+            bucket_quantiles(&histogram_delta(before, after, family, &format!("tier=\"{tier}\",")));
+        if n > 0.0 {
+            first.insert(
+                tier.into(),
+                serde_json::json!({"n": n, "p50_le_ms": p50, "p99_le_ms": p99}),
+            );
+        }
+    }
+    Ok(serde_json::json!({"steps": n, "p50_le_ms": p50, "p99_le_ms": p99,
+        "aborted": aborted, "ttft_stages": ttft_stages(before, after),
+        "engine_first_token": first}))
+}
+
+/// The buckets `(le, count)` of histogram `family` whose labels start with `labels` (e.g.
+/// `tenant="quiet",`; empty: the family has no labels but `le`), counted between the scrapes
+/// `before` and `after`, ordered by `le`. Empty when `after` has none.
+fn histogram_delta(before: &str, after: &str, family: &str, labels: &str) -> Vec<(f64, f64)> {
+    let head = format!("{family}_bucket{{{labels}");
     let buckets = |text: &str| -> Vec<(f64, f64)> {
         let mut v: Vec<(f64, f64)> = text
             .lines()
             .filter_map(|l| {
-                let rest = l.strip_prefix("fastlane_llm_engine_step_seconds_bucket{")?;
-                let le = rest.split("le=\"").nth(1)?.split('"').next()?;
+                let rest = l.strip_prefix(head.as_str())?;
+                let le = rest.strip_prefix("le=\"")?.split('"').next()?;
                 let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
                 Some((le, l.rsplit(' ').next()?.trim().parse().ok()?))
             })
@@ -209,22 +242,51 @@ pub(crate) fn engine_steps(before: &str, after: &str) -> Result<serde_json::Valu
         v
     };
     let (a, z) = (buckets(before), buckets(after));
-    if z.is_empty() {
-        bail!("no fastlane_llm_engine_step_seconds buckets in the scrape (not an llm serve?)");
-    }
-    let delta: Vec<(f64, f64)> = z
-        .iter()
-        .map(|&(le, c)| (le, c - a.iter().find(|x| x.0 == le).map_or(0.0, |x| x.1)))
-        .collect();
+    z.iter().map(|&(le, c)| (le, c - a.iter().find(|x| x.0 == le).map_or(0.0, |x| x.1))).collect()
+}
+
+/// Count, and the upper bounds (ms) of the buckets holding the median and the 99th
+/// percentile, of cumulative buckets.
+fn bucket_quantiles(delta: &[(f64, f64)]) -> (f64, Option<f64>, Option<f64>) {
     let n = delta.last().map_or(0.0, |d| d.1);
     let q = |p: f64| delta.iter().find(|d| n > 0.0 && d.1 >= p * n).map(|d| d.0 * 1e3);
-    let aborted = |text: &str| sample(text, "fastlane_llm_engine_steps_aborted_total");
-    let aborted = match (aborted(before), aborted(after)) {
-        (Some(x), Some(y)) => y - x,
-        _ => bail!("no fastlane_llm_engine_steps_aborted_total in the scrapes"),
-    };
-    Ok(serde_json::json!({"steps": n, "p50_le_ms": q(0.5), "p99_le_ms": q(0.99),
-        "aborted": aborted}))
+    (n, q(0.5), q(0.99))
+}
+
+/// Per tenant, the server's TTFT and its stages (`fastlane_llm_ttft_stage_seconds`) between
+/// the scrapes: count and the P50/P99 bucket bounds (ms) of each, for the tenants with
+/// requests in between.
+fn ttft_stages(before: &str, after: &str) -> serde_json::Value {
+    let mut tenants: Vec<String> = after
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("fastlane_llm_ttft_seconds_count{tenant=\"")?;
+            Some(rest.split('"').next()?.to_string())
+        })
+        .collect();
+    tenants.dedup();
+    let mut out = serde_json::Map::new();
+    for t in tenants {
+        let mut stages = serde_json::Map::new();
+        let mut parts = vec![("total", "fastlane_llm_ttft_seconds", format!("tenant=\"{t}\","))];
+        for s in fastlane_openai::metrics::TTFT_STAGES {
+            let labels = format!("stage=\"{s}\",tenant=\"{t}\",");
+            parts.push((s, "fastlane_llm_ttft_stage_seconds", labels));
+        }
+        for (name, family, labels) in parts {
+            let (n, p50, p99) = bucket_quantiles(&histogram_delta(before, after, family, &labels));
+            if n > 0.0 {
+                stages.insert(
+                    name.to_string(),
+                    serde_json::json!({"n": n, "p50_le_ms": p50, "p99_le_ms": p99}),
+                );
+            }
+        }
+        if !stages.is_empty() {
+            out.insert(t, serde_json::Value::Object(stages));
+        }
+    }
+    serde_json::Value::Object(out)
 }
 
 /// The sum of our server's `fastlane_llm_sequences` gauges for waiting and running
@@ -765,5 +827,53 @@ mod tests {
             scrape([1, 0, 0], 0).replace("fastlane_llm_engine_steps_aborted_total 0\n", "");
         let err = super::engine_steps(&no_aborted, &no_aborted).unwrap_err().to_string();
         assert!(err.contains("aborted"), "{err}");
+    }
+
+    /// `tenant`'s TTFT and stage samples: (le, cumulative count) per family part.
+    fn ttft_scrape(tenant: &str, total: &[(f64, u64)], engine: &[(f64, u64)]) -> String {
+        let mut s = String::new();
+        let le = |x: f64| if x.is_infinite() { "+Inf".to_string() } else { x.to_string() };
+        for (x, n) in total {
+            s += &format!(
+                "fastlane_llm_ttft_seconds_bucket{{tenant=\"{tenant}\",le=\"{}\"}} {n}\n",
+                le(*x)
+            );
+        }
+        s += &format!(
+            "fastlane_llm_ttft_seconds_count{{tenant=\"{tenant}\"}} {}\n",
+            total.last().unwrap().1
+        );
+        for (x, n) in engine {
+            s += &format!(
+                "fastlane_llm_ttft_stage_seconds_bucket{{stage=\"engine\",tenant=\"{tenant}\",le=\"{}\"}} {n}\n",
+                le(*x)
+            );
+        }
+        s
+    }
+
+    #[test]
+    fn ttft_stages_are_per_tenant_bucket_deltas() {
+        let inf = f64::INFINITY;
+        let before =
+            ttft_scrape("quiet", &[(0.01, 10), (0.025, 10), (inf, 10)], &[(0.005, 10), (inf, 10)]);
+        // During the run: 100 more, 98 within 10 ms, 2 within 25 ms; the engine stage of all
+        // within 5 ms but 2.
+        let after = ttft_scrape(
+            "quiet",
+            &[(0.01, 108), (0.025, 110), (inf, 110)],
+            &[(0.005, 108), (inf, 110)],
+        ) + &ttft_scrape("idle", &[(0.01, 3), (inf, 3)], &[]);
+        let s = super::ttft_stages(&before, &after);
+        assert_eq!(s["quiet"]["total"]["n"], 100.0);
+        assert_eq!(s["quiet"]["total"]["p50_le_ms"], 10.0);
+        assert_eq!(s["quiet"]["total"]["p99_le_ms"], 25.0);
+        assert_eq!(s["quiet"]["engine"]["n"], 100.0);
+        // Beyond the largest finite bucket: JSON has no infinity, so null.
+        assert!(s["quiet"]["engine"]["p99_le_ms"].is_null(), "{s}");
+        assert!(s["quiet"].get("admit").is_none(), "no admit samples: not reported as 0");
+        // A tenant that first appears after `before` counts from zero.
+        assert_eq!(s["idle"]["total"]["n"], 3.0);
+        assert!(super::ttft_stages(&after, &after).as_object().unwrap().is_empty());
     }
 }

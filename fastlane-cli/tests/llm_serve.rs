@@ -250,8 +250,23 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
     );
 
     // Metrics: per-tenant TTFT histograms and the engine's gauges.
-    assert!(s.metric("fastlane_llm_ttft_seconds_count{tenant=\"quiet\"}") >= 3.0);
+    let ttft_n = s.metric("fastlane_llm_ttft_seconds_count{tenant=\"quiet\"}");
+    assert!(ttft_n >= 3.0);
     assert!(s.metric("fastlane_llm_engine_steps_total") > 0.0);
+    // The TTFT's stages: one sample each per first token, and together the TTFT (they are
+    // consecutive spans of one clock; 1 ms of slack a request for the float sums).
+    let mut parts = 0.0;
+    for stage in ["admit", "engine", "respond"] {
+        let series =
+            format!("fastlane_llm_ttft_stage_seconds_count{{stage=\"{stage}\",tenant=\"quiet\"}}");
+        assert_eq!(s.metric(&series), ttft_n, "{stage}");
+        parts += s.metric(&series.replace("_count{", "_sum{"));
+    }
+    let total = s.metric("fastlane_llm_ttft_seconds_sum{tenant=\"quiet\"}");
+    assert!((parts - total).abs() < 1e-3 * ttft_n, "stages {parts} s, TTFT {total} s");
+    // The engine's part, by tier: every first token the engine sent (quiet is interactive).
+    let engine_n = s.metric("fastlane_llm_engine_first_token_seconds_count{tier=\"interactive\"}");
+    assert!(engine_n >= ttft_n, "engine first tokens {engine_n}, HTTP {ttft_n}");
 
     // SIGTERM with a stream in flight: new connections are refused, the stream runs to its
     // [DONE], and the server exits 0.

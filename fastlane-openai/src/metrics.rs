@@ -10,12 +10,28 @@ const BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 ];
 
+/// Buckets of the TTFT stages, seconds: 0.5 ms … 120 s, finer than [`BUCKETS`] where a
+/// stage's time usually is.
+const STAGE_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+    0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+/// The stages of [`Metrics::ttft_stages`], in the order a request passes them.
+pub const TTFT_STAGES: [&str; 3] = ["admit", "engine", "respond"];
+
 /// The metric families.
 #[derive(Debug, Clone)]
 pub struct Metrics {
     registry: Registry,
     /// Request arrival at the server → first token's bytes handed to the connection.
     pub ttft: HistogramVec,
+    /// The parts of the TTFT, per tenant and stage (`llm serve` only): `admit` (arrival to
+    /// the prompt tokenized: body read, bucket and slots, the tokenizer pool), `engine`
+    /// (tokenized to the first token received by the request's task: the engine's queue and
+    /// steps and the task's wake-up), `respond` (that to the first token handed to the
+    /// connection: the response head and the body's first poll).
+    pub ttft_stages: HistogramVec,
     /// Between consecutive tokens of a stream.
     pub inter_token: HistogramVec,
     /// Request arrival → last byte.
@@ -45,6 +61,8 @@ pub struct TenantLatency {
     pub inter_token: Histogram,
     /// See [`Metrics::e2e`].
     pub e2e: Histogram,
+    /// See [`Metrics::ttft_stages`], in the order of [`TTFT_STAGES`].
+    pub stages: [Histogram; 3],
 }
 
 impl Metrics {
@@ -54,6 +72,7 @@ impl Metrics {
             ttft: self.ttft.with_label_values(&[tenant]),
             inter_token: self.inter_token.with_label_values(&[tenant]),
             e2e: self.e2e.with_label_values(&[tenant]),
+            stages: TTFT_STAGES.map(|s| self.ttft_stages.with_label_values(&[tenant, s])),
         }
     }
 
@@ -101,6 +120,16 @@ impl Metrics {
             "fastlane_llm_ttft_seconds",
             "Request arrival to the first token written, per tenant",
         );
+        let ttft_stages = must(HistogramVec::new(
+            HistogramOpts::new(
+                "fastlane_llm_ttft_stage_seconds",
+                "The TTFT's parts: admit (body, bucket, tokenizer), engine (to the first token \
+                 received), respond (to its bytes handed to the connection), per tenant",
+            )
+            .buckets(STAGE_BUCKETS.to_vec()),
+            &["tenant", "stage"],
+        ));
+        must(registry.register(Box::new(ttft_stages.clone())));
         let inter_token =
             hist("fastlane_llm_inter_token_seconds", "Gap between tokens of a stream, per tenant");
         let e2e = hist("fastlane_llm_e2e_seconds", "Request arrival to its last byte, per tenant");
@@ -121,7 +150,16 @@ impl Metrics {
             "Requests waiting at the router for a slot, per tenant",
             &["tenant"],
         );
-        Metrics { registry, ttft, inter_token, e2e, requests, streams_open, queue_depth }
+        Metrics {
+            registry,
+            ttft,
+            ttft_stages,
+            inter_token,
+            e2e,
+            requests,
+            streams_open,
+            queue_depth,
+        }
     }
 
     /// The text exposition of every family in the registry.

@@ -148,6 +148,7 @@ impl EngineMetrics {
         reg(Box::new(h.batch_sequences.clone()));
         reg(Box::new(h.swap_seconds.clone()));
         reg(Box::new(h.prefix_lookup_seconds.clone()));
+        reg(Box::new(h.first_token_seconds.clone()));
         self
     }
 

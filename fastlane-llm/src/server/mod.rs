@@ -397,6 +397,8 @@ async fn run(
     kind: Kind,
     pass: admit::Pass,
 ) -> Result<Response, ApiError> {
+    // Called once the prompt is tokenized: the end of the TTFT's `admit` stage.
+    let tokenized = Instant::now();
     let tname = st.tenants.get(t).name.clone();
     let reqs = engine_requests(&c, kind, prompt, t)?;
     let max_concurrent = st.tenants.get(t).max_concurrent as usize;
@@ -454,6 +456,7 @@ async fn run(
     // The first choice's first event says whether the request was admitted, and then the
     // others' refusals are there to see.
     let mut firsts = vec![Some(first_event(&st, t, &streams[0], deadline, &fence_state).await?)];
+    let first_event_at = Instant::now();
     for s in &streams[1..] {
         let ev = s.try_next();
         if let Some(StreamEvent::Done(f)) = &ev {
@@ -483,6 +486,8 @@ async fn run(
         t,
         tname,
         arrived,
+        tokenized,
+        first_event_at,
         kind,
         created,
         prompt_tokens,
@@ -504,6 +509,10 @@ struct Ctx {
     tname: String,
     lat: TenantLatency,
     arrived: Instant,
+    /// When the prompt was tokenized and when the first event came from the engine (the
+    /// TTFT's stages: [`Ctx::observe_first_token`]).
+    tokenized: Instant,
+    first_event_at: Instant,
     kind: Kind,
     id: String,
     created: u64,
@@ -518,6 +527,16 @@ struct Ctx {
 }
 
 impl Ctx {
+    /// The first token is handed to the connection now: its TTFT and the TTFT's stages.
+    fn observe_first_token(&self) {
+        let now = Instant::now();
+        self.lat.ttft.observe(now.duration_since(self.arrived).as_secs_f64());
+        let [admit, engine, respond] = &self.lat.stages;
+        admit.observe(self.tokenized.duration_since(self.arrived).as_secs_f64());
+        engine.observe(self.first_event_at.duration_since(self.tokenized).as_secs_f64());
+        respond.observe(now.duration_since(self.first_event_at).as_secs_f64());
+    }
+
     fn usage(&self, completion: usize) -> Usage {
         Usage::new(self.prompt_tokens, completion)
     }
@@ -648,7 +667,7 @@ async fn whole(
                 StreamEvent::Token { id, text, logprobs } => {
                     if !first_seen {
                         first_seen = true;
-                        ctx.lat.ttft.observe(ctx.arrived.elapsed().as_secs_f64());
+                        ctx.observe_first_token();
                     }
                     if let Some(lp) = logprobs {
                         lps.push(ctx.kind, ctx.tokenizer(), id, &lp, chars);
@@ -902,7 +921,7 @@ impl Sse {
                 let now = Instant::now();
                 let lat = &self.ctx.lat;
                 match self.last_token {
-                    None => lat.ttft.observe(self.ctx.arrived.elapsed().as_secs_f64()),
+                    None => self.ctx.observe_first_token(),
                     Some(t) => lat.inter_token.observe(now.duration_since(t).as_secs_f64()),
                 }
                 self.last_token = Some(now);
