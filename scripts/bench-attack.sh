@@ -144,9 +144,7 @@ for front in [f for f in ["serve", "router"] if f in os.environ["FRONTS"].split(
     stages = lambda r: ((r.get("engine") or {}).get("ttft_stages") or {}).get("quiet" if front == "serve" else "router", {})
     ss, sa = stages(solo), stages(att)
     if ss and sa:
-        cells = [f"{k} {ss.get(k, {}).get('p99_le_ms')} -> {sa.get(k, {}).get('p99_le_ms')}" for k in ("total", "admit", "engine", "respond")]
-        eng = lambda r: (((r.get("engine") or {}).get("engine_first_token") or {}).get("interactive") or {}).get("p99_le_ms")
-        cells.append(f"engine thread (interactive) {eng(solo)} -> {eng(att)}")
+        cells = [f"{k} {ss.get(k, {}).get('p99_le_ms')} -> {sa.get(k, {}).get('p99_le_ms')}" for k in ("total", "admit", "engine", "engine_thread", "respond")]
         print("    server P99 bucket, ms (solo -> attack): " + ", ".join(cells))
         rows_stages = {"solo": ss, "attack": sa}
     else:

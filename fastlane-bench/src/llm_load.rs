@@ -205,22 +205,8 @@ pub(crate) fn engine_steps(before: &str, after: &str) -> Result<serde_json::Valu
         (Some(x), Some(y)) => y - x,
         _ => bail!("no fastlane_llm_engine_steps_aborted_total in the scrapes"),
     };
-    // The engine's own part of the TTFT (submission to first token), by tier.
-    let mut first = serde_json::Map::new();
-    for tier in ["interactive", "batch"] {
-        let family = "fastlane_llm_engine_first_token_seconds";
-        let (n, p50, p99) =
-            bucket_quantiles(&histogram_delta(before, after, family, &format!("tier=\"{tier}\",")));
-        if n > 0.0 {
-            first.insert(
-                tier.into(),
-                serde_json::json!({"n": n, "p50_le_ms": p50, "p99_le_ms": p99}),
-            );
-        }
-    }
     Ok(serde_json::json!({"steps": n, "p50_le_ms": p50, "p99_le_ms": p99,
-        "aborted": aborted, "ttft_stages": ttft_stages(before, after),
-        "engine_first_token": first}))
+        "aborted": aborted, "ttft_stages": ttft_stages(before, after)}))
 }
 
 /// The buckets `(le, count)` of histogram `family` whose labels start with `labels` (e.g.
@@ -253,7 +239,8 @@ fn bucket_quantiles(delta: &[(f64, f64)]) -> (f64, Option<f64>, Option<f64>) {
     (n, q(0.5), q(0.99))
 }
 
-/// Per tenant, the server's TTFT and its stages (`fastlane_llm_ttft_stage_seconds`) between
+/// Per tenant, the server's TTFT, its stages (`fastlane_llm_ttft_stage_seconds`) and the
+/// engine thread's part (`engine_thread`: `fastlane_llm_engine_first_token_seconds`) between
 /// the scrapes: count and the P50/P99 bucket bounds (ms) of each, for the tenants with
 /// requests in between.
 fn ttft_stages(before: &str, after: &str) -> serde_json::Value {
@@ -268,11 +255,14 @@ fn ttft_stages(before: &str, after: &str) -> serde_json::Value {
     let mut out = serde_json::Map::new();
     for t in tenants {
         let mut stages = serde_json::Map::new();
-        let mut parts = vec![("total", "fastlane_llm_ttft_seconds", format!("tenant=\"{t}\","))];
+        let tenant = format!("tenant=\"{t}\",");
+        let mut parts = vec![("total", "fastlane_llm_ttft_seconds", tenant.clone())];
         for s in fastlane_openai::metrics::TTFT_STAGES {
-            let labels = format!("stage=\"{s}\",tenant=\"{t}\",");
+            let labels = format!("stage=\"{s}\",{tenant}");
             parts.push((s, "fastlane_llm_ttft_stage_seconds", labels));
         }
+        // The engine thread's part of the `engine` stage.
+        parts.push(("engine_thread", "fastlane_llm_engine_first_token_seconds", tenant));
         for (name, family, labels) in parts {
             let (n, p50, p99) = bucket_quantiles(&histogram_delta(before, after, family, &labels));
             if n > 0.0 {

@@ -444,12 +444,10 @@ pub struct EngineHistograms {
     /// cluster tier from the first host miss on), seconds. Its sum over a run, against
     /// `PrefixStats::bytes_in`, is the rate the cluster tier delivered blocks at.
     pub prefix_lookup_seconds: prometheus::Histogram,
-    /// A request's submission to its first token sent by the engine thread, by tier
-    /// (`interactive`, `batch`; without tenants every request is interactive), seconds: the
-    /// engine's part of the TTFT (queue, steps, preemption), without the HTTP side's.
+    /// A request's submission to its first token sent by the engine thread, by tenant
+    /// (`default` without tenants), seconds: the engine's part of the TTFT (queue, steps,
+    /// preemption), without the HTTP side's.
     pub first_token_seconds: prometheus::HistogramVec,
-    /// Its `interactive` and `batch` series, looked up once.
-    pub first_token: [prometheus::Histogram; 2],
 }
 
 impl EngineHistograms {
@@ -469,17 +467,15 @@ impl EngineHistograms {
         let first_token_seconds = prometheus::HistogramVec::new(
             prometheus::HistogramOpts::new(
                 "fastlane_llm_engine_first_token_seconds",
-                "A request's submission to its first token sent by the engine, by tier",
+                "A request's submission to its first token sent by the engine, by tenant",
             )
             .buckets(vec![
                 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04,
                 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0,
             ]),
-            &["tier"],
+            &["tenant"],
         )
         .expect("valid histogram");
-        let first_token =
-            ["interactive", "batch"].map(|t| first_token_seconds.with_label_values(&[t]));
         #[allow(clippy::expect_used)]
         let h = EngineHistograms {
             step_seconds: h(
@@ -519,7 +515,6 @@ impl EngineHistograms {
             )
             .expect("valid histogram"),
             first_token_seconds,
-            first_token,
         };
         // Both directions exist from the start (a dashboard query finds them before any swap).
         for dir in ["out", "in"] {
@@ -762,9 +757,12 @@ impl Engine {
                 sent_protected: AtomicU64::new(0),
             })
         });
-        let tier_interactive: Vec<bool> =
-            tenants.iter().map(|t| t.tier == Tier::Interactive).collect();
         let histograms = EngineHistograms::new();
+        // Each tenant's first-token series, looked up once.
+        let first_token: Vec<prometheus::Histogram> = tenants
+            .iter()
+            .map(|t| histograms.first_token_seconds.with_label_values(&[&t.name]))
+            .collect();
         let port = EnginePort::new(swap).with_histogram(histograms.swap_seconds.clone());
         let mut sched = Scheduler::new(sched_cfg, tenants, port)?;
         sched.hold_slots_until_released();
@@ -804,7 +802,7 @@ impl Engine {
             chaos: None,
             arrivals: arrivals.clone(),
             interactive_seen: 0,
-            tier_interactive,
+            first_token,
             protected_seen: 0,
             aborts_in_row: 0,
             abortable_steps: 0,

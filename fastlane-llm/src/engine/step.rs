@@ -48,9 +48,8 @@ pub(super) struct Loop {
     pub(super) arrivals: Option<Arc<Arrivals>>,
     /// Interactive-tier submissions drained from the channel so far.
     pub(super) interactive_seen: u64,
-    /// Tenant index → whether it is in the interactive tier (the first-token histogram's
-    /// label).
-    pub(super) tier_interactive: Vec<bool>,
+    /// Tenant index → its series of `fastlane_llm_engine_first_token_seconds`.
+    pub(super) first_token: Vec<prometheus::Histogram>,
     /// Submissions sent as protected drained so far.
     pub(super) protected_seen: u64,
     /// Steps given up since the last one that ran to its end.
@@ -661,8 +660,9 @@ impl Loop {
         if l.ttft_ns.is_none() {
             let ttft = now.saturating_duration_since(l.arrived);
             l.ttft_ns = Some(ttft.as_nanos() as u64);
-            let interactive = self.tier_interactive.get(l.req.tenant).copied().unwrap_or(true);
-            self.histograms.first_token[usize::from(!interactive)].observe(ttft.as_secs_f64());
+            if let Some(h) = self.first_token.get(l.req.tenant) {
+                h.observe(ttft.as_secs_f64());
+            }
         }
         let piece = self.model.tokenizer().piece(&l.generated, &mut l.stream);
         let before = l.text.len();
