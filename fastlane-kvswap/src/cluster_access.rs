@@ -121,24 +121,9 @@ fn read_ca_file(path: &Path) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
-    use std::fs::File;
-    use std::io::Write;
-    use std::os::unix::fs::PermissionsExt;
+    use fastlane_util::testcert::file_with_mode as file;
 
-    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
-        let m: HashMap<String, OsString> =
-            vars.iter().map(|(k, v)| (k.to_string(), OsString::from(v))).collect();
-        move |name| m.get(name).cloned()
-    }
-
-    fn file(dir: &Path, name: &str, text: &str, mode: u32) -> std::path::PathBuf {
-        let p = dir.join(name);
-        let mut f = File::create(&p).unwrap();
-        f.write_all(text.as_bytes()).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
-        p
-    }
+    use fastlane_util::testcert::env_of as env;
 
     #[test]
     fn credentials_from_the_environment() {

@@ -85,15 +85,7 @@ pub fn read_pem_file(path: &Path, label: &str) -> io::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
-
-    fn file(dir: &Path, name: &str, text: &str, mode: u32) -> std::path::PathBuf {
-        let p = dir.join(name);
-        let mut f = File::create(&p).unwrap();
-        f.write_all(text.as_bytes()).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
-        p
-    }
+    use crate::testcert::file_with_mode as file;
 
     #[test]
     fn a_secret_file_is_one_private_line() {

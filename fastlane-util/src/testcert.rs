@@ -1,8 +1,12 @@
 //! A throwaway certificate authority and one server certificate for the TLS tests (the Redis
 //! tier's `rediss://`, the journal export's `tls://`), made with the `openssl` command
-//! (Debian package `openssl`), and [`run_bounded`], which runs a command with a time limit.
+//! (Debian package `openssl`); [`run_bounded`], which runs a command with a time limit; and
+//! the two helpers of the credential tests: [`file_with_mode`] and [`env_of`].
 
-use std::io;
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io::{self, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
@@ -17,6 +21,26 @@ pub const KEY_FILE: &str = "node.key";
 
 /// How long one `openssl` step may take.
 const STEP_LIMIT: Duration = Duration::from_secs(30);
+
+/// Writes `text` to `dir/name` with permission bits `mode`; its path. Panics on failure (for
+/// tests).
+pub fn file_with_mode(dir: &Path, name: &str, text: &str, mode: u32) -> PathBuf {
+    let p = dir.join(name);
+    let written = std::fs::File::create(&p)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .and_then(|()| std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)));
+    if let Err(e) = written {
+        panic!("writing {}: {e}", p.display());
+    }
+    p
+}
+
+/// An environment of `vars` alone, as the loaders' `env` argument takes it (for tests).
+pub fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
+    let m: HashMap<String, OsString> =
+        vars.iter().map(|(k, v)| (k.to_string(), OsString::from(v))).collect();
+    move |name| m.get(name).cloned()
+}
 
 /// Runs `cmd` (stdin from `/dev/null`, stdout and stderr captured) and returns its output, or
 /// `TimedOut` after killing it when it has not finished within `limit`.
