@@ -150,21 +150,13 @@ mod tests {
         let ok = file(dir.path(), "ok", "s3cret\n", 0o600);
         let a = ClusterAccess::load_with(env(&[]), Some(&ok), None).unwrap();
         assert_eq!(a.password.as_deref(), Some("s3cret"));
-        let crlf = file(dir.path(), "crlf", "s3cret\r\n", 0o400);
-        let a = ClusterAccess::load_with(env(&[]), Some(&crlf), None).unwrap();
-        assert_eq!(a.password.as_deref(), Some("s3cret"));
-        let refused = |name: &str, text: &str, mode: u32, why: &str| {
-            let p = file(dir.path(), name, text, mode);
-            let e = ClusterAccess::load_with(env(&[]), Some(&p), None).unwrap_err().to_string();
-            assert!(e.contains(why), "{name}: {e}");
-            assert!(e.contains("--kv-cluster-password-file"), "{name}: {e}");
-            assert!(!e.contains("s3cret"), "{name}: the error shows the password: {e}");
-        };
-        refused("world", "s3cret\n", 0o604, "readable by its group or others");
-        refused("group", "s3cret\n", 0o640, "readable by its group or others");
-        refused("empty", "\n", 0o600, "empty");
-        refused("lines", "user\ns3cret\n", 0o600, "more than one line");
-        refused("big", &"x".repeat(PASSWORD_FILE_BYTES_MAX as usize + 1), 0o600, "over");
+        // The file's rules are fastlane_util::secret's (tested there); here, that they apply
+        // and that the error names the flag without the password.
+        let open = file(dir.path(), "world", "s3cret\n", 0o604);
+        let e = ClusterAccess::load_with(env(&[]), Some(&open), None).unwrap_err().to_string();
+        assert!(e.contains("readable by its group or others"), "{e}");
+        assert!(e.contains("--kv-cluster-password-file"), "{e}");
+        assert!(!e.contains("s3cret"), "the error shows the password: {e}");
         let e =
             ClusterAccess::load_with(env(&[(PASSWORD_ENV, "other")]), Some(&ok), None).unwrap_err();
         assert!(e.to_string().contains("both given"), "{e}");
