@@ -133,7 +133,8 @@ pub struct BenchArgs {
     router_floor: Option<std::path::PathBuf>,
     /// With --url: an `llm serve` (http://HOST:PORT; the upstream when --url is a router)
     /// whose engine steps over the run are reported: how many, the histogram buckets of their
-    /// P50 and P99, how many were given up.
+    /// P50 and P99, how many were given up; and per tenant the server's TTFT, its stages
+    /// (admit, engine, respond) and the engine thread's part (JSON: engine.ttft_stages).
     #[arg(long)]
     engine_metrics: Option<String>,
     /// With --url: the server's pid; its RSS, threads and CPU time are reported at the start
