@@ -250,6 +250,10 @@ fn router_passes_through_and_enforces_the_tenants() {
 
     // Metrics at the router: per-tenant TTFT measured there.
     assert!(r.metric("fastlane_llm_ttft_seconds_count{tenant=\"quiet\"}") >= 3.0);
+    // The TTFT's stages are llm serve's; the router shows no empty series of them.
+    let text = curl(&[&format!("{}/metrics", r.url)]).1;
+    assert!(text.contains("fastlane_llm_ttft_seconds_count{tenant=\"quiet\"}"), "{text}");
+    assert!(!text.contains("fastlane_llm_ttft_stage_seconds_count"), "{text}");
     assert!(
         r.metric("fastlane_llm_requests_total{outcome=\"rejected_queue_full\",tenant=\"slot\"}")
             >= 1.0

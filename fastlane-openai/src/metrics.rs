@@ -61,18 +61,27 @@ pub struct TenantLatency {
     pub inter_token: Histogram,
     /// See [`Metrics::e2e`].
     pub e2e: Histogram,
-    /// See [`Metrics::ttft_stages`], in the order of [`TTFT_STAGES`].
-    pub stages: [Histogram; 3],
+    /// See [`Metrics::ttft_stages`], in the order of [`TTFT_STAGES`] (`None` for the
+    /// router, which has no such stages: its families stay without series).
+    pub stages: Option<[Histogram; 3]>,
 }
 
 impl Metrics {
-    /// `tenant`'s latency histograms.
+    /// `tenant`'s latency histograms, without the TTFT's stages (the router's).
     pub fn tenant_latency(&self, tenant: &str) -> TenantLatency {
         TenantLatency {
             ttft: self.ttft.with_label_values(&[tenant]),
             inter_token: self.inter_token.with_label_values(&[tenant]),
             e2e: self.e2e.with_label_values(&[tenant]),
-            stages: TTFT_STAGES.map(|s| self.ttft_stages.with_label_values(&[tenant, s])),
+            stages: None,
+        }
+    }
+
+    /// `tenant`'s latency histograms with the TTFT's stages (`llm serve`'s).
+    pub fn tenant_latency_with_stages(&self, tenant: &str) -> TenantLatency {
+        TenantLatency {
+            stages: Some(TTFT_STAGES.map(|s| self.ttft_stages.with_label_values(&[tenant, s]))),
+            ..self.tenant_latency(tenant)
         }
     }
 

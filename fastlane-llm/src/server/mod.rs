@@ -480,7 +480,7 @@ async fn run(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let ctx = Ctx {
-        lat: st.metrics.tenant_latency(&tname),
+        lat: st.metrics.tenant_latency_with_stages(&tname),
         id: format!("cmpl-{}", streams[0].id),
         st,
         t,
@@ -531,10 +531,11 @@ impl Ctx {
     fn observe_first_token(&self) {
         let now = Instant::now();
         self.lat.ttft.observe(now.duration_since(self.arrived).as_secs_f64());
-        let [admit, engine, respond] = &self.lat.stages;
-        admit.observe(self.tokenized.duration_since(self.arrived).as_secs_f64());
-        engine.observe(self.first_event_at.duration_since(self.tokenized).as_secs_f64());
-        respond.observe(now.duration_since(self.first_event_at).as_secs_f64());
+        if let Some([admit, engine, respond]) = &self.lat.stages {
+            admit.observe(self.tokenized.duration_since(self.arrived).as_secs_f64());
+            engine.observe(self.first_event_at.duration_since(self.tokenized).as_secs_f64());
+            respond.observe(now.duration_since(self.first_event_at).as_secs_f64());
+        }
     }
 
     fn usage(&self, completion: usize) -> Usage {
