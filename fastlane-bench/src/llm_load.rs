@@ -244,14 +244,13 @@ fn bucket_quantiles(delta: &[(f64, f64)]) -> (f64, Option<f64>, Option<f64>) {
 /// the scrapes: count and the P50/P99 bucket bounds (ms) of each, for the tenants with
 /// requests in between.
 fn ttft_stages(before: &str, after: &str) -> serde_json::Value {
-    let mut tenants: Vec<String> = after
+    let tenants: Vec<String> = after
         .lines()
         .filter_map(|l| {
             let rest = l.strip_prefix("fastlane_llm_ttft_seconds_count{tenant=\"")?;
             Some(rest.split('"').next()?.to_string())
         })
         .collect();
-    tenants.dedup();
     let mut out = serde_json::Map::new();
     for t in tenants {
         let mut stages = serde_json::Map::new();

@@ -98,25 +98,11 @@ impl ExportAccess {
         env: impl Fn(&str) -> Option<OsString>,
         files: &AccessFiles,
     ) -> Result<ExportAccess, ExportConfigError> {
-        let var = |name: &str| -> Result<Option<String>, ExportConfigError> {
-            match env(name) {
-                None => Ok(None),
-                Some(v) if v.is_empty() => Err(refuse(format!("{name} is set but empty"))),
-                Some(v) => {
-                    v.into_string().map(Some).map_err(|_| refuse(format!("{name} is not UTF-8")))
-                }
-            }
+        use fastlane_util::secret::{env_value, file_or_env};
+        let user = env_value(USER_ENV, env(USER_ENV)).map_err(refuse)?;
+        let secret = |flag: &str, file: &Option<PathBuf>, name: &str| {
+            file_or_env(flag, file.as_deref(), name, env(name)).map_err(refuse)
         };
-        let secret = |flag: &str, file: &Option<PathBuf>, name: &str| match (file, var(name)?) {
-            (Some(p), Some(_)) => {
-                Err(refuse(format!("{flag} {} and {name} are both given: use one", p.display())))
-            }
-            (Some(p), None) => fastlane_util::secret::read_secret_file(p)
-                .map(Some)
-                .map_err(|e| refuse(format!("{flag} {}: {e}", p.display()))),
-            (None, v) => Ok(v),
-        };
-        let user = var(USER_ENV)?;
         let password = secret("--export-password-file", &files.password_file, PASSWORD_ENV)?;
         let token = secret("--export-token-file", &files.token_file, TOKEN_ENV)?;
         match (&user, &password, &token) {

@@ -75,26 +75,15 @@ impl ClusterAccess {
         password_file: Option<&Path>,
         ca_file: Option<&Path>,
     ) -> Result<ClusterAccess> {
-        let var = |name: &str| -> Result<Option<String>> {
-            match env(name) {
-                None => Ok(None),
-                Some(v) if v.is_empty() => bail!("{name} is set but empty"),
-                Some(v) => match v.into_string() {
-                    Ok(s) => Ok(Some(s)),
-                    Err(_) => bail!("{name} is not UTF-8"),
-                },
-            }
-        };
-        let username = var(USERNAME_ENV)?;
-        let env_password = var(PASSWORD_ENV)?;
-        let password = match (password_file, env_password) {
-            (Some(p), Some(_)) => bail!(
-                "--kv-cluster-password-file {} and {PASSWORD_ENV} are both given: use one",
-                p.display()
-            ),
-            (Some(p), None) => Some(read_password_file(p)?),
-            (None, env) => env,
-        };
+        use fastlane_util::secret::{env_value, file_or_env};
+        let username = env_value(USERNAME_ENV, env(USERNAME_ENV)).map_err(anyhow::Error::msg)?;
+        let password = file_or_env(
+            "--kv-cluster-password-file",
+            password_file,
+            PASSWORD_ENV,
+            env(PASSWORD_ENV),
+        )
+        .map_err(anyhow::Error::msg)?;
         if username.is_some() && password.is_none() {
             bail!(
                 "{USERNAME_ENV} is set but no password: set {PASSWORD_ENV} or give \
@@ -104,12 +93,6 @@ impl ClusterAccess {
         let ca_pem = ca_file.map(read_ca_file).transpose()?;
         Ok(ClusterAccess { username, password, ca_pem })
     }
-}
-
-/// The password of `--kv-cluster-password-file` ([`fastlane_util::secret::read_secret_file`]).
-fn read_password_file(path: &Path) -> Result<String> {
-    fastlane_util::secret::read_secret_file(path)
-        .map_err(|e| anyhow::anyhow!("--kv-cluster-password-file {}: {e}", path.display()))
 }
 
 /// The PEM certificates of `--kv-cluster-ca`.

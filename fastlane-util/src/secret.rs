@@ -10,6 +10,7 @@
 //! Errors say what is wrong with the file and never contain its contents; the caller puts the
 //! flag and the path in front.
 
+use std::ffi::OsString;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::PermissionsExt;
@@ -59,6 +60,36 @@ pub fn read_secret_file(path: &Path) -> io::Result<String> {
         return Err(invalid("more than one line; the file holds the secret alone".into()));
     }
     Ok(line.to_string())
+}
+
+/// The value of environment variable `name` (`value`, as `std::env::var_os` gives it):
+/// `None` when unset; an error naming the variable when it is set but empty or not UTF-8.
+pub fn env_value(name: &str, value: Option<OsString>) -> Result<Option<String>, String> {
+    match value {
+        None => Ok(None),
+        Some(v) if v.is_empty() => Err(format!("{name} is set but empty")),
+        Some(v) => v.into_string().map(Some).map_err(|_| format!("{name} is not UTF-8")),
+    }
+}
+
+/// A secret given by a file (`flag`'s, read with [`read_secret_file`]) or by environment
+/// variable `name` (its value `value`), one of the two at most; `None` when neither. Errors
+/// name the flag, the file or the variable, never the secret.
+pub fn file_or_env(
+    flag: &str,
+    file: Option<&Path>,
+    name: &str,
+    value: Option<OsString>,
+) -> Result<Option<String>, String> {
+    match (file, env_value(name, value)?) {
+        (Some(p), Some(_)) => {
+            Err(format!("{flag} {} and {name} are both given: use one", p.display()))
+        }
+        (Some(p), None) => {
+            read_secret_file(p).map(Some).map_err(|e| format!("{flag} {}: {e}", p.display()))
+        }
+        (None, v) => Ok(v),
+    }
 }
 
 /// The bytes of the PEM file `path` (at most [`PEM_FILE_BYTES_MAX`]), which must hold at
@@ -111,6 +142,23 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
         let e = read_secret_file(dir.path()).unwrap_err().to_string();
         assert!(e.contains("not a regular file") || e.contains("readable"), "{e}");
+    }
+
+    #[test]
+    fn a_secret_comes_from_a_file_or_a_variable_not_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = file(dir.path(), "pw", "s3cret\n", 0o600);
+        let v = |x: &str| Some(OsString::from(x));
+        assert_eq!(env_value("V", None), Ok(None));
+        assert_eq!(env_value("V", v("x")), Ok(Some("x".into())));
+        assert_eq!(env_value("V", v("")), Err("V is set but empty".into()));
+        assert_eq!(file_or_env("--f", None, "V", None), Ok(None));
+        assert_eq!(file_or_env("--f", None, "V", v("env")), Ok(Some("env".into())));
+        assert_eq!(file_or_env("--f", Some(&f), "V", None), Ok(Some("s3cret".into())));
+        let e = file_or_env("--f", Some(&f), "V", v("env")).unwrap_err();
+        assert!(e.contains("--f") && e.contains("both given") && !e.contains("s3cret"), "{e}");
+        let e = file_or_env("--f", Some(&dir.path().join("no")), "V", None).unwrap_err();
+        assert!(e.starts_with("--f "), "{e}");
     }
 
     #[test]

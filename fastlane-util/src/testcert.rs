@@ -5,12 +5,11 @@
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// File name of the CA certificate [`make`] writes.
 pub const CA_FILE: &str = "ca.crt";
@@ -45,26 +44,39 @@ pub fn env_of(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
 /// Runs `cmd` (stdin from `/dev/null`, stdout and stderr captured) and returns its output, or
 /// `TimedOut` after killing it when it has not finished within `limit`.
 pub fn run_bounded(cmd: &mut Command, limit: Duration) -> io::Result<Output> {
-    let child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
-    let pid = child.id();
-    let (tx, rx) = mpsc::channel();
-    // The output is read while the command runs (a full pipe would stall it otherwise).
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(r) => r,
-        Err(_) => {
-            // Not reaped yet (the reader thread is in wait), so the pid is still the child's.
-            // SAFETY: kill(2) takes no pointers.
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-            let _ = rx.recv();
-            Err(io::Error::new(
+    let mut child =
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    // The output is read while the command runs (a full pipe would stall it otherwise); the
+    // child stays ours to wait for, so a kill never reaches a pid reused after a reap.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let err = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let start = Instant::now();
+    // Bounded by `limit`.
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!("{cmd:?} did not finish within {limit:?}"),
-            ))
+            ));
         }
-    }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let join = |t: std::thread::JoinHandle<Vec<u8>>| t.join().unwrap_or_default();
+    Ok(Output { status, stdout: join(out), stderr: join(err) })
 }
 
 /// Makes in `dir` a CA ([`CA_FILE`]) and a node certificate signed by it ([`CERT_FILE`],
