@@ -12,12 +12,16 @@
 # thread on the server's core) give the floor: what the attack costs a new client on this machine
 # with no server work in the way. Writes benches/results/serving/<date>-<commit>-attack.json.
 #
+# With --split, `llm serve` writes its engine's trace events (one a step and a request) and
+# scripts/engine-split.py prints where the quiet tenant's engine time went in each run.
+# --serve-flag F (repeatable) passes F to `llm serve` (e.g. --serve-flag=--hold-accepts=off).
+#
 #   scripts/bench-attack.sh [--attack N] [--seconds S] [--rate R] [--policy P] [--fronts serve,router]
-#                           [--kinds K,K...] [--probe-rate P]
+#                           [--kinds K,K...] [--probe-rate P] [--split] [--serve-flag F]...
 #   defaults 1000, 60, 4, llm serve's default policy, both fronts, every kind, 20
 set -euo pipefail
 cd "$(dirname "$0")/.."
-attack=1000 seconds=60 rate=4 policy=() fronts=serve,router kinds=() probe=20
+attack=1000 seconds=60 rate=4 policy=() fronts=serve,router kinds=() probe=20 split= serve_flags=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --attack) attack=${2:?}; shift 2 ;;
@@ -27,7 +31,10 @@ while [ $# -gt 0 ]; do
     --fronts) fronts=${2:?}; shift 2 ;;
     --kinds) kinds=(--attack-kinds "${2:?}"); shift 2 ;;
     --probe-rate) probe=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --split) split=1; shift ;;
+    --serve-flag) serve_flags+=("${2:?}"); shift 2 ;;
+    --serve-flag=*) serve_flags+=("${1#--serve-flag=}"); shift ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "bench-attack.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -79,7 +86,12 @@ bench() { # label url pid extra...: one run, JSON into $tmp/label.json (none: th
 }
 for front in ${fronts//,/ }; do
   if [ "$front" = serve ]; then
-    start serve llm serve --model random:tiny --tenants "$tmp/tenants.toml" --device-blocks 8192 "${policy[@]}"
+    args=(llm serve --model random:tiny --tenants "$tmp/tenants.toml" --device-blocks 8192 "${policy[@]}" "${serve_flags[@]}")
+    if [ -n "$split" ]; then
+      RUST_LOG=info,fastlane_llm::engine=trace start serve "${args[@]}" --log-format json
+    else
+      start serve "${args[@]}"
+    fi
   else
     # The router is the gate; it passes each request's tier upstream (--upstream-batch-key),
     # the deployment docs/serving.md recommends: an upstream without tiers (fifo) serves the
@@ -95,8 +107,17 @@ for front in ${fronts//,/ }; do
   fi
   echo "== $front: solo" >&2
   bench "$front-solo" "$target" "$pid"
+  [ -n "$split" ] && [ "$front" = serve ] && cp "$tmp/serve.log" "$tmp/split-solo.log"
   echo "== $front: under attack ($attack connections of each kind)" >&2
   bench "$front-attack" "$target" "$pid" --attack "$attack" "${kinds[@]}"
+  if [ -n "$split" ] && [ "$front" = serve ]; then
+    # The attack run's events: the log's lines after the solo run's.
+    tail -n +"$(($(wc -l <"$tmp/split-solo.log") + 1))" "$tmp/serve.log" >"$tmp/split-attack.log"
+    for run in solo attack; do
+      echo "== engine split, $run" >&2
+      python3 scripts/engine-split.py "$tmp/split-$run.log" --top 5 >&2 || true
+    done
+  fi
   [ "$front" = router ] && stop router
   stop serve
   cat "$tmp"/*.log >"$tmp/$front-logs.txt"

@@ -253,6 +253,9 @@ fn openai_endpoints_tenants_fence_disconnect_and_drain() {
     let ttft_n = s.metric("fastlane_llm_ttft_seconds_count{tenant=\"quiet\"}");
     assert!(ttft_n >= 3.0);
     assert!(s.metric("fastlane_llm_engine_steps_total") > 0.0);
+    // The quiet tenant is under its rate (protected): its prefill steps held the listener's
+    // accepts (--hold-accepts on, the default).
+    assert!(s.metric("fastlane_llm_engine_accept_holds_total{what=\"step\"}") >= 1.0);
     // The TTFT's stages: one sample each per first token, and together the TTFT (they are
     // consecutive spans of one clock; 1 ms of slack a request for the float sums).
     let mut parts = 0.0;

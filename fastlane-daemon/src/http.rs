@@ -42,6 +42,8 @@ pub struct HttpOptions {
     /// `net.ipv4.tcp_wmem`'s maximum, 4 MiB by default). Bounds the kernel memory a client
     /// that reads nothing can pin, and how much is queued before the write timeout runs.
     pub send_buffer: Option<usize>,
+    /// Accepts wait while this is held ([`AcceptHold`]); `None`: never.
+    pub accept_hold: Option<&'static AcceptHold>,
 }
 
 impl Default for HttpOptions {
@@ -53,6 +55,7 @@ impl Default for HttpOptions {
             drain: Duration::from_secs(30),
             write_timeout: Duration::from_secs(30),
             send_buffer: Some(256 << 10),
+            accept_hold: None,
         }
     }
 }
@@ -240,6 +243,58 @@ pub fn bind(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
     sock.listen(LISTEN_BACKLOG)
 }
 
+/// A flag another thread raises to keep the listener from accepting for a while: new
+/// connections wait in the kernel's backlog (the handshake is the kernel's; no CPU of this
+/// process is spent on them) until it is lowered. `llm serve` raises it while a step carries
+/// a protected tenant's prefill, so a flood of new connections does not share the core with
+/// that step (docs/serving.md, "Measured under attack"). Each accept waits at most
+/// [`ACCEPT_HOLD_MAX`], whatever the flag says: a holder that never lets go cannot stop the
+/// listener.
+#[derive(Debug, Default)]
+pub struct AcceptHold {
+    held: std::sync::atomic::AtomicBool,
+    waits: std::sync::atomic::AtomicU64,
+}
+
+/// The longest one accept waits for an [`AcceptHold`].
+pub const ACCEPT_HOLD_MAX: Duration = Duration::from_millis(100);
+
+/// Lowers the [`AcceptHold`] when dropped.
+#[derive(Debug)]
+pub struct HoldGuard<'a>(&'a AcceptHold);
+
+impl Drop for HoldGuard<'_> {
+    fn drop(&mut self) {
+        self.0.held.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+impl AcceptHold {
+    /// Holds accepts until the guard is dropped (one atomic store each way).
+    pub fn hold(&self) -> HoldGuard<'_> {
+        self.held.store(true, std::sync::atomic::Ordering::Release);
+        HoldGuard(self)
+    }
+
+    /// Accepts that waited for a hold so far.
+    pub fn waits(&self) -> u64 {
+        self.waits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Waits while held, polling each millisecond, at most [`ACCEPT_HOLD_MAX`].
+    async fn wait(&self) {
+        use std::sync::atomic::Ordering;
+        if !self.held.load(Ordering::Acquire) {
+            return;
+        }
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        let until = tokio::time::Instant::now() + ACCEPT_HOLD_MAX;
+        while self.held.load(Ordering::Acquire) && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves, then drains (see the module doc).
 pub async fn serve(
     listener: TcpListener,
@@ -278,6 +333,10 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
+        // Held: this connection waits before it is served, the next ones in the backlog.
+        if let Some(hold) = opts.accept_hold {
+            hold.wait().await;
+        }
         let svc = TowerToHyperService::new(app.clone());
         let io = TokioIo::new(WriteDeadline::new(sock, opts.write_timeout));
         let conn = builder.serve_connection(io, svc);
@@ -370,5 +429,54 @@ mod tests {
         assert_eq!(int_option(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY), 1);
         // The kernel doubles what was asked for its bookkeeping.
         assert_eq!(int_option(fd, libc::SOL_SOCKET, libc::SO_SNDBUF), 512 << 10);
+    }
+
+    /// The time to a 200 for `GET /` on a fresh connection to `addr` (a blocking client on
+    /// a thread of its own, every read bounded).
+    async fn answer_time(addr: std::net::SocketAddr) -> std::time::Duration {
+        tokio::task::spawn_blocking(move || {
+            use std::io::{Read, Write};
+            let t0 = std::time::Instant::now();
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            c.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+            c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+            let mut out = Vec::new();
+            c.read_to_end(&mut out).unwrap();
+            assert!(out.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&out));
+            t0.elapsed()
+        })
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_held_listener_accepts_when_let_go_or_after_the_bound() {
+        let hold: &'static super::AcceptHold = Box::leak(Box::default());
+        let listener = super::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let opts = super::HttpOptions { accept_hold: Some(hold), ..Default::default() };
+        let app = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(super::serve(listener, app, opts, async {
+            let _ = stopped.await;
+        }));
+        // Not held: answered at once, nothing waited.
+        assert!(answer_time(addr).await < super::ACCEPT_HOLD_MAX);
+        assert_eq!(hold.waits(), 0);
+        // Held and never let go: the connection waits in the backlog for the bound, no more.
+        let guard = hold.hold();
+        let t = answer_time(addr).await;
+        assert!(t >= super::ACCEPT_HOLD_MAX, "answered after {t:?} while held");
+        assert!(t < super::ACCEPT_HOLD_MAX * 10, "answered after {t:?}");
+        // Held, then let go after 30 ms: accepted then, well before the bound.
+        let waiting = tokio::spawn(answer_time(addr));
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        drop(guard);
+        let t = waiting.await.unwrap();
+        assert!(t >= std::time::Duration::from_millis(25), "answered after {t:?} while held");
+        assert!(t < super::ACCEPT_HOLD_MAX, "answered after {t:?}, after it was let go at 30 ms");
+        assert!(hold.waits() >= 2, "{} accepts waited", hold.waits());
+        let _ = stop.send(());
+        server.await.unwrap();
     }
 }

@@ -38,6 +38,7 @@ const OPTIONS: HttpOptions = HttpOptions {
     drain: Duration::from_secs(1),
     write_timeout: Duration::from_secs(5),
     send_buffer: None,
+    accept_hold: None,
 };
 
 /// The content type of the text exposition format.

@@ -37,6 +37,11 @@ pub struct ServeArgs {
     listen: std::net::SocketAddr,
     #[command(flatten)]
     http: HttpArgs,
+    /// While a step computes a protected tenant's prefill (`--protect`), accept no new
+    /// connection: they wait in the kernel's backlog (at most 100 ms each) so that a flood
+    /// of them does not take the core from that step. on or off.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    hold_accepts: String,
     /// Fault injection for tests: the engine thread ends with an error after this many
     /// steps, as on a fatal fault (the server stays up and answers 503).
     #[arg(long, hide = true)]
@@ -115,11 +120,17 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     };
     // Every flag is checked before the model loads.
     let body_limits = a.http.body_limits()?;
-    a.http.options()?;
+    let mut opts = a.http.options()?;
     let mut cfg = a.engine.serve_config()?;
     let model = a.engine.load_model()?;
     cfg.tenants = tenants.sched_configs();
     cfg.exit_after_steps = a.fault_engine_exit_after_steps;
+    if a.hold_accepts == "on" && cfg.protect.is_some() {
+        // One per process, shared by the engine thread and the listener.
+        let hold: &'static fastlane_daemon::http::AcceptHold = Box::leak(Box::default());
+        cfg.accept_hold = Some(hold);
+        opts.accept_hold = Some(hold);
+    }
     // Each tenant's prompt blocks in its own namespace (or its prefix group's).
     cfg.prefix.tenant_namespaces = tenants.prefix_namespaces();
     let gated = cfg.policy != fastlane_sched::Policy::Fifo;
@@ -137,7 +148,8 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         admit,
     });
     let what = format!("serving {} ({} tenants)", model.name(), state.tenants.entries().len());
-    a.http.run(a.listen, crate::server::router(state), &what)?;
+    let app = crate::server::router(state);
+    fastlane_daemon::http::run(a.listen, &what, opts, move || app)?;
     match Arc::try_unwrap(engine) {
         Ok(e) => {
             let c = e.shutdown()?;

@@ -4,6 +4,7 @@
 
 use std::cell::RefCell;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use fastlane_kvswap::{BlockId, DType, KvGeometry};
 use rayon::prelude::*;
@@ -43,7 +44,8 @@ impl Layer {
         items: &[BatchItem<'_>],
         pool: &KvPool,
         s: &mut Scratch,
-    ) {
+        abort: &AbortCheck<'_>,
+    ) -> bool {
         let (layer, cfg) = (self, &m.cfg);
         let (hd, nh, nkv) = (cfg.head_dim(), cfg.num_attention_heads, cfg.kv_heads());
         let h = cfg.hidden_size;
@@ -65,16 +67,20 @@ impl Layer {
                 pool.write(it.blocks, li, kvh, pos, k, v);
             }
         }
-        m.attention(li, items, pool, s);
+        if !m.attention(li, items, pool, s, abort) {
+            return false;
+        }
         matmul(&s.attn, t, &layer.o, &mut s.proj);
         for (x, p) in s.x[..t * h].iter_mut().zip(&s.proj[..t * h]) {
             *x += p;
         }
+        true
     }
 
     /// Layer `li` over every row of the batch, in place on `s.x`: attention, then the MLP.
-    /// `abort(2 * li + 1)` is asked between the two (at a long context a layer's attention
-    /// alone can take tens of milliseconds on a CPU); `false`: it said stop, the MLP did not run.
+    /// `abort(2 * li + 1)` is asked by every (row, head) task of the attention (at a long
+    /// context a layer's attention alone can take tens of milliseconds on a CPU) and once
+    /// more between the two halves; `false`: it said stop, the layer did not finish.
     fn forward(
         &self,
         m: &Model,
@@ -82,10 +88,9 @@ impl Layer {
         items: &[BatchItem<'_>],
         pool: &KvPool,
         s: &mut Scratch,
-        abort: &dyn Fn(usize) -> bool,
+        abort: &AbortCheck<'_>,
     ) -> bool {
-        self.attention(m, li, items, pool, s);
-        if abort(2 * li + 1) {
+        if !self.attention(m, li, items, pool, s, abort) || abort(2 * li + 1) {
             return false;
         }
         self.mlp(m, s);
@@ -144,6 +149,10 @@ pub struct BatchItem<'a> {
     /// Whether the logits of the last row are wanted (a token is sampled from them).
     pub want_logits: bool,
 }
+
+/// The check [`Model::forward_abortable`] asks (with the check's number) whether to give
+/// the pass up; called from the pool's threads too, so it must be cheap and `Sync`.
+pub type AbortCheck<'a> = dyn Fn(usize) -> bool + Sync + 'a;
 
 /// How a [`Model::forward_abortable`] pass ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -471,18 +480,19 @@ impl Model {
         }
     }
 
-    /// [`forward`](Self::forward) that can be given up between layers and halfway through
-    /// one: before each layer `l` (the first included) `abort(2 * l)` is called, and between
-    /// its attention and its MLP `abort(2 * l + 1)`; when it returns `true` the pass stops
-    /// there and returns [`Forward::Aborted`]. The check is the caller's (an atomic
-    /// load, say): no allocation or lock is added here. Validation errors come before any
+    /// [`forward`](Self::forward) that can be given up between layers and within one:
+    /// before each layer `l` (the first included) `abort(2 * l)` is called, by each (row,
+    /// head) task of its attention (on the pool's threads) and between its attention and
+    /// its MLP `abort(2 * l + 1)`; when it returns `true` the pass stops there and returns
+    /// [`Forward::Aborted`]. The check is the caller's (an atomic load, say): no allocation
+    /// or lock is added here. Validation errors come before any
     /// layer, as for `forward`.
     pub fn forward_abortable(
         &self,
         items: &[BatchItem<'_>],
         pool: &KvPool,
         s: &mut Scratch,
-        abort: &dyn Fn(usize) -> bool,
+        abort: &AbortCheck<'_>,
     ) -> Result<Forward, LlmError> {
         let cfg = &self.cfg;
         let (hd, nh, nkv) = (cfg.head_dim(), cfg.num_attention_heads, cfg.kv_heads());
@@ -551,7 +561,17 @@ impl Model {
 
     /// Causal attention of every row over its sequence's cached positions `0..=pos`, one
     /// task per (row, head), keys in ascending position (fixed order: batch-invariant).
-    fn attention(&self, layer: usize, items: &[BatchItem<'_>], pool: &KvPool, s: &mut Scratch) {
+    /// `abort(2 * layer + 1)` is asked before each task; once it says stop the remaining
+    /// tasks are skipped and `false` is returned (the output is then garbage: the step is
+    /// given up).
+    fn attention(
+        &self,
+        layer: usize,
+        items: &[BatchItem<'_>],
+        pool: &KvPool,
+        s: &mut Scratch,
+        abort: &AbortCheck<'_>,
+    ) -> bool {
         let cfg = &self.cfg;
         let (hd, nh, nkv) = (cfg.head_dim(), cfg.num_attention_heads, cfg.kv_heads());
         let qkv_w = (nh + 2 * nkv) * hd;
@@ -559,7 +579,14 @@ impl Model {
         let scale = 1.0 / (hd as f32).sqrt();
         let t = s.rows_item.len();
         let (qkv, rows_item, rows_pos) = (&s.qkv, &s.rows_item, &s.rows_pos);
+        let stopped = AtomicBool::new(false);
         let work = |idx: usize, out: &mut [f32]| {
+            // Relaxed: the flag only saves the remaining tasks the check; the check itself
+            // is what decides.
+            if stopped.load(Ordering::Relaxed) || abort(2 * layer + 1) {
+                stopped.store(true, Ordering::Relaxed);
+                return;
+            }
             let (r, head) = (idx / nh, idx % nh);
             let blocks = items[rows_item[r]].blocks;
             let q = &qkv[r * qkv_w + head * hd..r * qkv_w + (head + 1) * hd];
@@ -573,5 +600,6 @@ impl Model {
         } else {
             attn.par_chunks_mut(hd).enumerate().for_each(|(i, o)| work(i, o));
         }
+        !stopped.into_inner()
     }
 }

@@ -1,7 +1,7 @@
 //! The model computes what the checkpoint says: logits of a random model written as a normal
 //! Hugging Face directory (f32 and bf16, single and sharded) agree with an independent NumPy
 //! forward pass over the same files; chunking a prefill changes no bit, nor does a pass given
-//! up between layers; a broken directory is a clear error naming the file and tensor.
+//! up between layers or inside a layer's attention; a broken directory is a clear error naming the file and tensor.
 
 use std::path::Path;
 use std::process::Command;
@@ -128,10 +128,62 @@ fn prefill_chunking_changes_no_bit_and_a_directory_equals_the_in_memory_model() 
 }
 
 #[test]
+fn a_pass_given_up_inside_the_attention_leaves_no_trace() {
+    // The attention asks its check before every (row, head) task, so a long context's
+    // attention can be given up within it: a stop at the fifth task of layer 1 ends the pass
+    // there (the tasks after it do not run), and the prompt computed afterwards over the same
+    // blocks gives the logits and K/V bytes of a pass never given up.
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let m = Model::load("random:tiny", 7).unwrap();
+    let heads = m.config().num_attention_heads;
+    let ids = prompt();
+    let blocks: Vec<BlockId> =
+        (0..ids.len().div_ceil(TOKENS_PER_BLOCK) as u32).map(BlockId).collect();
+    let whole = [BatchItem { tokens: &ids, start_pos: 0, blocks: &blocks, want_logits: true }];
+    // How often a full pass asks check 3 (layer 1's attention and the check after it).
+    let asked = AtomicUsize::new(0);
+    let plain = KvPool::new(&m.kv_geometry(), blocks.len() as u32).unwrap();
+    let mut s = Scratch::default();
+    let out = m
+        .forward_abortable(&whole, &plain, &mut s, &|c| {
+            if c == 3 {
+                asked.fetch_add(1, Ordering::Relaxed);
+            }
+            false
+        })
+        .unwrap();
+    assert_eq!(out, Forward::Done(1));
+    let want = s.logits[..m.vocab()].to_vec();
+    let tasks = ids.len() * heads;
+    assert_eq!(asked.load(Ordering::Relaxed), tasks + 1, "once per (row, head) task, once after");
+    // Given up at the fifth task of layer 1's attention.
+    let pool = KvPool::new(&m.kv_geometry(), blocks.len() as u32).unwrap();
+    let asked = AtomicUsize::new(0);
+    let out = m
+        .forward_abortable(&whole, &pool, &mut s, &|c| {
+            c == 3 && asked.fetch_add(1, Ordering::Relaxed) >= 4
+        })
+        .unwrap();
+    assert_eq!(out, Forward::Aborted { layer: 1 });
+    // The tasks after the stop skip the check (a pool thread may have asked once more).
+    let n = asked.load(Ordering::Relaxed);
+    assert!(n < 5 + rayon::current_num_threads() + 1 && n < tasks, "asked {n} times of {tasks}");
+    let out = m.forward_abortable(&whole, &pool, &mut s, &|_| false).unwrap();
+    assert_eq!(out, Forward::Done(1));
+    assert!(
+        s.logits[..m.vocab()].iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "logits changed after a pass given up inside the attention"
+    );
+    for &b in &blocks {
+        assert!(pool.block_bytes_of(b) == plain.block_bytes_of(b), "block {b:?} differs");
+    }
+}
+
+#[test]
 fn a_pass_given_up_between_layers_leaves_no_trace() {
     // Each 64-token chunk of the prefill is first aborted at one of the pass's checks (before
-    // layer 0, halfway through it, before layer 1, ...: its K/V written for the layers
-    // before, and for the layer itself when halfway through), then computed as two 32-token chunks: the second
+    // layer 0, in its attention, before layer 1, ...: its K/V written for the layers
+    // before, and for the layer itself when in its attention), then computed as two 32-token chunks: the second
     // half's positions hold the aborted pass's partial K/V until the second chunk rewrites
     // them. Logits at every 64-token boundary and every K/V byte must equal the plain
     // chunked prefill's.

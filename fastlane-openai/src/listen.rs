@@ -75,6 +75,7 @@ impl HttpArgs {
                 }
                 n => Some(n as usize),
             },
+            accept_hold: None,
         })
     }
 

@@ -116,6 +116,10 @@ pub struct EngineConfig {
     /// Fault injection (tests; `llm serve --fault-engine-exit-after-steps`): the engine
     /// thread ends with an error after this many steps, as it would on a fatal fault.
     pub exit_after_steps: Option<u64>,
+    /// Held while a step's forward pass carries a protected tenant's prefill (`llm serve
+    /// --hold-accepts`): the listener in the same process accepts no new connection until
+    /// the pass ends, so a flood of them does not share the core with that step.
+    pub accept_hold: Option<&'static fastlane_daemon::http::AcceptHold>,
 }
 
 /// Prefix reuse settings (see `docs/llm.md`, "Prefix reuse").
@@ -183,6 +187,7 @@ impl Default for EngineConfig {
             preemptible_steps: false,
             force_step_aborts: None,
             exit_after_steps: None,
+            accept_hold: None,
         }
     }
 }
@@ -380,6 +385,10 @@ pub struct EngineCounters {
     pub steps_aborted: u64,
     /// Time spent in the forward passes of those steps (work discarded), ns.
     pub aborted_forward_ns: u64,
+    /// Steps that held the listener's accepts ([`EngineConfig::accept_hold`]).
+    pub accept_hold_steps: u64,
+    /// Accepts that waited for such a step ([`fastlane_daemon::http::AcceptHold::waits`]).
+    pub accepts_held: u64,
     /// `--tier-steps separate`: steps planned with an interactive prefill and without the
     /// batch-tier work that waited.
     pub tier_separate_steps: u64,

@@ -149,8 +149,20 @@ pub(super) fn lookup_loop(
                 seconds.observe(t0.elapsed().as_secs_f64());
             }
         }
+        let traced = match &c {
+            Command::Submit { id, at, .. } => Some((*id, *at)),
+            _ => None,
+        };
         if tx.send(c).is_err() || shutdown {
             return;
+        }
+        if let Some((id, at)) = traced {
+            tracing::trace!(
+                event = "lookup_forwarded",
+                id,
+                waited_us = at.elapsed().as_micros() as u64,
+                "engine: forwarded after the prefix lookup"
+            );
         }
         if let (Some(a), Some((tenant, protected))) = (arrivals, submitted) {
             a.sent(tenant, protected);

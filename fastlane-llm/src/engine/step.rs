@@ -165,6 +165,8 @@ impl Loop {
                 tracing::trace!(
                     event = "request_taken",
                     id,
+                    tenant = req.tenant,
+                    protected,
                     waited_us = at.elapsed().as_micros() as u64,
                     prompt_tokens = req.prompt.len(),
                     "engine: request taken in"
@@ -266,7 +268,14 @@ impl Loop {
         let (inputs, broken) = self.step_inputs(&plan)?;
         self.load_prefixes(&inputs);
         let rows: u64 = inputs.iter().map(|i| i.tokens.len() as u64).sum();
+        // A protected tenant's prefill has the core to itself: new connections wait in the
+        // listener's backlog until the pass ends (dropped on every path out).
+        let hold = self.cfg.accept_hold.filter(|_| self.carries_protected(&plan)).map(|h| {
+            self.local.accept_hold_steps += 1;
+            h.hold()
+        });
         let (outcome, fwd_ns, forced) = self.forward(&plan, &inputs)?;
+        drop(hold);
         // One event per step at trace level (the record's timestamp is the step's end):
         // `scripts/router-floor.sh` reads what the engine was doing when a request arrived
         // (`--log-format json`). The fields are only evaluated when trace is on.
@@ -277,6 +286,8 @@ impl Loop {
             prefill_tokens = plan.prefill_tokens,
             decodes = plan.items.iter().filter(|it| it.kind == StepKind::Decode).count(),
             given_up = matches!(outcome, Forward::Aborted { .. }),
+            rank = self.step_rank(&plan).map_or(-1, i64::from),
+            aborts_in_row = self.aborts_in_row,
             "engine: step"
         );
         if let Forward::Aborted { layer } = outcome {
@@ -542,6 +553,14 @@ impl Loop {
 
     /// Latency protection: tells the submitting threads which tenants the plan just formed
     /// protects (their arrivals then give up a step without a protected prefill).
+    fn carries_protected(&self, plan: &StepPlan) -> bool {
+        let protected = self.sched.protected_tenants();
+        plan.items.iter().any(|it| {
+            matches!(it.kind, StepKind::Prefill { .. })
+                && protected.get(it.tenant).copied().unwrap_or(false)
+        })
+    }
+
     fn publish_protected(&self) {
         let Some(a) = self.arrivals.as_deref() else { return };
         let now = self.sched.protected_tenants();
@@ -660,6 +679,12 @@ impl Loop {
         if l.ttft_ns.is_none() {
             let ttft = now.saturating_duration_since(l.arrived);
             l.ttft_ns = Some(ttft.as_nanos() as u64);
+            tracing::trace!(
+                event = "first_token",
+                id,
+                ttft_us = ttft.as_micros() as u64,
+                "engine: first token"
+            );
             if let Some(h) = self.first_token.get(l.req.tenant) {
                 h.observe(ttft.as_secs_f64());
             }
@@ -723,6 +748,7 @@ impl Loop {
         for (i, t) in es.tiers.iter().enumerate() {
             self.local.tier_used_bytes[i] = t.used_bytes;
         }
+        self.local.accepts_held = self.cfg.accept_hold.map_or(0, |h| h.waits());
         self.local.blocks_free = self.sched.blocks().free();
         self.local.blocks_total = self.sched.blocks().total();
         self.local.live = self.live.len() as u64;

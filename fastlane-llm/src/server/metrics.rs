@@ -16,6 +16,7 @@ pub struct EngineMetrics {
     swap_bytes: IntCounterVec,
     steps: IntCounterVec,
     steps_aborted: IntCounterVec,
+    accept_holds: IntCounterVec,
     tier_steps: IntCounterVec,
     protect_steps: IntCounterVec,
     prefix_blocks: IntCounterVec,
@@ -75,6 +76,11 @@ impl EngineMetrics {
             "Engine steps whose forward pass was given up for an interactive arrival (--preemptible-steps)",
             &[],
         );
+        let accept_holds = counter(
+            "fastlane_llm_engine_accept_holds_total",
+            "The listener's accepts held for a protected tenant's prefill (--hold-accepts): steps that held them (step), new connections that waited (accept)",
+            &["what"],
+        );
         let tier_steps = counter(
             "fastlane_llm_engine_tier_steps_total",
             "Steps with an interactive prefill that kept the batch tier's waiting work out (separate), or shared after the hold bound (released); --tier-steps",
@@ -128,6 +134,7 @@ impl EngineMetrics {
             swap_bytes,
             steps,
             steps_aborted,
+            accept_holds,
             tier_steps,
             protect_steps,
             prefix_blocks,
@@ -187,6 +194,8 @@ impl EngineMetrics {
         up(&self.swap_bytes, &["in", "all"], c.swap_in_bytes);
         up(&self.steps, &[], c.steps);
         up(&self.steps_aborted, &[], c.steps_aborted);
+        up(&self.accept_holds, &["step"], c.accept_hold_steps);
+        up(&self.accept_holds, &["accept"], c.accepts_held);
         up(&self.tier_steps, &["separate"], c.tier_separate_steps);
         up(&self.tier_steps, &["released"], c.tier_released_steps);
         up(&self.tier_steps, &["mixed_capped"], c.tier_mixed_capped_steps);
