@@ -22,13 +22,15 @@
 #   whole-steps  as drr, with --preemptible-steps off (every step runs to its end; before
 #                the default became on, a step in flight was never given up for a quiet request)
 # Results: benches/results/llm/<date>-<commit>-scenario-a-http.json (+ .hlog and SVG per run).
-# Usage: scripts/bench-serve.sh [--model random:small] [--rate 1] [--seconds 60] [--arrivals poisson|bursty]
+# --split: the solo and same-tier servers write their engine's trace events and
+# scripts/engine-split.py prints where the quiet tenant's engine time went in each.
+# Usage: scripts/bench-serve.sh [--model random:small] [--rate 1] [--seconds 60] [--arrivals poisson|bursty] [--split]
 #          [--runs solo,fifo,drr,same-tier,same-tier-unprotected,shared,whole-steps,slow,unprotected,drr-preempt,router,router-paced,router-tiers]   (default: all; the P99/solo
 #          ratios need solo among them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 all_runs=solo,fifo,drr,same-tier,same-tier-unprotected,shared,whole-steps,slow,unprotected,drr-preempt,router,router-paced,router-tiers
-model=random:small rate=1 seconds=60 arrivals=poisson runs=$all_runs
+model=random:small rate=1 seconds=60 arrivals=poisson runs=$all_runs split=
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model=$2; shift ;;
@@ -36,7 +38,8 @@ while [ $# -gt 0 ]; do
     --seconds) seconds=$2; shift ;;
     --arrivals) arrivals=$2; shift ;;
     --runs) runs=$2; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    --split) split=1 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "bench-serve.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -81,12 +84,29 @@ bench() { # label url extra...: the load, and the engine's steps over it (--engi
   "$bin" llm bench --url "$u" --rate "$rate" --seconds "$seconds" --arrivals "$arrivals" \
     --engine-metrics "$engine_url" --hlog-dir "$dir/$stem/$label" --out "$tmp/$label.json" "$@"
 }
+# With --split: `start_up ARGS...` starts `up` writing the engine's trace events, and
+# `split LABEL` prints the quiet tenant's engine split over the events since the last call.
+start_up() {
+  if [ -n "$split" ]; then
+    RUST_LOG=info,fastlane_llm::engine=trace start up "$@" --log-format json
+  else
+    start up "$@"
+  fi
+  split_from=1
+}
+split() {
+  [ -n "$split" ] || return 0
+  tail -n +"$split_from" "$tmp/up.log" >"$tmp/split-$1.log"
+  split_from=$(($(wc -l <"$tmp/up.log") + 1))
+  echo "== engine split, $1"
+  python3 scripts/engine-split.py "$tmp/split-$1.log" --top 5 || true
+}
 echo "load before: $(cat /proc/loadavg)"
 engine=(llm serve --model "$model" --tenants "$tmp/tenants.toml" --device-blocks 4096)
 if want solo || want fifo; then
-  start up "${engine[@]}" --policy fifo
+  start_up "${engine[@]}" --policy fifo
   engine_url=$url
-  if want solo; then bench solo "$url" --solo; fi
+  if want solo; then bench solo "$url" --solo; split solo; fi
   if want fifo; then bench fifo "$url"; fi
   stop up
 fi
@@ -100,10 +120,11 @@ fi
 sed 's/^tier = "batch"$/tier = "interactive"/' "$tmp/tenants.toml" >"$tmp/same-tier.toml"
 for r in same-tier same-tier-unprotected; do
   want $r || continue
-  start up llm serve --model "$model" --tenants "$tmp/same-tier.toml" --device-blocks 4096 \
+  start_up llm serve --model "$model" --tenants "$tmp/same-tier.toml" --device-blocks 4096 \
     --policy drr --protect "$([ $r = same-tier ] && echo on || echo off)"
   engine_url=$url
   bench $r "$url"
+  split $r
   stop up
 done
 if want shared; then
