@@ -15,13 +15,14 @@
 # With --split, `llm serve` writes its engine's trace events (one a step and a request) and
 # scripts/engine-split.py prints where the quiet tenant's engine time went in each run.
 # --serve-flag F (repeatable) passes F to `llm serve` (e.g. --serve-flag=--hold-accepts=off).
+# --keep-alive: the quiet tenant reuses its connections (as the OpenAI SDKs do) in both runs.
 #
 #   scripts/bench-attack.sh [--attack N] [--seconds S] [--rate R] [--policy P] [--fronts serve,router]
-#                           [--kinds K,K...] [--probe-rate P] [--split] [--serve-flag F]...
+#                           [--kinds K,K...] [--probe-rate P] [--split] [--serve-flag F]... [--keep-alive]
 #   defaults 1000, 60, 4, llm serve's default policy, both fronts, every kind, 20
 set -euo pipefail
 cd "$(dirname "$0")/.."
-attack=1000 seconds=60 rate=4 policy=() fronts=serve,router kinds=() probe=20 split= serve_flags=()
+attack=1000 seconds=60 rate=4 policy=() fronts=serve,router kinds=() probe=20 split= serve_flags=() client=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --attack) attack=${2:?}; shift 2 ;;
@@ -32,9 +33,10 @@ while [ $# -gt 0 ]; do
     --kinds) kinds=(--attack-kinds "${2:?}"); shift 2 ;;
     --probe-rate) probe=${2:?}; shift 2 ;;
     --split) split=1; shift ;;
+    --keep-alive) client=(--keep-alive); shift ;;
     --serve-flag) serve_flags+=("${2:?}"); shift 2 ;;
     --serve-flag=*) serve_flags+=("${1#--serve-flag=}"); shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "bench-attack.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -79,7 +81,7 @@ bench() { # label url pid extra...: one run, JSON into $tmp/label.json (none: th
   # none of the solo run's prompts in the prefix cache.
   local label=$1 u=$2 pid=$3; shift 3
   taskset -c 1 "$bin" llm bench --prompt-tag "$label." --url "$u" --solo --rate "$rate" --seconds "$seconds" \
-    --server-pid "$pid" --probe-rate "$probe" --engine-metrics "$serve_url" --json "$@" >"$tmp/$label.json" || {
+    --server-pid "$pid" --probe-rate "$probe" --engine-metrics "$serve_url" --json "${client[@]}" "$@" >"$tmp/$label.json" || {
     echo "bench-attack.sh: the $label run failed (above); recorded as failed" >&2
     rm -f "$tmp/$label.json"
   }

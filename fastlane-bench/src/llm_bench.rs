@@ -116,6 +116,11 @@ pub struct BenchArgs {
     /// the run (latency to their 401: what the HTTP layer alone costs a new client); 0: none.
     #[arg(long, default_value_t = 0.0)]
     probe_rate: f64,
+    /// With --url: each tenant's requests reuse its idle connections (HTTP/1.1 keep-alive,
+    /// as the OpenAI SDKs do) instead of opening one per request; TTFT then starts at the
+    /// request's write on a reused connection.
+    #[arg(long)]
+    keep_alive: bool,
     /// Instead of a server at --url: the floor of the attack measurement, a bare server in
     /// this process (one thread on --floor-core that accepts, reads once, writes a fixed 401
     /// and closes: less than any server does), probed at --probe-rate for --seconds alone
@@ -317,6 +322,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             probe_rate: a.probe_rate,
             engine_metrics: a.engine_metrics.clone(),
             json: a.json,
+            keep_alive: a.keep_alive,
         };
         let v = if a.attack_floor {
             if a.url.is_some() {

@@ -3,9 +3,10 @@
 //!
 //! Per tenant: arrivals at its rate, Poisson or AR(1)-bursty (the simulator's processes,
 //! `fastlane_sched::sim::ArrivalProcess`), prompt and output lengths fixed or log-normal, one
-//! connection per request, a streamed completion (`stream: true`) whose SSE events are read
-//! as they come. TTFT is the time from just before the connection is opened to the first
-//! token event read; inter-token gaps are between token events. Scenario (a), scaled to this
+//! connection per request (`--keep-alive`: idle connections reused, as the OpenAI SDKs do), a
+//! streamed completion (`stream: true`) whose SSE events are read
+//! as they come. TTFT is the time from just before the connection is opened (or the request
+//! written on a reused one) to the first token event read; inter-token gaps are between token events. Scenario (a), scaled to this
 //! CPU engine: a `quiet` tenant at `--rate` requests/s beside a `flood` tenant at 30× that
 //! rate (`--solo`: the quiet tenant alone, the baseline).
 //!
@@ -69,6 +70,9 @@ pub(crate) struct LoadOpts {
     pub engine_metrics: Option<String>,
     /// JSON instead of the table.
     pub json: bool,
+    /// Each tenant's requests reuse its idle connections (HTTP/1.1 keep-alive, as the
+    /// OpenAI SDKs do) instead of a fresh connection each.
+    pub keep_alive: bool,
 }
 
 /// One tenant's load.
@@ -89,6 +93,8 @@ pub(crate) struct TenantResult {
     pub rejected_429: u64,
     pub rejected_503: u64,
     pub errors: u64,
+    /// Connections opened (one a request, fewer with `--keep-alive`).
+    pub connections: u64,
     pub tokens: u64,
     pub ttft_p50_ms: f64,
     pub ttft_p99_ms: f64,
@@ -103,38 +109,80 @@ pub(crate) struct TenantResult {
 
 struct Outcome {
     status: u16,
+    /// Connections this request opened (0: it reused one, `--keep-alive`).
+    connects: u64,
     ttft: Option<Duration>,
     gaps: Vec<Duration>,
     tokens: u64,
 }
 
 fn request_bytes(addr: &str, key: &str, prompt: &str, max_tokens: u32) -> String {
+    request_with(addr, key, prompt, max_tokens, "close")
+}
+
+fn request_with(addr: &str, key: &str, prompt: &str, max_tokens: u32, connection: &str) -> String {
     let body = serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "stream": true,
                                   "temperature": 0, "ignore_eos": true})
     .to_string();
     format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: {connection}\r\n\r\n{body}",
         body.len()
     )
 }
 
-/// One streamed completion over a fresh connection.
-async fn one(addr: &str, key: &str, prompt: &str, max_tokens: u32) -> Result<Outcome> {
+/// A tenant's idle kept-alive connections (`--keep-alive`).
+type Idle = std::sync::Arc<std::sync::Mutex<Vec<BufReader<tokio::net::TcpStream>>>>;
+
+/// One streamed completion over a fresh connection, or with `idle` over one of its
+/// connections (a new one when none is idle), given back after a whole 200 response.
+async fn one(
+    addr: &str,
+    key: &str,
+    prompt: &str,
+    max_tokens: u32,
+    idle: Option<&Idle>,
+) -> Result<Outcome> {
     let t0 = Instant::now();
-    let mut s =
-        tokio::net::TcpStream::connect(addr).await.with_context(|| format!("connect {addr}"))?;
-    let _ = s.set_nodelay(true);
-    s.write_all(request_bytes(addr, key, prompt, max_tokens).as_bytes()).await?;
-    let mut r = BufReader::new(s);
+    let reused = idle.and_then(|p| p.lock().ok()?.pop());
+    let was_reused = reused.is_some();
+    let mut connects = u64::from(!was_reused);
+    let mut r = match reused {
+        Some(r) => r,
+        None => {
+            let s = tokio::net::TcpStream::connect(addr)
+                .await
+                .with_context(|| format!("connect {addr}"))?;
+            let _ = s.set_nodelay(true);
+            BufReader::new(s)
+        }
+    };
+    let connection = if idle.is_some() { "keep-alive" } else { "close" };
+    let req = request_with(addr, key, prompt, max_tokens, connection);
     let mut line = String::new();
-    r.read_line(&mut line).await?;
+    let sent = r.get_mut().write_all(req.as_bytes()).await;
+    let got = match sent {
+        Ok(()) => r.read_line(&mut line).await.unwrap_or(0),
+        Err(_) => 0,
+    };
+    if got == 0 && was_reused {
+        // The server closed the idle connection (its keep-alive timeout): a fresh one.
+        let s = tokio::net::TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connect {addr}"))?;
+        let _ = s.set_nodelay(true);
+        connects += 1;
+        r = BufReader::new(s);
+        r.get_mut().write_all(req.as_bytes()).await?;
+        r.read_line(&mut line).await?;
+    }
     let status: u16 = line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
-    let mut out = Outcome { status, ttft: None, gaps: Vec::new(), tokens: 0 };
+    let mut out = Outcome { status, connects, ttft: None, gaps: Vec::new(), tokens: 0 };
     if status != 200 {
         return Ok(out);
     }
     let mut last: Option<Instant> = None;
-    // Bounded by the response: the server ends it after [DONE] (Connection: close).
+    // Bounded by the response: the server ends it after [DONE] (and closes the connection
+    // unless it is kept alive).
     loop {
         line.clear();
         if r.read_line(&mut line).await? == 0 {
@@ -142,6 +190,23 @@ async fn one(addr: &str, key: &str, prompt: &str, max_tokens: u32) -> Result<Out
         }
         let Some(data) = line.trim_end().strip_prefix("data: ") else { continue };
         if data == "[DONE]" {
+            if let Some(p) = idle {
+                // The body is chunked: its last chunk (`0`) and the blank line end it.
+                loop {
+                    line.clear();
+                    if r.read_line(&mut line).await? == 0 {
+                        return Ok(out);
+                    }
+                    if line.trim_end() == "0" {
+                        line.clear();
+                        r.read_line(&mut line).await?;
+                        break;
+                    }
+                }
+                if let Ok(mut v) = p.lock() {
+                    v.push(r);
+                }
+            }
             break;
         }
         if data.contains("\"finish_reason\":null") {
@@ -391,6 +456,7 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
     let start = Instant::now();
     let answered = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut handles = Vec::new();
+    let idles: Vec<Option<Idle>> = loads.iter().map(|_| o.keep_alive.then(Idle::default)).collect();
     for (ti, l) in loads.iter().enumerate() {
         let mut rng = SimRng::stream(o.seed, ti as u64 + 1);
         let times = l.arrivals.times_ns(&mut rng, 0.0, o.secs, 1_000_000);
@@ -408,11 +474,12 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
             let max_tokens = l.output.sample(&mut rng);
             let when = start + Duration::from_nanos(at);
             let answered = answered.clone();
+            let idle = idles[ti].clone();
             handles.push((
                 ti,
                 tokio::spawn(async move {
                     tokio::time::sleep_until(when.into()).await;
-                    let r = one(&addr, &key, &prompt, max_tokens).await;
+                    let r = one(&addr, &key, &prompt, max_tokens, idle.as_ref()).await;
                     answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     r
                 }),
@@ -448,7 +515,11 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
         let r = &mut res[ti];
         r.sent += 1;
         let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, h).await {
+        let done = tokio::time::timeout(left, h).await;
+        if let Ok(Ok(Ok(out))) = &done {
+            r.connections += out.connects;
+        }
+        match done {
             Ok(Ok(Ok(out))) if out.status == 200 => {
                 r.ok += 1;
                 r.tokens += out.tokens;
@@ -618,13 +689,14 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
     if !o.json {
         println!("{what}, load {load}");
         println!(
-            "{:<8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>10} {:>10} {:>10} {:>10} {:>9}",
+            "{:<8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>10} {:>10} {:>10} {:>10} {:>9}",
             "tenant",
             "sent",
             "ok",
             "429",
             "503",
             "err",
+            "conns",
             "TTFT P50",
             "TTFT P99",
             "TTFT max",
@@ -633,13 +705,14 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
         );
         for r in &res {
             println!(
-                "{:<8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>9.2}",
+                "{:<8} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>8.1}ms {:>9.2}",
                 r.tenant,
                 r.sent,
                 r.ok,
                 r.rejected_429,
                 r.rejected_503,
                 r.errors,
+                r.connections,
                 r.ttft_p50_ms,
                 r.ttft_p99_ms,
                 r.ttft_max_ms,

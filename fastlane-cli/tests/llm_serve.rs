@@ -1,7 +1,7 @@
 //! `fastlane llm serve` end to end with a real HTTP client (curl) on loopback: the OpenAI
 //! endpoints streamed and not, tenants (401, 429 with Retry-After), 400s that name the field,
 //! the max-stream fence and a client that goes away both free the KV blocks, metrics, and
-//! SIGTERM's drain. The server picks a free port (`--listen 127.0.0.1:0`) and is stopped by
+//! SIGTERM's drain; and `llm bench --keep-alive` reusing its connections. The server picks a free port (`--listen 127.0.0.1:0`) and is stopped by
 //! the test; every wait is bounded.
 
 use std::io::{Read, Write};
@@ -335,4 +335,30 @@ fn a_client_that_trickles_its_headers_is_cut_off() {
     // The server still serves.
     let (st, _) = curl(&[&format!("{}/health", s.url)]);
     assert_eq!(st, 200);
+}
+
+#[test]
+fn the_bench_client_keeps_its_connections_when_asked() {
+    // `llm bench --keep-alive` reuses a tenant's idle connections, as the OpenAI SDKs do: every
+    // request answered, fewer connections than requests; without it, one each.
+    let (s, _dir) = start();
+    for (flags, kept) in [(&["--keep-alive"][..], true), (&[][..], false)] {
+        let out = common::cli::command()
+            .args(["llm", "bench", "--url", &s.url, "--solo", "--rate", "4", "--seconds", "5"])
+            .args(["--json", "--max-tokens", "8"])
+            .args(flags)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "bench: {}", String::from_utf8_lossy(&out.stderr));
+        let out: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let q = &out["tenants"][0];
+        let n = |k: &str| q[k].as_u64().unwrap_or_else(|| panic!("{k} missing: {out}"));
+        assert!(n("sent") >= 10, "{out}");
+        assert_eq!(n("ok"), n("sent"), "every request answered: {out}");
+        if kept {
+            assert!(n("connections") < n("sent") / 2, "connections reused: {out}");
+        } else {
+            assert_eq!(n("connections"), n("sent"), "one connection a request: {out}");
+        }
+    }
 }
