@@ -42,6 +42,12 @@ pub struct ServeArgs {
     /// of them does not take the core from that step. on or off.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     hold_accepts: String,
+    /// Request bodies of at most this many bytes are tokenized on the HTTP worker that read
+    /// them (a short prompt costs less than the hand-off to the tokenizer pool and back, which
+    /// waits for the core twice when it is busy); larger ones on the tokenizer pool. 0: every
+    /// body on the pool. At most 65536.
+    #[arg(long, default_value_t = crate::server::admit::INLINE_TOKENIZE_BYTES)]
+    tokenize_inline_bytes: usize,
     /// Fault injection for tests: the engine thread ends with an error after this many
     /// steps, as on a fatal fault (the server stays up and answers 503).
     #[arg(long, hide = true)]
@@ -121,6 +127,13 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     // Every flag is checked before the model loads.
     let body_limits = a.http.body_limits()?;
     let mut opts = a.http.options()?;
+    if a.tokenize_inline_bytes > crate::server::admit::INLINE_TOKENIZE_BYTES_MAX {
+        bail!(
+            "--tokenize-inline-bytes {}: at most {}",
+            a.tokenize_inline_bytes,
+            crate::server::admit::INLINE_TOKENIZE_BYTES_MAX
+        );
+    }
     let mut cfg = a.engine.serve_config()?;
     let model = a.engine.load_model()?;
     cfg.tenants = tenants.sched_configs();
@@ -136,7 +149,8 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
     let gated = cfg.policy != fastlane_sched::Policy::Fifo;
     let engine = Arc::new(Engine::start(model.clone(), cfg)?);
     let metrics = Metrics::new().with_tenants(tenants.entries().iter().map(|e| e.name.as_str()));
-    let admit = crate::server::admit::Admit::new(&tenants, gated, &metrics);
+    let admit = crate::server::admit::Admit::new(&tenants, gated, &metrics)
+        .with_inline_bytes(a.tokenize_inline_bytes);
     let engine_metrics = EngineMetrics::new(&metrics).with_engine(engine.histograms());
     let state = Arc::new(AppState {
         engine: engine.clone(),

@@ -1,6 +1,10 @@
 //! Admission before work: a request's tenant must have a token in its bucket and room among
-//! its slots and queue *before* its prompt is tokenized, and tokenization runs on blocking
-//! threads (at most [`TOKENIZER_THREADS`] at once), never on the HTTP workers.
+//! its slots and queue *before* its prompt is tokenized, and tokenization of any but a short
+//! body runs on blocking threads (at most [`TOKENIZER_THREADS`] at once), not on the HTTP
+//! workers. A body of at most [`Admit::with_inline_bytes`] bytes (2 KiB by default) is
+//! tokenized on the worker that read it: its cost is bounded by that size, and less than the
+//! hand-off to a blocking thread and back, which waits for the core twice when the core is
+//! busy (docs/serving.md, "Measured under attack").
 //!
 //! The bucket here is the tenant's rate limit on arrivals (`rpm`, `burst`), spent when a
 //! request arrives; the engine's scheduler keeps its own bucket, spent at admission, which is
@@ -22,6 +26,12 @@ use tokio::sync::Semaphore;
 /// Prompts tokenized at once, at most (each on a blocking thread).
 pub const TOKENIZER_THREADS: usize = 2;
 
+/// The largest body tokenized on the HTTP worker by default (`--tokenize-inline-bytes`).
+pub const INLINE_TOKENIZE_BYTES: usize = 2048;
+
+/// The most `--tokenize-inline-bytes` may say.
+pub const INLINE_TOKENIZE_BYTES_MAX: usize = 64 << 10;
+
 struct TenantGate {
     bucket: Mutex<TokenBucket>,
     open: Arc<AtomicUsize>,
@@ -36,6 +46,7 @@ pub struct Admit {
     start: Instant,
     tokenizers: Arc<Semaphore>,
     tokenized: prometheus::IntCounter,
+    inline_bytes: usize,
 }
 
 impl std::fmt::Debug for Admit {
@@ -89,7 +100,15 @@ impl Admit {
             start: Instant::now(),
             tokenizers: Arc::new(Semaphore::new(TOKENIZER_THREADS)),
             tokenized,
+            inline_bytes: INLINE_TOKENIZE_BYTES,
         }
+    }
+
+    /// Bodies of at most `bytes` are tokenized on the HTTP worker (0: every body goes to the
+    /// tokenizer pool); at most [`INLINE_TOKENIZE_BYTES_MAX`].
+    pub fn with_inline_bytes(mut self, bytes: usize) -> Admit {
+        self.inline_bytes = bytes.min(INLINE_TOKENIZE_BYTES_MAX);
+        self
     }
 
     /// Admits a request of tenant `t` (named `name`) or refuses it, counted in `metrics`: 503
@@ -113,15 +132,20 @@ impl Admit {
         Ok(pass)
     }
 
-    /// Runs `f` (a tokenization) on a blocking thread once one of the
-    /// [`TOKENIZER_THREADS`] is free; waiting costs the HTTP workers nothing.
+    /// Runs `f` (the tokenization of a body of `body_bytes`): here when the body is short
+    /// ([`Admit::with_inline_bytes`]), else on a blocking thread once one of the
+    /// [`TOKENIZER_THREADS`] is free (waiting costs the HTTP workers nothing).
     pub async fn tokenize<R: Send + 'static>(
         &self,
+        body_bytes: usize,
         f: impl FnOnce() -> R + Send + 'static,
     ) -> Result<R, ApiError> {
+        self.tokenized.inc();
+        if body_bytes <= self.inline_bytes {
+            return Ok(f());
+        }
         let busy = || ApiError::unavailable("the tokenizer pool is gone");
         let _permit = self.tokenizers.acquire().await.map_err(|_| busy())?;
-        self.tokenized.inc();
         tokio::task::spawn_blocking(f).await.map_err(|_| busy())
     }
 }
@@ -164,5 +188,20 @@ tier = "interactive"
         for _ in 0..10 {
             open.admit(0, "a", &metrics).unwrap();
         }
+    }
+
+    #[tokio::test]
+    async fn a_short_body_is_tokenized_here_a_long_one_on_the_pool() {
+        let tenants = Tenants::parse(TENANTS).unwrap();
+        let metrics = Metrics::new().with_tenants(["a"]);
+        let here = std::thread::current().id();
+        let on = |admit: Admit, bytes: usize| async move {
+            admit.tokenize(bytes, || std::thread::current().id()).await.unwrap()
+        };
+        let admit = || Admit::new(&tenants, true, &metrics);
+        assert_eq!(on(admit(), INLINE_TOKENIZE_BYTES).await, here);
+        assert_ne!(on(admit(), INLINE_TOKENIZE_BYTES + 1).await, here);
+        // 0: every body on the pool.
+        assert_ne!(on(admit().with_inline_bytes(0), 10).await, here);
     }
 }

@@ -132,10 +132,12 @@ async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Response 
         let CompletionRequest { model, prompt, common } = parse(&bytes)?;
         check_model(&st, model.as_deref())?;
         // The tenant's bucket and slots before any tokenization, which runs off the HTTP
-        // workers.
+        // workers unless the body is short.
         let pass = st.admit.admit(t, &st.tenants.get(t).name, &st.metrics)?;
         let m = st.engine.model().clone();
-        let prompt = st.admit.tokenize(move || completion_prompt(m.tokenizer(), prompt)).await??;
+        let n = bytes.len();
+        let prompt =
+            st.admit.tokenize(n, move || completion_prompt(m.tokenizer(), prompt)).await??;
         run(st.clone(), t, prompt, common, arrived, Kind::Completion, pass).await
     }
     .await;
@@ -152,7 +154,8 @@ async fn chat(State(st): State<Arc<AppState>>, req: Request) -> Response {
         check_model(&st, model.as_deref())?;
         let pass = st.admit.admit(t, &st.tenants.get(t).name, &st.metrics)?;
         let m = st.engine.model().clone();
-        let prompt = st.admit.tokenize(move || chat_prompt(m.tokenizer(), &messages)).await??;
+        let n = bytes.len();
+        let prompt = st.admit.tokenize(n, move || chat_prompt(m.tokenizer(), &messages)).await??;
         run(st.clone(), t, prompt, common, arrived, Kind::Chat, pass).await
     }
     .await;
