@@ -11,7 +11,8 @@ tenants file, 0 by default) it splits the engine's TTFT (submission to first tok
   own       its own step (the forward pass that computed its prompt's last chunk)
   rest      sampling, delivery and the hand-offs
 
-and prints percentiles of each, the slowest requests with the step each arrived in (given up
+and prints percentiles of each (and of the own step's run-queue wait: time the engine's threads
+were runnable but off the core), the slowest requests with the step each arrived in (given up
 or not, its rank and what it carried), and the own step against the same step alone.
 
   scripts/engine-split.py SERVE_LOG [--tenant N] [--top K] [--json]
@@ -50,7 +51,8 @@ def main():
             if e == "step":
                 t = ts_us(v["timestamp"])
                 steps.append((t - fl["step_us"], t, fl["given_up"], fl["rank"], fl["aborts_in_row"],
-                              fl["prefill_items"], fl["prefill_tokens"], fl["decodes"]))
+                              fl["prefill_items"], fl["prefill_tokens"], fl["decodes"],
+                              fl.get("runq_us", 0), fl.get("oncpu_us", 0)))
             elif e == "request_taken" and fl.get("tenant") == a.tenant:
                 taken[fl["id"]] = (ts_us(v["timestamp"]) - fl["waited_us"], fl["waited_us"], fl["protected"])
             elif e == "first_token":
@@ -77,11 +79,12 @@ def main():
         own_us = own[1] - own[0] if own else 0
         rows.append({
             "ttft": ttft, "lookup": lookup, "abort": waited - lookup, "between": between, "own": own_us,
-            "rest": ttft - waited - between - own_us, "protected": prot, "inflight": inflight, "after": after,
+            "rest": ttft - waited - between - own_us, "own_runq": own[8] if own else 0,
+            "protected": prot, "inflight": inflight, "after": after,
         })
     if not rows:
         sys.exit(f"engine-split.py: no request of tenant {a.tenant} got a first token")
-    parts = ["ttft", "lookup", "abort", "between", "own", "rest"]
+    parts = ["ttft", "lookup", "abort", "between", "own", "rest", "own_runq"]
     given_up = [r for r in rows if r["inflight"] and r["inflight"][2]]
     summary = {
         "requests": len(rows),
@@ -106,11 +109,11 @@ def main():
         i = r["inflight"]
         if i:
             s += (f"in flight {r['abort'] / 1e3:5.1f} of {(i[1] - i[0]) / 1e3:5.1f} {'given up' if i[2] else 'ran':8} "
-                  f"r{i[3]} pf{i[5]}/{i[6]} d{i[7]}")
+                  f"r{i[3]} pf{i[5]}/{i[6]} d{i[7]} runq {i[8] / 1e3:.1f}")
         else:
             s += "arrived between steps"
-        s += "  then " + " ".join(f"[{(b[1] - b[0]) / 1e3:.1f}{' given up' if b[2] else ''} pf{b[5]}/{b[6]} d{b[7]}]"
-                                  for b in r["after"])
+        s += "  then " + " ".join(f"[{(b[1] - b[0]) / 1e3:.1f}{' given up' if b[2] else ''} pf{b[5]}/{b[6]} d{b[7]}"
+                                  f" runq {b[8] / 1e3:.1f}]" for b in r["after"])
         print(s)
 
 

@@ -42,6 +42,13 @@ pub struct ServeArgs {
     /// of them does not take the core from that step. on or off.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     hold_accepts: String,
+    /// While a step computes a protected tenant's prefill (`--protect`), the engine thread and
+    /// the compute pool run at this nice value (-20 to 19), then go back to their own: the
+    /// quiet tenant's step then takes the core from the HTTP workers. Needs CAP_SYS_NICE (or
+    /// systemd's LimitNICE=); without it the start warns and steps run at the threads' own
+    /// priority. "off": never changed.
+    #[arg(long, default_value = "-10", value_name = "NICE|off", allow_hyphen_values = true)]
+    protected_nice: String,
     /// Request bodies of at most this many bytes are tokenized on the HTTP worker that read
     /// them (a short prompt costs less than the hand-off to the tokenizer pool and back, which
     /// waits for the core twice when it is busy); larger ones on the tokenizer pool. 0: every
@@ -135,6 +142,13 @@ pub fn serve(a: &ServeArgs) -> Result<()> {
         );
     }
     let mut cfg = a.engine.serve_config()?;
+    cfg.protected_nice = match a.protected_nice.as_str() {
+        "off" => None,
+        n => match n.parse::<i32>() {
+            Ok(v) if (-20..=19).contains(&v) => Some(v),
+            _ => bail!("--protected-nice {n}: a nice value from -20 to 19, or off"),
+        },
+    };
     let model = a.engine.load_model()?;
     cfg.tenants = tenants.sched_configs();
     cfg.exit_after_steps = a.fault_engine_exit_after_steps;

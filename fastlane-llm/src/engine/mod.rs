@@ -29,6 +29,7 @@ use crate::port::{EnginePort, PortStats};
 use crate::sampling::{Sampled, Sampler, SamplingParams, TokenLogprobs};
 use crate::tokenizer::TextStream;
 
+mod boost;
 mod setup;
 mod step;
 
@@ -120,6 +121,10 @@ pub struct EngineConfig {
     /// --hold-accepts`): the listener in the same process accepts no new connection until
     /// the pass ends, so a flood of them does not share the core with that step.
     pub accept_hold: Option<&'static fastlane_daemon::http::AcceptHold>,
+    /// With latency protection: the nice value of the engine thread and the compute pool's
+    /// threads while a step's forward pass carries a protected tenant's prefill (`llm serve
+    /// --protected-nice`; needs `CAP_SYS_NICE`, else off with a warning). `None`: never changed.
+    pub protected_nice: Option<i32>,
 }
 
 /// Prefix reuse settings (see `docs/llm.md`, "Prefix reuse").
@@ -188,6 +193,7 @@ impl Default for EngineConfig {
             force_step_aborts: None,
             exit_after_steps: None,
             accept_hold: None,
+            protected_nice: None,
         }
     }
 }
@@ -815,6 +821,7 @@ impl Engine {
             protected_seen: 0,
             aborts_in_row: 0,
             abortable_steps: 0,
+            boost: None,
         };
         lp.local.prefill_ns_per_token = prefill_ns;
         lp.local.swap_ns_per_byte = swap_ns;

@@ -56,6 +56,8 @@ pub(super) struct Loop {
     pub(super) aborts_in_row: u32,
     /// Steps that could have been given up (the `force_step_aborts` hook counts them).
     pub(super) abortable_steps: u64,
+    /// `protected_nice`: the engine's threads at a higher priority during protected passes.
+    pub(super) boost: Option<super::boost::Boost>,
 }
 
 impl Loop {
@@ -64,6 +66,9 @@ impl Loop {
     }
 
     pub(super) fn run(mut self) -> Result<(), LlmError> {
+        if self.cfg.protect.is_some() {
+            self.boost = self.cfg.protected_nice.and_then(super::boost::Boost::start);
+        }
         let result = self.serve();
         self.beat.ended.store(true, Ordering::Release);
         // Whatever ended the loop, every open stream gets its end.
@@ -270,12 +275,28 @@ impl Loop {
         let rows: u64 = inputs.iter().map(|i| i.tokens.len() as u64).sum();
         // A protected tenant's prefill has the core to itself: new connections wait in the
         // listener's backlog until the pass ends (dropped on every path out).
-        let hold = self.cfg.accept_hold.filter(|_| self.carries_protected(&plan)).map(|h| {
+        // And, with `protected_nice`, the engine's threads run it at a higher priority.
+        let protected = (self.cfg.accept_hold.is_some() || self.boost.is_some())
+            && self.carries_protected(&plan);
+        let hold = self.cfg.accept_hold.filter(|_| protected).map(|h| {
             self.local.accept_hold_steps += 1;
             h.hold()
         });
-        let (outcome, fwd_ns, forced) = self.forward(&plan, &inputs)?;
+        if let Some(b) = self.boost.as_mut().filter(|_| protected) {
+            b.raise();
+        }
+        // With the trace on: how long the engine's threads waited for a core during the pass.
+        let sched_before = tracing::enabled!(tracing::Level::TRACE).then(sched_times);
+        let forwarded = self.forward(&plan, &inputs);
         drop(hold);
+        if let Some(b) = self.boost.as_mut() {
+            b.lower();
+        }
+        let (outcome, fwd_ns, forced) = forwarded?;
+        let (oncpu_ns, runq_ns) = sched_before.map_or((0, 0), |(on, wait)| {
+            let (on2, wait2) = sched_times();
+            (on2.saturating_sub(on), wait2.saturating_sub(wait))
+        });
         // One event per step at trace level (the record's timestamp is the step's end):
         // `scripts/router-floor.sh` reads what the engine was doing when a request arrived
         // (`--log-format json`). The fields are only evaluated when trace is on.
@@ -288,6 +309,8 @@ impl Loop {
             given_up = matches!(outcome, Forward::Aborted { .. }),
             rank = self.step_rank(&plan).map_or(-1, i64::from),
             aborts_in_row = self.aborts_in_row,
+            oncpu_us = oncpu_ns / 1_000,
+            runq_us = runq_ns / 1_000,
             "engine: step"
         );
         if let Forward::Aborted { layer } = outcome {
@@ -772,4 +795,27 @@ impl Loop {
             *c = self.local.clone();
         }
     }
+}
+
+/// On-CPU time and run-queue wait (ns) summed over the engine thread and the threads named like
+/// the process (the compute pool's; the idle main thread adds nothing): the first two fields of
+/// `/proc/self/task/*/schedstat`. Only read when the trace is on (a few files a step).
+fn sched_times() -> (u64, u64) {
+    let mut on = 0u64;
+    let mut wait = 0u64;
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else { return (0, 0) };
+    for e in dir.flatten() {
+        let p = e.path();
+        let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
+        let c = comm.trim();
+        if c != "fastlane" && !c.starts_with("fastlane-llm-en") {
+            continue;
+        }
+        if let Ok(s) = std::fs::read_to_string(p.join("schedstat")) {
+            let mut it = s.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
+            on += it.next().unwrap_or(0);
+            wait += it.next().unwrap_or(0);
+        }
+    }
+    (on, wait)
 }
