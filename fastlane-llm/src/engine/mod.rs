@@ -573,6 +573,10 @@ struct Arrivals {
     sent: AtomicU64,
     /// Submissions sent as protected so far.
     sent_protected: AtomicU64,
+    /// `--protected-nice`: raised by the sender of a protected submission, so that the pass
+    /// in flight reaches its abort check without waiting behind the HTTP workers (set by the
+    /// engine thread when it starts the boost).
+    boost: std::sync::OnceLock<Arc<boost::Boost>>,
 }
 
 impl Arrivals {
@@ -585,6 +589,10 @@ impl Arrivals {
         self.protected.get(tenant).is_some_and(|p| p.load(Ordering::Relaxed))
     }
 
+    fn set_boost(&self, b: Arc<boost::Boost>) {
+        let _ = self.boost.set(b);
+    }
+
     /// After a Submit of `tenant`'s request went into the engine thread's channel;
     /// `protected` is what its command carries.
     fn sent(&self, tenant: usize, protected: bool) {
@@ -592,6 +600,9 @@ impl Arrivals {
         // command sent before this is in the channel when that load sees the count.
         if protected {
             self.sent_protected.fetch_add(1, Ordering::Release);
+            if let Some(b) = self.boost.get() {
+                b.raise();
+            }
         }
         if self.is_interactive(tenant) {
             self.sent.fetch_add(1, Ordering::Release);
@@ -770,6 +781,7 @@ impl Engine {
                 protected: tenants.iter().map(|_| AtomicBool::new(false)).collect(),
                 sent: AtomicU64::new(0),
                 sent_protected: AtomicU64::new(0),
+                boost: std::sync::OnceLock::new(),
             })
         });
         let histograms = EngineHistograms::new();

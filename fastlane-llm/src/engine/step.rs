@@ -57,7 +57,7 @@ pub(super) struct Loop {
     /// Steps that could have been given up (the `force_step_aborts` hook counts them).
     pub(super) abortable_steps: u64,
     /// `protected_nice`: the engine's threads at a higher priority during protected passes.
-    pub(super) boost: Option<super::boost::Boost>,
+    pub(super) boost: Option<Arc<super::boost::Boost>>,
 }
 
 impl Loop {
@@ -67,7 +67,10 @@ impl Loop {
 
     pub(super) fn run(mut self) -> Result<(), LlmError> {
         if self.cfg.protect.is_some() {
-            self.boost = self.cfg.protected_nice.and_then(super::boost::Boost::start);
+            self.boost = self.cfg.protected_nice.and_then(super::boost::Boost::start).map(Arc::new);
+            if let (Some(b), Some(a)) = (&self.boost, &self.arrivals) {
+                a.set_boost(b.clone());
+            }
         }
         let result = self.serve();
         self.beat.ended.store(true, Ordering::Release);
@@ -282,14 +285,17 @@ impl Loop {
             self.local.accept_hold_steps += 1;
             h.hold()
         });
-        if let Some(b) = self.boost.as_mut().filter(|_| protected) {
+        if let Some(b) = self.boost.as_ref().filter(|_| protected) {
             b.raise();
         }
         // With the trace on: how long the engine's threads waited for a core during the pass.
         let sched_before = tracing::enabled!(tracing::Level::TRACE).then(sched_times);
         let forwarded = self.forward(&plan, &inputs);
         drop(hold);
-        if let Some(b) = self.boost.as_mut() {
+        let given_up = matches!(forwarded, Ok((Forward::Aborted { .. }, _, _)));
+        // A pass given up was given up for a protected arrival, which raised the threads for
+        // the abort and is planned next: they stay raised for it.
+        if let Some(b) = self.boost.as_ref().filter(|_| protected || !given_up) {
             b.lower();
         }
         let (outcome, fwd_ns, forced) = forwarded?;
@@ -306,7 +312,7 @@ impl Loop {
             prefill_items = plan.items.iter().filter(|it| it.kind != StepKind::Decode).count(),
             prefill_tokens = plan.prefill_tokens,
             decodes = plan.items.iter().filter(|it| it.kind == StepKind::Decode).count(),
-            given_up = matches!(outcome, Forward::Aborted { .. }),
+            given_up,
             rank = self.step_rank(&plan).map_or(-1, i64::from),
             aborts_in_row = self.aborts_in_row,
             oncpu_us = oncpu_ns / 1_000,
