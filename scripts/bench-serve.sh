@@ -24,22 +24,28 @@
 # Results: benches/results/llm/<date>-<commit>-scenario-a-http.json (+ .hlog and SVG per run).
 # --split: the solo and same-tier servers write their engine's trace events and
 # scripts/engine-split.py prints where the quiet tenant's engine time went in each.
-# Usage: scripts/bench-serve.sh [--model random:small] [--rate 1] [--seconds 60] [--arrivals poisson|bursty] [--split]
+# KEEP_SPLIT_LOGS=DIR keeps each run's events there (split-LABEL.log).
+# Every run sends its load for --warmup seconds first and counts none of it (`llm bench
+# --warmup`): the flood tenant starts with a full rate bucket and, in same-tier, is protected
+# like the quiet tenant until it has spent it (about a second); one quiet request there was
+# the slowest of a run.
+# Usage: scripts/bench-serve.sh [--model random:small] [--rate 1] [--seconds 60] [--warmup 5] [--arrivals poisson|bursty] [--split]
 #          [--runs solo,fifo,drr,same-tier,same-tier-unprotected,shared,whole-steps,slow,unprotected,drr-preempt,router,router-paced,router-tiers]   (default: all; the P99/solo
 #          ratios need solo among them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 all_runs=solo,fifo,drr,same-tier,same-tier-unprotected,shared,whole-steps,slow,unprotected,drr-preempt,router,router-paced,router-tiers
-model=random:small rate=1 seconds=60 arrivals=poisson runs=$all_runs split=
+model=random:small rate=1 seconds=60 warmup=5 arrivals=poisson runs=$all_runs split=
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model=$2; shift ;;
     --rate) rate=$2; shift ;;
     --seconds) seconds=$2; shift ;;
+    --warmup) warmup=$2; shift ;;
     --arrivals) arrivals=$2; shift ;;
     --runs) runs=$2; shift ;;
     --split) split=1 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "bench-serve.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -81,7 +87,7 @@ engine_url=""
 bench() { # label url extra...: the load, and the engine's steps over it (--engine-metrics)
   local label=$1 u=$2; shift 2
   echo "== $label"
-  "$bin" llm bench --url "$u" --rate "$rate" --seconds "$seconds" --arrivals "$arrivals" \
+  "$bin" llm bench --url "$u" --rate "$rate" --seconds "$seconds" --warmup "$warmup" --arrivals "$arrivals" \
     --engine-metrics "$engine_url" --hlog-dir "$dir/$stem/$label" --out "$tmp/$label.json" "$@"
 }
 # With --split: `start_up ARGS...` starts `up` writing the engine's trace events, and
@@ -99,7 +105,8 @@ split() {
   tail -n +"$split_from" "$tmp/up.log" >"$tmp/split-$1.log"
   split_from=$(($(wc -l <"$tmp/up.log") + 1))
   echo "== engine split, $1"
-  python3 scripts/engine-split.py "$tmp/split-$1.log" --top 5 || true
+  python3 scripts/engine-split.py "$tmp/split-$1.log" --top 5 --skip "$warmup" || true
+  [ -z "${KEEP_SPLIT_LOGS:-}" ] || cp "$tmp/split-$1.log" "$KEEP_SPLIT_LOGS/"
 }
 echo "load before: $(cat /proc/loadavg)"
 engine=(llm serve --model "$model" --tenants "$tmp/tenants.toml" --device-blocks 4096)

@@ -15,7 +15,10 @@ and prints percentiles of each (and of the own step's run-queue wait: time the e
 were runnable but off the core), the slowest requests with the step each arrived in (given up
 or not, its rank and what it carried), and the own step against the same step alone.
 
-  scripts/engine-split.py SERVE_LOG [--tenant N] [--top K] [--json]
+--skip S leaves out the requests submitted in the first S seconds after the first request of
+any tenant (a bench's warm-up, `llm bench --warmup`).
+
+  scripts/engine-split.py SERVE_LOG [--tenant N] [--top K] [--skip S] [--json]
 """
 import argparse
 import bisect
@@ -38,9 +41,11 @@ def main():
     ap.add_argument("log")
     ap.add_argument("--tenant", type=int, default=0)
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--skip", type=float, default=0.0)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     steps, taken, first, fwd = [], {}, {}, {}
+    t_first = None
     with open(a.log) as f:
         for line in f:
             if not line.startswith("{"):
@@ -53,8 +58,11 @@ def main():
                 steps.append((t - fl["step_us"], t, fl["given_up"], fl["rank"], fl["aborts_in_row"],
                               fl["prefill_items"], fl["prefill_tokens"], fl["decodes"],
                               fl.get("runq_us", 0), fl.get("oncpu_us", 0)))
-            elif e == "request_taken" and fl.get("tenant") == a.tenant:
-                taken[fl["id"]] = (ts_us(v["timestamp"]) - fl["waited_us"], fl["waited_us"], fl["protected"])
+            elif e == "request_taken":
+                sub = ts_us(v["timestamp"]) - fl["waited_us"]
+                t_first = sub if t_first is None else min(t_first, sub)
+                if fl.get("tenant") == a.tenant:
+                    taken[fl["id"]] = (sub, fl["waited_us"], fl["protected"])
             elif e == "first_token":
                 first[fl["id"]] = fl["ttft_us"]
             elif e == "lookup_forwarded":
@@ -66,7 +74,7 @@ def main():
     starts = [s[0] for s in steps]
     rows = []
     for rid, (sub, waited, prot) in taken.items():
-        if rid not in first:
+        if rid not in first or sub < t_first + a.skip * 1e6:
             continue
         ttft = first[rid]
         end = sub + ttft
@@ -112,7 +120,7 @@ def main():
                   f"r{i[3]} pf{i[5]}/{i[6]} d{i[7]} runq {i[8] / 1e3:.1f}")
         else:
             s += "arrived between steps"
-        s += "  then " + " ".join(f"[{(b[1] - b[0]) / 1e3:.1f}{' given up' if b[2] else ''} pf{b[5]}/{b[6]} d{b[7]}"
+        s += "  then " + " ".join(f"[{(b[1] - b[0]) / 1e3:.1f}{' given up' if b[2] else ''} r{b[3]} pf{b[5]}/{b[6]} d{b[7]}"
                                   f" runq {b[8] / 1e3:.1f}]" for b in r["after"])
         print(s)
 

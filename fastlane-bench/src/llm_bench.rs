@@ -121,6 +121,12 @@ pub struct BenchArgs {
     /// request's write on a reused connection.
     #[arg(long)]
     keep_alive: bool,
+    /// With --url: send the same load for this many seconds before the measured --seconds
+    /// and count none of it (its requests are reported as warmup_sent). The flood tenant
+    /// starts with a full rate bucket: until it has spent its burst it is under its rate
+    /// and protected like the quiet one (docs/serving.md, "Fairness within a tier").
+    #[arg(long, default_value_t = 0.0)]
+    warmup: f64,
     /// Instead of a server at --url: the floor of the attack measurement, a bare server in
     /// this process (one thread on --floor-core that accepts, reads once, writes a fixed 401
     /// and closes: less than any server does), probed at --probe-rate for --seconds alone
@@ -302,6 +308,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             solo: a.solo,
             rate: a.rate,
             secs: a.seconds,
+            warmup: a.warmup,
             max_tokens: a.max_tokens,
             prompt_tokens: a.prompt_tokens,
             arrivals: a.arrivals.clone(),

@@ -38,6 +38,8 @@ pub(crate) struct LoadOpts {
     pub rate: f64,
     /// Seconds of arrivals.
     pub secs: f64,
+    /// Seconds of the same load sent before `secs` start and not counted (`--warmup`).
+    pub warmup: f64,
     /// Tokens per request (the median with log-normal lengths).
     pub max_tokens: u32,
     /// Prompt tokens per request (median), for the byte-level random models one a byte.
@@ -101,6 +103,8 @@ pub(crate) struct TenantResult {
     pub ttft_max_ms: f64,
     pub itl_p99_ms: f64,
     pub completed_per_s: f64,
+    /// Requests sent in the warm-up (`--warmup`), in none of the counts above.
+    pub warmup_sent: u64,
     #[serde(skip)]
     ttft: Option<Histogram<u64>>,
     #[serde(skip)]
@@ -270,8 +274,18 @@ pub(crate) fn engine_steps(before: &str, after: &str) -> Result<serde_json::Valu
         (Some(x), Some(y)) => y - x,
         _ => bail!("no fastlane_llm_engine_steps_aborted_total in the scrapes"),
     };
+    // Latency protection: the steps that held the others back for a protected prefill and
+    // those planned work-conserving after the hold bound (0 and 0 when it is off).
+    let mut protect = serde_json::Map::new();
+    for kind in ["capped", "released"] {
+        let name = format!("fastlane_llm_engine_protect_steps_total{{kind=\"{kind}\"}}");
+        match (sample(before, &name), sample(after, &name)) {
+            (Some(x), Some(y)) => protect.insert(kind.into(), (y - x).into()),
+            _ => bail!("no {name} in the scrapes"),
+        };
+    }
     Ok(serde_json::json!({"steps": n, "p50_le_ms": p50, "p99_le_ms": p99,
-        "aborted": aborted, "ttft_stages": ttft_stages(before, after)}))
+        "aborted": aborted, "protect_steps": protect, "ttft_stages": ttft_stages(before, after)}))
 }
 
 /// The buckets `(le, count)` of histogram `family` whose labels start with `labels` (e.g.
@@ -447,19 +461,34 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
         ),
         None => None,
     };
-    let engine_start = match &engine_addr {
-        Some(a) => Some(scrape(a).await.with_context(|| format!("no /metrics at {a}"))?),
-        None => None,
-    };
-    let probe = (o.probe_rate > 0.0)
-        .then(|| tokio::spawn(crate::llm_attack::probe(addr.clone(), o.probe_rate, o.secs)));
+    if let Some(a) = &engine_addr {
+        // Before any load: a wrong address is an error now, not after the run.
+        scrape(a).await.with_context(|| format!("no /metrics at {a}"))?;
+    }
+    // The measured load starts after the warm-up: the engine's counters are read then, and
+    // the probe runs from then on.
     let start = Instant::now();
+    let warmup = Duration::from_secs_f64(o.warmup);
+    let measured = start + warmup;
+    let engine_start = engine_addr.clone().map(|a| {
+        tokio::spawn(async move {
+            tokio::time::sleep_until(measured.into()).await;
+            scrape(&a).await.with_context(|| format!("no /metrics at {a}"))
+        })
+    });
+    let probe = (o.probe_rate > 0.0).then(|| {
+        let (addr, rate, secs) = (addr.clone(), o.probe_rate, o.secs);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(measured.into()).await;
+            crate::llm_attack::probe(addr, rate, secs).await
+        })
+    });
     let answered = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut handles = Vec::new();
     let idles: Vec<Option<Idle>> = loads.iter().map(|_| o.keep_alive.then(Idle::default)).collect();
     for (ti, l) in loads.iter().enumerate() {
         let mut rng = SimRng::stream(o.seed, ti as u64 + 1);
-        let times = l.arrivals.times_ns(&mut rng, 0.0, o.secs, 1_000_000);
+        let times = l.arrivals.times_ns(&mut rng, 0.0, o.warmup + o.secs, 1_000_000);
         for (i, at) in times.into_iter().enumerate() {
             let (addr, key) = (addr.clone(), l.key.clone());
             let n = l.prompt.sample(&mut rng) as usize;
@@ -477,6 +506,7 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
             let idle = idles[ti].clone();
             handles.push((
                 ti,
+                Duration::from_nanos(at) < warmup,
                 tokio::spawn(async move {
                     tokio::time::sleep_until(when.into()).await;
                     let r = one(&addr, &key, &prompt, max_tokens, idle.as_ref()).await;
@@ -495,7 +525,7 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
             ..Default::default()
         })
         .collect();
-    let deadline = start + Duration::from_secs_f64(o.secs) + Duration::from_secs(120);
+    let deadline = measured + Duration::from_secs_f64(o.secs) + Duration::from_secs(120);
     let total = handles.len();
     // Progress on stderr every 5 s (not with --json).
     let progress = (!o.json).then(|| {
@@ -511,11 +541,15 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
             }
         })
     });
-    for (ti, h) in handles {
+    for (ti, warming, h) in handles {
         let r = &mut res[ti];
-        r.sent += 1;
         let left = deadline.saturating_duration_since(Instant::now());
         let done = tokio::time::timeout(left, h).await;
+        if warming {
+            r.warmup_sent += 1;
+            continue;
+        }
+        r.sent += 1;
         if let Ok(Ok(Ok(out))) = &done {
             r.connections += out.connects;
         }
@@ -544,10 +578,11 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
         busy.1 = busy_sequences(&addr).await;
     }
     let server_end = o.server_pid.and_then(crate::llm_attack::process_usage);
-    let engine = match (&engine_addr, &engine_start) {
+    let engine = match (&engine_addr, engine_start) {
         (Some(a), Some(before)) => {
+            let before = before.await.context("the engine scrape at the start")??;
             let after = scrape(a).await.with_context(|| format!("no /metrics at {a}"))?;
-            Some(engine_steps(before, &after)?)
+            Some(engine_steps(&before, &after)?)
         }
         _ => None,
     };
@@ -568,7 +603,7 @@ async fn run(o: &LoadOpts, addr: String, loads: Vec<Load>) -> Result<(Vec<Tenant
         .flatten(),
         None => None,
     };
-    let wall = start.elapsed().as_secs_f64();
+    let wall = measured.elapsed().as_secs_f64();
     for r in res.iter_mut() {
         if let (Some(t), Some(i)) = (&r.ttft, &r.itl) {
             r.ttft_p50_ms = ms(t, 0.5);
@@ -637,6 +672,9 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
     if !(o.rate.is_finite() && o.rate > 0.0 && o.secs.is_finite() && o.secs > 0.0) {
         bail!("--rate and --seconds must be positive");
     }
+    if !(0.0..=3600.0).contains(&o.warmup) {
+        bail!("--warmup {}: 0 to 3600 seconds", o.warmup);
+    }
     check_probe_rate(o.probe_rate)?;
     let arrivals = |rate: f64| -> Result<ArrivalProcess> {
         Ok(match o.arrivals.as_str() {
@@ -675,12 +713,13 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
     let held = slow.streams;
     let load = crate::load::loadavg();
     let what = format!(
-        "scenario a over HTTP ({}), {} s, {} arrivals, quiet at {}/s{}{}",
+        "scenario a over HTTP ({}), {} s, {} arrivals, quiet at {}/s{}{}{}",
         o.url,
         o.secs,
         o.arrivals,
         o.rate,
         if o.solo { " alone" } else { ", flood at 30x" },
+        if o.warmup > 0.0 { format!(" after {} s of warm-up", o.warmup) } else { String::new() },
         if held > 0 { format!(", {held} slow streams held open") } else { String::new() }
     );
     if let Some(dir) = &o.hlog_dir {
@@ -744,6 +783,14 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
                 "engine: {} steps ran to their end (P50 <= {} ms, P99 <= {} ms by bucket), {} given up",
                 e["steps"], ms("p50_le_ms"), ms("p99_le_ms"), e["aborted"]
             );
+            if let Some(p) = e["protect_steps"].as_object() {
+                let n = |k: &str| p.get(k).map_or("?".to_string(), |v| v.to_string());
+                println!(
+                    "protection: {} steps held the others back, {} released after the hold bound",
+                    n("capped"),
+                    n("released")
+                );
+            }
         }
         if held > 0 {
             let b = |v: Option<f64>| v.map_or("?".to_string(), |v| v.to_string());
@@ -758,7 +805,7 @@ pub(crate) fn bench(o: &LoadOpts) -> Result<serde_json::Value> {
         }
     }
     Ok(serde_json::json!({"scenario": "a", "url": o.url, "solo": o.solo, "rate": o.rate,
-        "seconds": o.secs, "arrivals": o.arrivals, "lengths": o.lengths,
+        "seconds": o.secs, "warmup_s": o.warmup, "arrivals": o.arrivals, "lengths": o.lengths,
         "slow_streams_held": held, "slow_busy_at_start": slow.busy_at_start,
         "slow_busy_at_end": slow.busy_at_end, "attack": slow.attack,
         "server_at_start": slow.server[0], "server_at_end": slow.server[1],
@@ -870,7 +917,11 @@ mod tests {
              fastlane_llm_engine_step_seconds_bucket{{le=\"0.01\"}} {b}\n\
              fastlane_llm_engine_step_seconds_bucket{{le=\"0.05\"}} {c}\n\
              fastlane_llm_engine_step_seconds_bucket{{le=\"+Inf\"}} {c}\n\
-             fastlane_llm_engine_steps_aborted_total {aborted}\n"
+             fastlane_llm_engine_steps_aborted_total {aborted}\n\
+             fastlane_llm_engine_protect_steps_total{{kind=\"capped\"}} {}\n\
+             fastlane_llm_engine_protect_steps_total{{kind=\"released\"}} {}\n",
+            2 * aborted,
+            aborted / 2
         )
     }
 
@@ -882,6 +933,8 @@ mod tests {
         assert_eq!(e["p50_le_ms"], 5.0);
         assert_eq!(e["p99_le_ms"], 50.0);
         assert_eq!(e["aborted"], 3.0);
+        assert_eq!(e["protect_steps"]["capped"], 6.0);
+        assert_eq!(e["protect_steps"]["released"], 2.0);
         // A scrape without the families is an error, not zero steps.
         let err = super::engine_steps("", "up 1\n").unwrap_err().to_string();
         assert!(err.contains("fastlane_llm_engine_step_seconds"), "{err}");
@@ -889,6 +942,9 @@ mod tests {
             scrape([1, 0, 0], 0).replace("fastlane_llm_engine_steps_aborted_total 0\n", "");
         let err = super::engine_steps(&no_aborted, &no_aborted).unwrap_err().to_string();
         assert!(err.contains("aborted"), "{err}");
+        let no_released = scrape([1, 0, 0], 0).replace("kind=\"released\"", "kind=\"other\"");
+        let err = super::engine_steps(&no_released, &no_released).unwrap_err().to_string();
+        assert!(err.contains("released"), "{err}");
     }
 
     /// `tenant`'s TTFT and stage samples: (le, cumulative count) per family part.

@@ -361,4 +361,22 @@ fn the_bench_client_keeps_its_connections_when_asked() {
             assert_eq!(n("connections"), n("sent"), "one connection a request: {out}");
         }
     }
+    // --warmup: the first seconds' requests are sent and not counted; the engine's counters
+    // are read when the measured load starts.
+    let out = common::cli::command()
+        .args(["llm", "bench", "--url", &s.url, "--solo", "--rate", "4", "--seconds", "3"])
+        .args(["--json", "--max-tokens", "8", "--warmup", "3", "--engine-metrics", &s.url])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "bench: {}", String::from_utf8_lossy(&out.stderr));
+    let out: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let q = &out["tenants"][0];
+    let n = |k: &str| q[k].as_u64().unwrap_or_else(|| panic!("{k} missing: {out}"));
+    // 12 expected in each part (Poisson at 4/s for 3 s).
+    assert!(n("warmup_sent") >= 3 && n("sent") >= 3, "{out}");
+    assert_eq!(n("ok"), n("sent"), "{out}");
+    assert_eq!(out["warmup_s"], 3.0, "{out}");
+    // The engine's counters were read around the measured part (each request takes a step
+    // a token at least, shared or not).
+    assert!(out["engine"]["steps"].as_f64().unwrap() >= n("sent") as f64, "{out}");
 }
