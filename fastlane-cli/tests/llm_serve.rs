@@ -337,20 +337,26 @@ fn a_client_that_trickles_its_headers_is_cut_off() {
     assert_eq!(st, 200);
 }
 
+/// `llm bench --url URL --solo --rate 4 --json --max-tokens 8` with `flags` (which include
+/// `--seconds`): its JSON.
+fn bench_solo(url: &str, flags: &[&str]) -> serde_json::Value {
+    let out = common::cli::command()
+        .args(["llm", "bench", "--url", url, "--solo", "--rate", "4"])
+        .args(["--json", "--max-tokens", "8"])
+        .args(flags)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "bench: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 #[test]
 fn the_bench_client_keeps_its_connections_when_asked() {
     // `llm bench --keep-alive` reuses a tenant's idle connections, as the OpenAI SDKs do: every
     // request answered, fewer connections than requests; without it, one each.
     let (s, _dir) = start();
     for (flags, kept) in [(&["--keep-alive"][..], true), (&[][..], false)] {
-        let out = common::cli::command()
-            .args(["llm", "bench", "--url", &s.url, "--solo", "--rate", "4", "--seconds", "5"])
-            .args(["--json", "--max-tokens", "8"])
-            .args(flags)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "bench: {}", String::from_utf8_lossy(&out.stderr));
-        let out: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let out = bench_solo(&s.url, &[&["--seconds", "5"][..], flags].concat());
         let q = &out["tenants"][0];
         let n = |k: &str| q[k].as_u64().unwrap_or_else(|| panic!("{k} missing: {out}"));
         assert!(n("sent") >= 10, "{out}");
@@ -363,13 +369,7 @@ fn the_bench_client_keeps_its_connections_when_asked() {
     }
     // --warmup: the first seconds' requests are sent and not counted; the engine's counters
     // are read when the measured load starts.
-    let out = common::cli::command()
-        .args(["llm", "bench", "--url", &s.url, "--solo", "--rate", "4", "--seconds", "3"])
-        .args(["--json", "--max-tokens", "8", "--warmup", "3", "--engine-metrics", &s.url])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "bench: {}", String::from_utf8_lossy(&out.stderr));
-    let out: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = bench_solo(&s.url, &["--seconds", "3", "--warmup", "3", "--engine-metrics", &s.url]);
     let q = &out["tenants"][0];
     let n = |k: &str| q[k].as_u64().unwrap_or_else(|| panic!("{k} missing: {out}"));
     // 12 expected in each part (Poisson at 4/s for 3 s).
