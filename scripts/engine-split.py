@@ -17,6 +17,8 @@ or not, its rank and what it carried), and the own step against the same step al
 
 --skip S leaves out the requests submitted in the first S seconds after the first request of
 any tenant (a bench's warm-up, `llm bench --warmup`).
+For every other tenant it also says how many of its requests were taken in as protected, and
+when the last was (over the whole log): such a tenant shares steps with this one.
 
   scripts/engine-split.py SERVE_LOG [--tenant N] [--top K] [--skip S] [--json]
 """
@@ -46,6 +48,7 @@ def main():
     a = ap.parse_args()
     steps, taken, first, fwd = [], {}, {}, {}
     t_first = None
+    others = {}  # every other tenant: (requests taken in, of them protected, the last protected's submission)
     with open(a.log) as f:
         for line in f:
             if not line.startswith("{"):
@@ -63,6 +66,9 @@ def main():
                 t_first = sub if t_first is None else min(t_first, sub)
                 if fl.get("tenant") == a.tenant:
                     taken[fl["id"]] = (sub, fl["waited_us"], fl["protected"])
+                else:
+                    n, p, last = others.get(fl.get("tenant"), (0, 0, None))
+                    others[fl.get("tenant")] = (n + 1, p + fl["protected"], sub if fl["protected"] else last)
             elif e == "first_token":
                 first[fl["id"]] = fl["ttft_us"]
             elif e == "lookup_forwarded":
@@ -99,6 +105,11 @@ def main():
         "steps": len(steps),
         "steps_given_up": sum(1 for s in steps if s[2]),
         "arrived_in_a_step_given_up": len(given_up),
+        # Another tenant taken in as protected shares steps with this one (under its rate, e.g.
+        # while it spends the burst it started with).
+        "other_tenants_protected": {str(t): {"requests": n, "protected": p,
+                                             "last_protected_s": round((last - t_first) / 1e6, 2) if last else None}
+                                    for t, (n, p, last) in sorted(others.items())},
         "ms": {p: {q: round(pct([r[p] for r in rows], x) / 1e3, 2) for q, x in (("p50", .5), ("p90", .9), ("p99", .99))}
                for p in parts},
     }
@@ -107,6 +118,10 @@ def main():
         return
     print(f"tenant {a.tenant}: {len(rows)} requests, {len(steps)} steps ({summary['steps_given_up']} given up); "
           f"{len(given_up)} arrived in a step that was then given up")
+    for t, o in summary["other_tenants_protected"].items():
+        if o["protected"]:
+            print(f"tenant {t}: {o['protected']} of {o['requests']} requests taken in as protected, the last "
+                  f"{o['last_protected_s']} s after the first request")
     print(f"{'ms':<8}" + "".join(f"{p:>9}" for p in parts))
     for q in ("p50", "p90", "p99"):
         print(f"{q:<8}" + "".join(f"{summary['ms'][p][q]:>9.2f}" for p in parts))

@@ -134,6 +134,31 @@ fn attack_floor_and_probe_flags_are_clear_errors() {
     assert!(e.contains("leave out --url"), "{e}");
     let e = err(&["llm", "bench", "--url", "http://127.0.0.1:1", "--probe-rate", "1e9"]);
     assert!(e.contains("--probe-rate 1000000000: 0 (no probe) to 10000"), "{e}");
+    // The warm-up is bounded and a number (before any connection is made).
+    for (bad, shown) in [("nan", "NaN"), ("4000", "4000")] {
+        let e = err(&["llm", "bench", "--url", "http://127.0.0.1:1", "--warmup", bad]);
+        assert!(e.contains(&format!("--warmup {shown}: 0 to 3600 seconds")), "{e}");
+    }
+}
+
+#[test]
+fn serve_flags_out_of_range_are_refused_before_the_model_loads() {
+    // A model path that does not exist: an error about the flag, not the model, shows the flag
+    // was checked first.
+    let err = |flag: &[&str]| {
+        let out = fastlane(&[&["llm", "serve", "--model", "/nonexistent"][..], flag].concat());
+        assert!(!out.status.success(), "{flag:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    for bad in ["-21", "20", "high"] {
+        let e = err(&[&format!("--protected-nice={bad}")]);
+        assert!(
+            e.contains(&format!("--protected-nice {bad}: a nice value from -20 to 19, or off")),
+            "{e}"
+        );
+    }
+    let e = err(&["--tokenize-inline-bytes", "100000000"]);
+    assert!(e.contains("--tokenize-inline-bytes 100000000: at most"), "{e}");
 }
 
 #[test]
