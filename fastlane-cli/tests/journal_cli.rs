@@ -116,6 +116,52 @@ fn bench_refuses_an_unknown_ack_wait() {
     assert!(!dir.path().join("bench.journal").exists(), "nothing created");
 }
 
+/// `bench-service --json`: every record of the case is acknowledged and timed, the two idle
+/// floors and the no-journal run under the same schedule are measured, and the ratios are
+/// the ones the table prints.
+#[test]
+fn bench_service_measures_the_floors_and_the_same_load_without_a_journal() {
+    // The floors open their file with O_DIRECT: a directory on the repository's file system,
+    // not a /tmp that may be tmpfs.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let out = run_ok(
+        fastlane()
+            .args(["journal", "bench-service", "--dir"])
+            .arg(dir.path().join("b"))
+            .args(["--cases", "1000x1,2000x2", "--seconds", "0.4", "--floor-ops", "20"])
+            .args(["--segment-bytes", "32M", "--json"]),
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).expect("stdout is one JSON array");
+    let cases = v.as_array().unwrap();
+    assert_eq!(cases.len(), 2);
+    for (c, (rate, producers)) in cases.iter().zip([(1000u64, 1u64), (2000, 2)]) {
+        assert_eq!(c["rate_per_s"], rate);
+        assert_eq!(c["producers"], producers);
+        let records = rate * 4 / 10;
+        assert_eq!(c["ack"]["count"], records, "every record acknowledged: {c}");
+        assert_eq!(c["records"], records);
+        // Two halves of 0.2 s at the case's rate.
+        assert_eq!(c["floor_sustained"]["count"], records, "{c}");
+        assert_eq!(c["floor_pwrite_fdatasync"]["count"], 20);
+        assert_eq!(c["floor_dsync_direct"]["count"], 20);
+        for h in ["ack", "floor_pwrite_fdatasync", "floor_dsync_direct", "floor_sustained"] {
+            let p = |k: &str| c[h][k].as_u64().unwrap();
+            assert!(
+                p("p50_ns") > 0 && p("p50_ns") <= p("p99_ns") && p("p99_ns") <= p("max_ns"),
+                "{h}"
+            );
+        }
+        let p99 = |h: &str| c[h]["p99_ns"].as_f64().unwrap();
+        let expect = p99("ack") / p99("floor_sustained");
+        let r = c["ack_p99_over_sustained_p99"].as_f64().unwrap();
+        assert!((r - expect).abs() < 1e-9 * expect, "ratio {r} vs {expect}");
+        let expect = p99("ack") / p99("floor_pwrite_fdatasync").min(p99("floor_dsync_direct"));
+        let r = c["ack_p99_over_floor_p99"].as_f64().unwrap();
+        assert!((r - expect).abs() < 1e-9 * expect, "ratio {r} vs {expect}");
+    }
+    assert!(!dir.path().join("b/case-0").exists(), "each case's directory is removed");
+}
+
 /// A segment directory of three segments (producer ids 0..4), written with the journal's
 /// format helpers; returns the segments' paths.
 fn segment_dir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {

@@ -477,6 +477,20 @@ pub fn prepare_spare_paced(
     bytes: u64,
     bytes_per_s: u64,
 ) -> Result<PathBuf, JournalError> {
+    prepare_spare_with(dir, bytes, &mut |_| bytes_per_s)
+}
+
+/// [`prepare_spare_paced`] at a pace that may change while it runs: `pace(done)` is asked
+/// before the first piece (0 there: every piece at full speed, no waits) and then after each
+/// piece and at least every [`PACE_RECHECK`] while waiting (`done`: the bytes before that
+/// piece), and gives the bytes per second to keep (0: go on at once). Each piece of `n`
+/// bytes but the last is followed by a wait until `n / pace` after it started, so a raised
+/// pace takes effect within one recheck, not after the wait a slower pace had planned.
+pub fn prepare_spare_with(
+    dir: &Path,
+    bytes: u64,
+    pace: &mut dyn FnMut(u64) -> u64,
+) -> Result<PathBuf, JournalError> {
     check_size(bytes)?;
     let path = dir.join(SPARE_FILE);
     match fs::remove_file(&path) {
@@ -484,7 +498,7 @@ pub fn prepare_spare_paced(
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(SegmentError::Io { op: "remove", path, source: e }.into()),
     }
-    let result = write_zeroes(&path, bytes, bytes_per_s);
+    let result = write_zeroes(&path, bytes, pace);
     if let Err(e) = result {
         let _ = fs::remove_file(&path);
         return Err(e.into());
@@ -495,7 +509,14 @@ pub fn prepare_spare_paced(
 /// The piece [`prepare_spare_paced`] writes and waits for at a time.
 pub const PACE_CHUNK: usize = 512 << 10;
 
-fn write_zeroes(path: &Path, bytes: u64, bytes_per_s: u64) -> Result<(), SegmentError> {
+/// How often a paced spare asks its pace again while it waits.
+pub const PACE_RECHECK: std::time::Duration = std::time::Duration::from_millis(20);
+
+fn write_zeroes(
+    path: &Path,
+    bytes: u64,
+    pace: &mut dyn FnMut(u64) -> u64,
+) -> Result<(), SegmentError> {
     let f = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -503,15 +524,17 @@ fn write_zeroes(path: &Path, bytes: u64, bytes_per_s: u64) -> Result<(), Segment
         .custom_flags(libc::O_CLOEXEC)
         .open(path)
         .map_err(SegmentError::io("create", path))?;
-    let chunk = if bytes_per_s == 0 { ZERO_CHUNK } else { PACE_CHUNK };
+    let paced = pace(0) > 0;
+    let chunk = if paced { PACE_CHUNK } else { ZERO_CHUNK };
     let zeroes = vec![0u8; chunk];
-    let start = std::time::Instant::now();
     let mut off = 0u64;
     // Bounded: `bytes / chunk + 1` writes.
     while off < bytes {
         let n = (bytes - off).min(chunk as u64) as usize;
+        let started = std::time::Instant::now();
         f.write_all_at(&zeroes[..n], off).map_err(SegmentError::io("write zeroes", path))?;
-        if bytes_per_s > 0 {
+        // No pause after the last piece: only its `fdatasync` follows.
+        if paced && off + (n as u64) < bytes {
             use std::os::fd::AsRawFd as _;
             let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
                 | libc::SYNC_FILE_RANGE_WRITE
@@ -521,10 +544,16 @@ fn write_zeroes(path: &Path, bytes: u64, bytes_per_s: u64) -> Result<(), Segment
             if rc != 0 {
                 return Err(SegmentError::io("sync_file_range", path)(io::Error::last_os_error()));
             }
-            let due =
-                std::time::Duration::from_secs_f64((off + n as u64) as f64 / bytes_per_s as f64);
-            if let Some(wait) = due.checked_sub(start.elapsed()) {
-                std::thread::sleep(wait);
+            // Bounded: each turn sleeps PACE_RECHECK or until the piece's time at the pace
+            // asked for is up (at most `n` seconds at the lowest pace, 1 byte/s).
+            loop {
+                let rate = pace(off);
+                if rate == 0 {
+                    break;
+                }
+                let due = std::time::Duration::from_secs_f64(n as f64 / rate as f64);
+                let Some(wait) = due.checked_sub(started.elapsed()) else { break };
+                std::thread::sleep(wait.min(PACE_RECHECK));
             }
         }
         off += n as u64;

@@ -9,6 +9,12 @@
 //! and half right after each case, both ways a record can be made durable on its own: `pwrite`
 //! of one frame's bytes + `fdatasync` (on a file of written zeroes), and one `O_DIRECT` 4 KiB
 //! `pwritev2(RWF_DSYNC)` (the same file). The report gives ack P99 over the faster floor's P99.
+//!
+//! A third peer, also half before and half after, is the device under the same load with no
+//! journal (`Floor::sustained`: the case's schedule written by one thread straight to the
+//! file, one `RWF_DSYNC` write in flight): the idle floor misses the stalls a disk shows
+//! under sustained writes, this one does not, and ack P99 minus its P99 is what the journal
+//! itself spends at the tail.
 
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd as _;
@@ -79,8 +85,12 @@ struct Case {
     ack: Pcts,
     floor_pwrite_fdatasync: Pcts,
     floor_dsync_direct: Pcts,
+    /// The same schedule written straight to the file, no journal (see the module's doc).
+    floor_sustained: Pcts,
     /// Ack P99 over the faster floor's P99.
     ack_p99_over_floor_p99: f64,
+    /// Ack P99 over the sustained floor's P99.
+    ack_p99_over_sustained_p99: f64,
     records: u64,
     batches: u64,
     load_before: String,
@@ -109,13 +119,17 @@ pub fn run(a: &ServiceBenchArgs) -> Result<()> {
         );
         let mut f_sync = LatencyRecorder::with_max(10_000_000_000)?;
         let mut f_dsync = LatencyRecorder::with_max(10_000_000_000)?;
+        let mut f_sust = LatencyRecorder::with_max(10_000_000_000)?;
+        let fb = frame_len(a.record_bytes);
         floor.run(a.floor_ops / 2, &mut f_sync, &mut f_dsync, npt)?;
+        floor.sustained(rate, a.seconds / 2.0, fb, &mut f_sust, npt)?;
         let dir = a.dir.join(format!("case-{k}"));
         let _ = std::fs::remove_dir_all(&dir);
         let (ack, records, batches) = run_case(a, &dir, rate, producers, npt)?;
         let _ = std::fs::remove_dir_all(&dir);
+        floor.sustained(rate, a.seconds / 2.0, fb, &mut f_sust, npt)?;
         floor.run(a.floor_ops - a.floor_ops / 2, &mut f_sync, &mut f_dsync, npt)?;
-        let (ack, fs, fd) = (pcts(&ack), pcts(&f_sync), pcts(&f_dsync));
+        let (ack, fs, fd, fu) = (pcts(&ack), pcts(&f_sync), pcts(&f_dsync), pcts(&f_sust));
         let best = fs.p99.min(fd.p99).max(1);
         out.push(Case {
             rate_per_s: rate,
@@ -123,7 +137,9 @@ pub fn run(a: &ServiceBenchArgs) -> Result<()> {
             writer_io: writer_io_name(a.writer_io),
             direct: a.direct,
             ack_p99_over_floor_p99: ack.p99 as f64 / best as f64,
+            ack_p99_over_sustained_p99: ack.p99 as f64 / fu.p99.max(1) as f64,
             ack,
+            floor_sustained: fu,
             floor_pwrite_fdatasync: fs,
             floor_dsync_direct: fd,
             records,
@@ -147,7 +163,7 @@ pub fn run(a: &ServiceBenchArgs) -> Result<()> {
         a.seconds
     );
     println!(
-        "{:>8} {:>4} {:>9} {:>9} {:>9} {:>12} {:>12} {:>9} {:>9} {:>14}",
+        "{:>8} {:>4} {:>9} {:>9} {:>9} {:>12} {:>12} {:>9} {:>11} {:>9} {:>9} {:>14}",
         "rate",
         "prod",
         "ack p50",
@@ -156,13 +172,16 @@ pub fn run(a: &ServiceBenchArgs) -> Result<()> {
         "fdatasync99",
         "dsync99",
         "x floor",
+        "no-jrnl99",
+        "x no-jrnl",
         "records",
         "rec/batch"
     );
     let us = |ns: u64| ns as f64 / 1e3;
     for c in &out {
         println!(
-            "{:>8} {:>4} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>12.1} {:>9.2} {:>9} {:>14.1}",
+            "{:>8} {:>4} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>12.1} {:>9.2} {:>11.1} {:>9.2} {:>9} \
+             {:>14.1}",
             c.rate_per_s,
             c.producers,
             us(c.ack.p50),
@@ -171,6 +190,8 @@ pub fn run(a: &ServiceBenchArgs) -> Result<()> {
             us(c.floor_pwrite_fdatasync.p99),
             us(c.floor_dsync_direct.p99),
             c.ack_p99_over_floor_p99,
+            us(c.floor_sustained.p99),
+            c.ack_p99_over_sustained_p99,
             c.records,
             c.records as f64 / c.batches.max(1) as f64
         );
@@ -318,8 +339,14 @@ struct Floor {
     /// 8 KiB, of which the 4 KiB at `block_at` are page-aligned (O_DIRECT's memory).
     block: Vec<u8>,
     block_at: usize,
+    /// `SUSTAINED_BLOCKS` 4 KiB blocks, page-aligned (from `wide_at`), for `sustained`.
+    wide: Vec<u8>,
+    wide_at: usize,
     calls: u64,
 }
+
+/// The most blocks one write of [`Floor::sustained`] covers (1 MiB).
+const SUSTAINED_BLOCKS: u64 = 256;
 
 /// Bytes of the floor file: room for every call of a run at its own offset.
 const FLOOR_BYTES: u64 = 64 << 20;
@@ -343,12 +370,16 @@ impl Floor {
             .with_context(|| format!("open {} with O_DIRECT", path.display()))?;
         let block = vec![0x5Au8; 8192];
         let block_at = block.as_ptr().align_offset(4096);
+        let wide = vec![0x5Au8; (SUSTAINED_BLOCKS as usize + 1) * 4096];
+        let wide_at = wide.as_ptr().align_offset(4096);
         Ok(Floor {
             buffered: f,
             direct,
             frame: vec![0x5A; frame_len(record_bytes)],
             block,
             block_at,
+            wide,
+            wide_at,
             calls: 0,
         })
     }
@@ -383,6 +414,83 @@ impl Floor {
             }
             dsync.record((tsc().wrapping_sub(c0) as f64 * npt) as u64);
         }
+        Ok(())
+    }
+
+    /// The device under the case's load with no journal: one thread, `rate` records/s on a
+    /// schedule, each write an `O_DIRECT` `pwritev2(RWF_DSYNC)` of the blocks that hold every
+    /// record due so far and not yet written (frames packed as the journal packs them), one
+    /// write in flight. A record's latency runs from its due time to the end of the write
+    /// that holds it: the simplest durable log this file system allows, with no ring, no
+    /// wake-up and no framing work. Its P99 is the device's own tail at this load.
+    fn sustained(
+        &mut self,
+        rate: u64,
+        seconds: f64,
+        frame_bytes: usize,
+        rec: &mut LatencyRecorder,
+        npt: f64,
+    ) -> Result<()> {
+        let total = ((rate as f64 * seconds) as u64).max(1);
+        let period_ticks = 1e9 / rate as f64 / npt;
+        let blocks = FLOOR_BYTES / 4096;
+        let fb = frame_bytes as u64;
+        // The log starts at a block of its own and wraps at the file's end.
+        let mut base = (self.calls % blocks) * 4096;
+        let start = tsc();
+        let deadline = Instant::now() + Duration::from_secs_f64(seconds * 4.0 + 30.0);
+        let mut written = 0u64;
+        let mut pos = 0u64; // bytes of frames since `base`
+        while written < total {
+            let due = (((tsc().wrapping_sub(start)) as f64 / period_ticks) as u64).min(total);
+            if due <= written {
+                if Instant::now() > deadline {
+                    bail!("sustained floor: over its deadline");
+                }
+                std::thread::yield_now();
+                continue;
+            }
+            // Records written..due, cut to what the buffer holds and to the file's end.
+            let room = FLOOR_BYTES - base;
+            let first_block = pos / 4096;
+            let max_end = room.min((first_block + SUSTAINED_BLOCKS) * 4096);
+            let n = (due - written).min((max_end - pos) / fb);
+            if n == 0 {
+                // The file's end: start again at its beginning.
+                base = 0;
+                pos = 0;
+                continue;
+            }
+            let end = pos + n * fb;
+            let (b0, b1) = (first_block, end.div_ceil(4096));
+            let len = ((b1 - b0) * 4096) as usize;
+            let iov = libc::iovec {
+                iov_base: self.wide[self.wide_at..].as_mut_ptr().cast(),
+                iov_len: len,
+            };
+            // SAFETY: one iovec over the first `len` bytes of this struct's aligned buffer
+            // (`len` <= SUSTAINED_BLOCKS * 4096, its size), live across the call.
+            let rc = unsafe {
+                libc::pwritev2(
+                    self.direct.as_raw_fd(),
+                    &iov,
+                    1,
+                    (base + b0 * 4096) as i64,
+                    libc::RWF_DSYNC,
+                )
+            };
+            if rc != len as isize {
+                return Err(std::io::Error::last_os_error()).context("pwritev2(RWF_DSYNC)");
+            }
+            let done = tsc();
+            for i in written + 1..=written + n {
+                let due_at = start as f64 + i as f64 * period_ticks;
+                rec.record(((done as f64 - due_at).max(0.0) * npt) as u64);
+            }
+            written += n;
+            pos = end;
+        }
+        self.calls = (base + pos).div_ceil(4096);
         Ok(())
     }
 }

@@ -36,9 +36,15 @@ pub(super) struct ServeArgs {
     retain: Option<Retention>,
     /// How fast the next segment's file is prepared in the background, bytes per second (0:
     /// as fast as the device goes); paced so that acks wait behind at most one 512 KiB piece.
-    /// Must outpace the rate segments fill, or a roll waits for the spare.
+    /// The least pace: raised while the segment in use fills fast enough that the spare would
+    /// not be ready in time (see --spare-adapt). A roll that finds no spare waits for it
+    /// (logged, fastlane_journal_spare_waits_total).
     #[arg(long, default_value = "128M", value_parser = parse_size)]
     spare_rate: u64,
+    /// Raise the spare's pace with the rate the segment in use fills (false: always
+    /// --spare-rate).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    spare_adapt: bool,
     /// memory (written: survives a crash of this process) or local (flushed: survives a
     /// power cut).
     #[arg(long, default_value = "local")]
@@ -150,6 +156,21 @@ const SERVICE_FIELDS: &[Field<ServiceStats>] = &[
         s.durable_seq
     }),
     gauge("fastlane_journal_segment", "Index of the segment being written.", |s| s.segment),
+    gauge(
+        "fastlane_journal_spare_pace_bytes_per_second",
+        "The pace the next segment's file is being written at (0: unpaced or idle).",
+        |s| s.spare_pace,
+    ),
+    counter(
+        "fastlane_journal_spare_waits_total",
+        "Rolls that found the next segment's file not ready and waited for it.",
+        |s| s.spare_waits,
+    ),
+    counter(
+        "fastlane_journal_spare_wait_milliseconds_total",
+        "Time rolls waited for the next segment's file.",
+        |s| s.spare_wait.as_millis() as u64,
+    ),
     gauge("fastlane_journal_producers", "Producers attached now.", |s| {
         s.producers.iter().filter(|p| !p.gone).count() as u64
     }),
@@ -173,6 +194,7 @@ pub(super) fn serve(a: &ServeArgs) -> Result<()> {
     config.allow_gids = a.allow_gid.clone();
     config.retention = a.retain.unwrap_or_default();
     config.spare_bytes_per_s = a.spare_rate;
+    config.spare_adaptive = a.spare_adapt;
     config.writer_core = a.writer_core;
     config.writer_io = a.writer_io;
     let (io, direct) = (a.io, a.direct);
@@ -306,12 +328,28 @@ pub(super) fn serve(a: &ServeArgs) -> Result<()> {
     fastlane_daemon::notify::ready(&format!("journal service, last seq {}", r.last_seq));
     let every = Duration::from_secs(a.status_every);
     let mut last = Instant::now();
+    let (mut spare_waits, mut spare_wait) = (0, Duration::ZERO);
     // Bounded by the stop signal (or the writer's failure).
     while !stop.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(100));
         if let Err(e) = service.check() {
             log::error!("journal writer stopped: {e}");
             break;
+        }
+        let s = service.stats();
+        if s.spare_waits > spare_waits {
+            log::warn!(
+                "a segment roll waited {} ms for the next segment's file ({} such rolls since \
+                 start): segments fill faster than it is written; {}",
+                s.spare_wait.saturating_sub(spare_wait).as_millis(),
+                s.spare_waits,
+                if a.spare_adapt {
+                    "its pace follows the fill already: larger --segment-bytes or a faster disk"
+                } else {
+                    "--spare-adapt true, a higher --spare-rate or larger --segment-bytes"
+                }
+            );
+            (spare_waits, spare_wait) = (s.spare_waits, s.spare_wait);
         }
         if !every.is_zero() && last.elapsed() >= every {
             last = Instant::now();

@@ -28,6 +28,7 @@
 //! - **Recovery**: on start the last segment is recovered as a single journal is (torn tail
 //!   zeroed, numbering resumed); producers attach again and number from 1 in their new ring.
 
+mod spare;
 pub mod wire;
 
 use std::fs::OpenOptions;
@@ -101,6 +102,9 @@ pub struct ServiceConfig {
     /// wait behind at most one piece of it; fast enough to be ready before the segment in use
     /// fills (a roll with no spare ready prepares one and waits).
     pub spare_bytes_per_s: u64,
+    /// Raise the spare's pace while the segment in use fills fast enough that the spare
+    /// would not be ready in time (`spare.rs`); `spare_bytes_per_s` stays the least pace.
+    pub spare_adaptive: bool,
     /// Pin the writer thread to this core.
     pub writer_core: Option<usize>,
     /// How the idle writer waits on the doorbell.
@@ -141,6 +145,7 @@ impl ServiceConfig {
             allow_gids: Vec::new(),
             retention: Retention::default(),
             spare_bytes_per_s: 128 << 20,
+            spare_adaptive: true,
             writer_core: None,
             writer_wait: WaitStrategy::default(),
             writer_io: WriterIo::Pipelined,
@@ -205,6 +210,12 @@ pub struct ServiceStats {
     pub segment: u64,
     /// The next segment's file is prepared (a roll now costs only its superblock).
     pub spare_ready: bool,
+    /// The pace the spare being prepared asked for last, bytes/s (0: unpaced).
+    pub spare_pace: u64,
+    /// Rolls that found the next segment's file not ready and waited for it.
+    pub spare_waits: u64,
+    /// Time those rolls waited, in total.
+    pub spare_wait: Duration,
     /// How long batches waited in the writer before they were durable.
     pub commit_latency: super::CommitLatency,
     /// Producers attached now or since the last [`Service::stats`] that reported them gone.
@@ -219,6 +230,10 @@ struct AcceptCounters {
     segment: AtomicU64,
     /// Set by the spare's thread when it is ready, cleared by the roll that takes it.
     spare_ready: Arc<AtomicBool>,
+    /// The spare's pace, bytes/s (`SparePacer::shown`).
+    spare_pace: Arc<AtomicU64>,
+    spare_waits: AtomicU64,
+    spare_wait_ns: AtomicU64,
 }
 
 struct Attached {
@@ -354,6 +369,8 @@ impl Service {
             segments: dir,
             bytes: config.segment_bytes,
             pace: config.spare_bytes_per_s,
+            adaptive: config.spare_adaptive,
+            stats: Arc::clone(&stats),
             open: Arc::clone(&config.open),
             retention: config.retention,
             current: sb,
@@ -511,6 +528,9 @@ impl Service {
             faults: producers.iter().filter(|p| p.faulted).count() as u64,
             segment: self.accept.segment.load(Ordering::Relaxed),
             spare_ready: self.accept.spare_ready.load(Ordering::Relaxed),
+            spare_pace: self.accept.spare_pace.load(Ordering::Relaxed),
+            spare_waits: self.accept.spare_waits.load(Ordering::Relaxed),
+            spare_wait: Duration::from_nanos(self.accept.spare_wait_ns.load(Ordering::Relaxed)),
             commit_latency: s.commit.snapshot(),
             producers,
         }
@@ -554,6 +574,9 @@ struct SegmentRoll {
     segments: SegmentDir,
     bytes: u64,
     pace: u64,
+    adaptive: bool,
+    /// The writer's counters (its offset in the segment, for the spare's pace).
+    stats: Arc<WriterStats>,
     open: OpenSegment,
     retention: Retention,
     current: Superblock,
@@ -567,12 +590,21 @@ impl SegmentRoll {
         if self.spare.is_some() {
             return;
         }
-        let (dir, bytes, pace) = (self.dir.clone(), self.bytes, self.pace);
+        let (dir, bytes) = (self.dir.clone(), self.bytes);
+        let mut pacer = spare::SparePacer {
+            least: self.pace,
+            adaptive: self.adaptive,
+            segment_bytes: self.bytes,
+            spare_bytes: self.bytes,
+            stats: Arc::clone(&self.stats),
+            shown: Arc::clone(&self.accept.spare_pace),
+            base: None,
+        };
         let ready = Arc::clone(&self.accept.spare_ready);
         self.spare = std::thread::Builder::new()
             .name("journal-spare".into())
             .spawn(move || {
-                let r = segments::prepare_spare_paced(&dir, bytes, pace);
+                let r = segments::prepare_spare_with(&dir, bytes, &mut |w| pacer.pace(w));
                 ready.store(r.is_ok(), Ordering::Release);
                 r
             })
@@ -587,14 +619,23 @@ impl Roll for SegmentRoll {
         head: Chain,
     ) -> Result<(Arc<dyn BlockDevice>, Superblock), JournalError> {
         // The spare being prepared is finished first (install takes it); a failed one is
-        // made again by `install` itself.
+        // made again by `install` itself. Either is a wait, counted.
+        let waited = (!self.accept.spare_ready.load(Ordering::Acquire)).then(Instant::now);
         if let Some(h) = self.spare.take() {
             let _ = h.join();
         }
         self.accept.spare_ready.store(false, Ordering::Release);
         let sb = self.current.next_segment(super::preprocess::realtime_ns(), last_seq + 1, head);
         let path = match self.segments.install(&sb, self.bytes) {
-            Ok(p) => p,
+            Ok(p) => {
+                // A roll that fails (no room) is a roll failure, not a wait for the spare.
+                if let Some(t) = waited {
+                    self.accept.spare_waits.fetch_add(1, Ordering::Relaxed);
+                    let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    self.accept.spare_wait_ns.fetch_add(ns, Ordering::Relaxed);
+                }
+                p
+            }
             Err(e) => {
                 self.prepare_next();
                 return Err(e);

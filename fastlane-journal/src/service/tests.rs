@@ -369,3 +369,42 @@ fn a_tailer_follows_the_service_across_rolls() {
         assert_eq!(rest.len(), 1501);
     }
 }
+
+/// Segments that fill faster than the configured spare pace: the pace is raised with the
+/// fill, so no roll waits for its spare. (At the fixed 512 KiB/s configured here each 4 MiB
+/// spare takes 8 s and every roll would wait seconds; the test fails that way with
+/// `spare_adaptive = false`.)
+#[test]
+fn the_spare_keeps_up_with_a_segment_that_fills_fast() {
+    let d = tempfile::tempdir().unwrap();
+    let mut c = config(d.path());
+    c.segment_bytes = 4 << 20;
+    c.spare_bytes_per_s = 512 << 10;
+    let svc = Service::start(c).unwrap();
+    let mut tx = JournalProducer::connect(d.path(), "fast").unwrap();
+    // 4 KB records at 1,000 a second: a segment every second or so, for 3.5 s.
+    let payload = vec![0x42u8; 4000];
+    let start = std::time::Instant::now();
+    let n = 3500u32;
+    let mut last = 0;
+    for i in 0..n {
+        let due = start + Duration::from_millis(u64::from(i));
+        if let Some(w) = due.checked_duration_since(std::time::Instant::now()) {
+            std::thread::sleep(w);
+        }
+        last = tx.append_blocking(&payload, T).unwrap();
+    }
+    tx.wait_durable(last, T).unwrap();
+    let during = svc.stats();
+    drop(tx);
+    let stats = svc.stop().unwrap();
+    assert_eq!(stats.records, u64::from(n));
+    assert!(stats.rolls >= 2, "segments filled: {} rolls", stats.rolls);
+    assert_eq!(
+        stats.spare_waits, 0,
+        "{} of {} rolls waited {:?} for the spare (pace {} B/s)",
+        stats.spare_waits, stats.rolls, stats.spare_wait, during.spare_pace
+    );
+    let v = verify_dir(d.path(), Anchor::default()).unwrap();
+    assert!(v.problem.is_none(), "{:?}", v.problem);
+}
