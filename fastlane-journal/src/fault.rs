@@ -6,7 +6,8 @@
 //! completed before its submission, so writes and flushes overlap as on a real queue. With
 //! [`FaultDisk::with_flush_gate`] a closed [`FlushGate`] holds every flush until the test opens
 //! it: inside `submit` (as a synchronous `fdatasync` blocks its caller) or in the queue (as an
-//! io_uring flush runs on a kernel worker, `wait` sleeping until it completes).
+//! io_uring flush runs on a kernel worker, `wait` sleeping until it completes); in the queue
+//! it holds FUA writes too (written, not durable nor completed until it opens).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -208,7 +209,9 @@ fn make_durable(st: &mut State, upto: Option<u64>) {
 }
 
 impl FaultQueue {
-    fn run(&mut self, req: &BlockRequest<'_>) -> Result<u32, BlockError> {
+    /// Carries out `req` on the image; `defer_fua`: a FUA write stays pending (not durable)
+    /// until a later flush or its release makes it so.
+    fn run(&mut self, req: &BlockRequest<'_>, defer_fua: bool) -> Result<u32, BlockError> {
         let seg_len: u64 = req.segments.iter().map(|s| u64::from(s.len)).sum();
         let len = match req.op {
             BlockOp::Read | BlockOp::Write | BlockOp::WriteFua => seg_len,
@@ -240,7 +243,7 @@ impl FaultQueue {
                     bytes.extend_from_slice(src);
                 }
                 st.volatile[off..off + bytes.len()].copy_from_slice(&bytes);
-                if req.op == BlockOp::WriteFua && self.disk.flush_delay == 0 {
+                if req.op == BlockOp::WriteFua && self.disk.flush_delay == 0 && !defer_fua {
                     // Durable when it completes (now): these bytes only, not the writes
                     // pending before it.
                     st.durable[off..off + bytes.len()].copy_from_slice(&bytes);
@@ -295,7 +298,20 @@ impl BlockQueue for FaultQueue {
             self.held.push_back((c, upto, self.disk.flush_delay));
             return Ok(());
         }
-        let result = self.run(&req);
+        // A closed queue-side gate holds FUA writes too: written (volatile), durable and
+        // completed when the gate opens.
+        let fua_gate = match &self.disk.gate {
+            Some(g) if req.op == BlockOp::WriteFua && !g.inline && !g.is_open() => Some(g.clone()),
+            _ => None,
+        };
+        let result = self.run(&req, fua_gate.is_some());
+        if let (Some(g), Ok(_)) = (&fua_gate, &result) {
+            let upto = self.disk.lock().next_id.checked_sub(1);
+            g.held.fetch_add(1, Ordering::AcqRel);
+            let c = Completion { tag: req.tag, result };
+            self.gated.push_back((c, upto, Instant::now() + GATE_TIMEOUT));
+            return Ok(());
+        }
         if req.op == BlockOp::WriteFua && self.disk.flush_delay > 0 && result.is_ok() {
             let id = self.disk.lock().next_id - 1;
             let reaps = 1 + (id.wrapping_mul(2_654_435_761) % u64::from(self.disk.flush_delay));

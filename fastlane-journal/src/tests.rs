@@ -214,9 +214,63 @@ fn pipelined_writer_is_stuck_behind_an_inline_flush() {
     assert!(!written_during_held_flush(WriterIo::Pipelined, true, Duration::from_millis(300)));
 }
 
+/// [`WriterIo::Dsync`]: while a write is in flight, the next batch is held until it fills
+/// its block, so records that arrive one by one during a write do not each become a padded
+/// block write of their own (on this project's disk that took the 200,000 records/s ack P99
+/// from about 0.3 ms to 3.7 ms); once it fills its block it is written without waiting for
+/// the write in flight, and everything is durable when that completes.
+#[test]
+fn dsync_holds_a_small_batch_while_a_write_is_in_flight() {
+    let (disk, gate) = FaultDisk::new(vec![0; 1 << 20]).with_flush_gate(false);
+    let mut c = small_config(Arc::new(disk.clone()), Durability::Local);
+    c.writer_io = WriterIo::Dsync;
+    let j = Journal::create(c).unwrap();
+    let align = u64::from(j.superblock().write_align);
+    gate.close();
+    let mut tx = j.producer().unwrap();
+    assert_eq!(tx.append_blocking(&payload_for(1), T).unwrap(), 1);
+    let t0 = std::time::Instant::now();
+    while gate.held() == 0 {
+        assert!(t0.elapsed() < T, "record 1's write never reached the device");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    // Less than a block behind it: held while write 1 is.
+    let mut seq = 1u64;
+    let mut bytes = 0u64;
+    while bytes < align / 2 {
+        seq += 1;
+        assert_eq!(tx.append_blocking(&payload_for(seq), T).unwrap(), seq);
+        bytes += format::frame_len(payload_for(seq).len()) as u64;
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(records(&disk.volatile()).0, vec![1], "records 2..={seq} written at once");
+    assert_eq!(gate.held(), 1);
+    // Enough to fill the block: written while write 1 is still in flight.
+    while bytes + format::FRAME_HEADER_LEN as u64 <= align {
+        seq += 1;
+        assert_eq!(tx.append_blocking(&payload_for(seq), T).unwrap(), seq);
+        bytes += format::frame_len(payload_for(seq).len()) as u64;
+    }
+    let t0 = std::time::Instant::now();
+    while gate.held() < 2 {
+        assert!(t0.elapsed() < T, "a full block was not written while write 1 was in flight");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    assert!(records(&disk.volatile()).0.len() > 1);
+    assert_eq!(j.durable_seq(), 0, "acknowledged before its write completed");
+    gate.open();
+    tx.wait_durable(seq, T).unwrap();
+    drop(tx);
+    j.close().unwrap();
+    assert_eq!(records(&disk.durable()).0, (1..=seq).collect::<Vec<_>>());
+}
+
 fn power_cuts_with(seed: u64, flush_delay: u32, io: WriterIo) {
     let mut rng = xorshift(seed);
-    let mut image = vec![0u8; 4 << 20];
+    // Room for every round's records however they batch: with FUA completions held (the
+    // dsync writer, `flush_delay` > 0) many batches are padded to a block of their own, and
+    // a run alone on an idle machine took ~4 MiB.
+    let mut image = vec![0u8; 8 << 20];
     let mut created = false;
     let mut next_payload_seq = 1u64;
     for round in 0..60 {

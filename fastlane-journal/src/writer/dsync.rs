@@ -21,6 +21,18 @@
 //! end, the bound the pipelined writer keeps), so recovery zeroes it; none of it was
 //! acknowledged.
 //!
+//! # Holding a small batch
+//!
+//! While a write is in flight, the next batch is submitted only once it reaches the end of
+//! its block (or when no write is in flight any more): every batch started during a write
+//! takes a block of its own, so submitting each record as it arrives turns a fast stream into
+//! one padded 4 KiB FUA write per record or two. Measured on this project's virtio disk
+//! (`journal bench-service`, 3 alternating rounds, BENCHMARKS): at 200,000 records/s ack P99
+//! 3.8 ms with every batch submitted at once, 0.28–0.51 ms holding, 0.20 ms for the same
+//! schedule written with no journal; allowing two small writes in flight before holding
+//! brought the 3.7 ms back. A record that arrives during a write waits for it at most; at
+//! low rates a write is seldom in flight and nothing changes.
+//!
 //! # Waiting
 //!
 //! With writes in flight the writer polls both the completion queue and the rings, without
@@ -90,7 +102,11 @@ impl Writer {
             self.sync_sources();
             let stopping = self.stop.load(Ordering::Acquire);
             let mut moved = self.reap_dsync(&mut inflight)?;
-            if inflight.len() < WRITES_MAX {
+            // While a write is in flight the next batch waits until it fills its block or
+            // that write completes (see "Holding a small batch" above).
+            if inflight.len() < WRITES_MAX
+                && (inflight.is_empty() || stopping || self.pending_fills_block())
+            {
                 moved |= self.submit_dsync(&mut inflight, &mut next_tag)?;
             }
             let reading = self.fault.is_none() && !self.device_full;
@@ -132,6 +148,13 @@ impl Writer {
                 return Ok(());
             }
         }
+    }
+
+    /// The pending batch reaches the end of its first block (no room left for more than
+    /// its padding frame's header).
+    fn pending_fills_block(&self) -> bool {
+        let align = self.align();
+        self.pending.as_ref().is_some_and(|b| b.end - b.base + FRAME_HEADER_LEN as u64 >= align)
     }
 
     /// A write is in flight: the next batch must not share its last block. Moves the end to
