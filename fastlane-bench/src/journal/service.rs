@@ -226,7 +226,7 @@ fn run_case(
     c.writer_io = a.writer_io;
     c.writer_core = a.writer_core;
     c.writer_wait = match a.writer_wait.as_str() {
-        "park" => fastlane_ring::WaitStrategy::default(),
+        "park" => fastlane_journal::service::WRITER_WAIT,
         "poll" => fastlane_ring::WaitStrategy::SpinYield { spins: 1024 },
         other => bail!("--writer-wait {other}: want park or poll"),
     };

@@ -129,6 +129,15 @@ impl std::fmt::Debug for ServiceConfig {
     }
 }
 
+/// How the service's idle writer waits for records by default: a short spin, then up to
+/// 2,048 `sched_yield`s (1–2 ms on an idle core), then sleep on the doorbell. Longer than the
+/// rings' default (64 yields) because a record arriving every millisecond or so otherwise
+/// finds the writer asleep and pays its wake-up: at 2,000 records/s, alternating 3-round
+/// runs gave ack P50/P99 92/171 µs against 113/203 µs with 64 yields, no worse at 20,000 or
+/// 200,000/s or with three producers. Yielding gives the core to anything else runnable; an
+/// idle service still sleeps.
+pub const WRITER_WAIT: WaitStrategy = WaitStrategy::SpinYieldPark { spins: 128, yields: 2048 };
+
 impl ServiceConfig {
     /// Defaults for `dir`: 256 MiB segments, `local`, 4 MiB rings, 64 producers, keep every
     /// segment, segments opened with io_uring (page cache).
@@ -147,7 +156,7 @@ impl ServiceConfig {
             spare_bytes_per_s: 128 << 20,
             spare_adaptive: true,
             writer_core: None,
-            writer_wait: WaitStrategy::default(),
+            writer_wait: WRITER_WAIT,
             writer_io: WriterIo::Pipelined,
             open: Arc::new(|p: &Path| {
                 let dev = fastlane_block::uring::UringDevice::open(p, Default::default()).map_err(
