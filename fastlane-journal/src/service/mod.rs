@@ -219,7 +219,8 @@ pub struct ServiceStats {
     pub segment: u64,
     /// The next segment's file is prepared (a roll now costs only its superblock).
     pub spare_ready: bool,
-    /// The pace the spare being prepared asked for last, bytes/s (0: unpaced).
+    /// The pace the spare being prepared asked for last, bytes/s (0: unpaced, or no spare
+    /// being written).
     pub spare_pace: u64,
     /// Rolls that found the next segment's file not ready and waited for it.
     pub spare_waits: u64,
@@ -604,7 +605,6 @@ impl SegmentRoll {
             least: self.pace,
             adaptive: self.adaptive,
             segment_bytes: self.bytes,
-            spare_bytes: self.bytes,
             stats: Arc::clone(&self.stats),
             shown: Arc::clone(&self.accept.spare_pace),
             base: None,
@@ -614,6 +614,8 @@ impl SegmentRoll {
             .name("journal-spare".into())
             .spawn(move || {
                 let r = segments::prepare_spare_with(&dir, bytes, &mut |w| pacer.pace(w));
+                // Done: no spare is being written until the next roll.
+                pacer.shown.store(0, Ordering::Relaxed);
                 ready.store(r.is_ok(), Ordering::Release);
                 r
             })

@@ -39,8 +39,8 @@ pub(super) struct SparePacer {
     pub(super) least: u64,
     /// Raise the pace with the fill rate (else always `least`).
     pub(super) adaptive: bool,
+    /// Bytes of a segment, the one in use and the spare alike.
     pub(super) segment_bytes: u64,
-    pub(super) spare_bytes: u64,
     pub(super) stats: Arc<WriterStats>,
     /// The pace last asked for, for the metrics.
     pub(super) shown: Arc<AtomicU64>,
@@ -77,7 +77,7 @@ impl SparePacer {
         }
         spare_pace(
             self.least,
-            self.spare_bytes.saturating_sub(written),
+            self.segment_bytes.saturating_sub(written),
             self.segment_bytes.saturating_sub(end),
             grown as f64 / secs,
         )
@@ -115,7 +115,6 @@ mod tests {
             least: M,
             adaptive: true,
             segment_bytes: 64 * M,
-            spare_bytes: 64 * M,
             stats: Arc::clone(&stats),
             shown: Arc::clone(&shown),
             base: None,
