@@ -449,7 +449,8 @@ pub(super) fn append_service(
 /// A note for an operator whose journal directory lies on an ext4 or XFS mount without
 /// `lazytime`, from `/proc/self/mountinfo`'s text: each write dirties the segment's mtime,
 /// which the file system's periodic journal commit writes with a cache flush; on the dev VM
-/// those showed as 3–4 ms stalls of durable writes every 5 s (docs/journal.md). None for other
+/// those showed (in some runs) as 3–4 ms stalls of durable writes every 5 s (docs/journal.md).
+/// None for other
 /// file systems, a `lazytime` mount, or a path no line covers.
 fn lazytime_advice(mountinfo: &str, dir: &Path) -> Option<String> {
     // Fields: id parent major:minor root mount-point mount-options ... - fstype source super-options
