@@ -343,20 +343,20 @@ pub(super) fn serve(a: &ServeArgs) -> Result<()> {
             log::error!("journal writer stopped: {e}");
             break;
         }
-        let s = service.stats();
-        if s.spare_waits > spare_waits {
+        let (waits, waited) = service.spare_waits();
+        if waits > spare_waits {
             log::warn!(
                 "a segment roll waited {} ms for the next segment's file ({} such rolls since \
                  start): segments fill faster than it is written; {}",
-                s.spare_wait.saturating_sub(spare_wait).as_millis(),
-                s.spare_waits,
+                waited.saturating_sub(spare_wait).as_millis(),
+                waits,
                 if a.spare_adapt {
                     "its pace follows the fill already: larger --segment-bytes or a faster disk"
                 } else {
                     "--spare-adapt true, a higher --spare-rate or larger --segment-bytes"
                 }
             );
-            (spare_waits, spare_wait) = (s.spare_waits, s.spare_wait);
+            (spare_waits, spare_wait) = (waits, waited);
         }
         if !every.is_zero() && last.elapsed() >= every {
             last = Instant::now();

@@ -505,6 +505,15 @@ impl Service {
         self.control.check_state()
     }
 
+    /// Rolls that waited for the next segment's file, and how long in total: two loads, for a
+    /// caller that polls them often ([`Service::stats`] also copies every producer's entry).
+    pub fn spare_waits(&self) -> (u64, Duration) {
+        (
+            self.accept.spare_waits.load(Ordering::Relaxed),
+            Duration::from_nanos(self.accept.spare_wait_ns.load(Ordering::Relaxed)),
+        )
+    }
+
     /// Counters, and every producer attached since start (detached ones included, marked
     /// `gone`).
     pub fn stats(&self) -> ServiceStats {
@@ -525,6 +534,7 @@ impl Service {
                 .collect(),
             Err(_) => Vec::new(),
         };
+        let (spare_waits, spare_wait) = self.spare_waits();
         ServiceStats {
             durable_seq: self.durable_seq(),
             records: s.records.load(Ordering::Relaxed),
@@ -539,8 +549,8 @@ impl Service {
             segment: self.accept.segment.load(Ordering::Relaxed),
             spare_ready: self.accept.spare_ready.load(Ordering::Relaxed),
             spare_pace: self.accept.spare_pace.load(Ordering::Relaxed),
-            spare_waits: self.accept.spare_waits.load(Ordering::Relaxed),
-            spare_wait: Duration::from_nanos(self.accept.spare_wait_ns.load(Ordering::Relaxed)),
+            spare_waits,
+            spare_wait,
             commit_latency: s.commit.snapshot(),
             producers,
         }
