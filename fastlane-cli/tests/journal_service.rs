@@ -286,3 +286,25 @@ fn append_without_a_service_says_so() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("attach to the journal service"), "{err}");
 }
+
+/// A roll that finds the next segment's file not ready says so in the log, with what to
+/// change: 4 MiB segments filled at full speed while the spare is held to 1 MiB/s
+/// (`--spare-adapt false`); every record is still acknowledged and the directory verifies.
+#[test]
+fn a_roll_that_waits_for_the_spare_is_logged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("j");
+    let svc = Svc::start(&dir, None, &["--spare-rate", "1M", "--spare-adapt", "false"]);
+    let (last, ok) = Producer::start(&dir, 40_000, 10_000).finish();
+    assert!(ok && last == 40_000, "producer: ok {ok}, last ack {last}");
+    let t0 = Instant::now();
+    while !read(&svc.log).contains("waited") {
+        assert!(t0.elapsed() < Duration::from_secs(20), "no spare wait logged: {}", read(&svc.log));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = read(&svc.log);
+    assert!(log.contains("for the next segment's file (1 such rolls since start)"), "{log}");
+    assert!(log.contains("--spare-adapt true"), "the advice names the flag: {log}");
+    drop(svc);
+    assert!(verify_ok(&dir).contains("records 40000"));
+}
