@@ -58,7 +58,7 @@ import bench_results
 out, rounds, command, configs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 rows, raw = [], {}
 print(f"{'config':<52} {'case':>10} {'ack p50':>9} {'ack p99':>9} {'floor p99':>10} {'x floor (median, worst)':>24}"
-      f" {'no-journal p99':>15} {'x no-journal':>13}")
+      f" {'no-journal p99':>15} {'x no-journal':>13} {'rolls':>6} {'p99 while spare':>16}")
 for i, c in enumerate(configs):
     runs = [json.load(open(f"{out}/r{r}-c{i}.json")) for r in range(1, rounds + 1)]
     raw[c] = runs
@@ -72,11 +72,18 @@ for i, c in enumerate(configs):
         med, worst = statistics.median(ratios), max(ratios)
         sust = statistics.median(run[k]["floor_sustained"]["p99_ns"] for run in runs) / 1e3
         smed = statistics.median(run[k]["ack_p99_over_sustained_p99"] for run in runs)
+        # Rounds that rolled wrote the next segment's file beside the journal: their acks
+        # seen meanwhile, by themselves ("-": no round rolled).
+        rolls = [run[k]["rolls"] for run in runs]
+        spare = [run[k]["ack_while_spare"]["p99_ns"] / 1e3 for run in runs
+                 if run[k]["ack_while_spare"]["count"] > 0]
+        spare_p99 = round(statistics.median(spare), 1) if spare else None
         print(f"{c:<52} {name:>10} {p50:>9.1f} {p99:>9.1f} {floor:>10.1f} {med:>14.2f} {worst:>9.2f}"
-              f" {sust:>15.1f} {smed:>13.2f}")
+              f" {sust:>15.1f} {smed:>13.2f} {max(rolls):>6} {spare_p99 if spare else '-':>16}")
         rows.append({"case": f"{c} {name}", "value": round(p99, 1), "unit": "us ack p99 (median)",
                      "peer": "min(pwrite+fdatasync, O_DIRECT RWF_DSYNC) p99", "peer_value": round(floor, 1),
                      "ratio": round(med, 2), "worst_ratio": round(worst, 2), "target": "<= 1.2",
-                     "no_journal_p99": round(sust, 1), "ratio_to_no_journal": round(smed, 2)})
+                     "no_journal_p99": round(sust, 1), "ratio_to_no_journal": round(smed, 2),
+                     "rolls_max": max(rolls), "ack_p99_while_spare": spare_p99})
 bench_results.write("journal", command, rows, raw=raw, label="service")
 PY

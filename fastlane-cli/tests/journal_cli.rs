@@ -160,6 +160,26 @@ fn bench_service_measures_the_floors_and_the_same_load_without_a_journal() {
         assert!((r - expect).abs() < 1e-9 * expect, "ratio {r} vs {expect}");
     }
     assert!(!dir.path().join("b/case-0").exists(), "each case's directory is removed");
+
+    // A case that rolls: its acks split by whether the next segment's file was being
+    // written (or a roll under way) when they were seen.
+    let out = run_ok(
+        fastlane()
+            .args(["journal", "bench-service", "--dir"])
+            .arg(dir.path().join("r"))
+            .args(["--cases", "20000x1", "--seconds", "0.5", "--floor-ops", "4"])
+            .args(["--segment-bytes", "1M", "--json"]),
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).expect("stdout is one JSON array");
+    let c = &v[0];
+    let n = |h: &str| c[h]["count"].as_u64().unwrap();
+    assert_eq!(n("ack"), 10_000, "{c}");
+    assert_eq!(n("ack_while_spare") + n("ack_spare_ready"), n("ack"), "the split covers every ack");
+    let rolls = c["rolls"].as_u64().unwrap();
+    // 10,000 frames of 64 B payload fill a 1 MiB segment at least once.
+    assert!(rolls >= 1, "rolls {rolls}: {c}");
+    assert!(n("ack_while_spare") > 0, "{rolls} rolls, each writes a spare while acks go on: {c}");
+    assert!(n("ack_spare_ready") > 0, "the spare is ready at the start: {c}");
 }
 
 /// A segment directory of three segments (producer ids 0..4), written with the journal's

@@ -61,6 +61,13 @@ pub struct ServiceBenchArgs {
     /// Segment size.
     #[arg(long, default_value = "256M", value_parser = parse_size)]
     segment_bytes: u64,
+    /// The least pace of the next segment's file, written in the background (journal serve's
+    /// --spare-rate).
+    #[arg(long, default_value = "128M", value_parser = parse_size)]
+    spare_rate: u64,
+    /// Raise the spare's pace with the fill (journal serve's --spare-adapt).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    spare_adapt: bool,
     /// Floor calls per kind per case (half before, half after).
     #[arg(long, default_value_t = 400)]
     floor_ops: u64,
@@ -87,6 +94,12 @@ struct Case {
     floor_dsync_direct: Pcts,
     /// The same schedule written straight to the file, no journal (see the module's doc).
     floor_sustained: Pcts,
+    /// Acks seen while the next segment's file was being written (or a roll was under
+    /// way), and the rest: a case long enough to roll writes a spare beside the journal.
+    ack_while_spare: Pcts,
+    ack_spare_ready: Pcts,
+    /// Segment rolls during the case.
+    rolls: u64,
     /// Ack P99 over the faster floor's P99.
     ack_p99_over_floor_p99: f64,
     /// Ack P99 over the sustained floor's P99.
@@ -125,11 +138,11 @@ pub fn run(a: &ServiceBenchArgs) -> Result<()> {
         floor.sustained(rate, a.seconds / 2.0, fb, &mut f_sust, npt)?;
         let dir = a.dir.join(format!("case-{k}"));
         let _ = std::fs::remove_dir_all(&dir);
-        let (ack, records, batches) = run_case(a, &dir, rate, producers, npt)?;
+        let run = run_case(a, &dir, rate, producers, npt)?;
         let _ = std::fs::remove_dir_all(&dir);
         floor.sustained(rate, a.seconds / 2.0, fb, &mut f_sust, npt)?;
         floor.run(a.floor_ops - a.floor_ops / 2, &mut f_sync, &mut f_dsync, npt)?;
-        let (ack, fs, fd, fu) = (pcts(&ack), pcts(&f_sync), pcts(&f_dsync), pcts(&f_sust));
+        let (ack, fs, fd, fu) = (pcts(&run.ack), pcts(&f_sync), pcts(&f_dsync), pcts(&f_sust));
         let best = fs.p99.min(fd.p99).max(1);
         out.push(Case {
             rate_per_s: rate,
@@ -139,11 +152,14 @@ pub fn run(a: &ServiceBenchArgs) -> Result<()> {
             ack_p99_over_floor_p99: ack.p99 as f64 / best as f64,
             ack_p99_over_sustained_p99: ack.p99 as f64 / fu.p99.max(1) as f64,
             ack,
+            ack_while_spare: pcts(&run.while_spare),
+            ack_spare_ready: pcts(&run.spare_ready),
+            rolls: run.rolls,
             floor_sustained: fu,
             floor_pwrite_fdatasync: fs,
             floor_dsync_direct: fd,
-            records,
-            batches,
+            records: run.records,
+            batches: run.batches,
             load_before,
             load_after: crate::load::loadavg(),
         });
@@ -163,7 +179,7 @@ pub fn run(a: &ServiceBenchArgs) -> Result<()> {
         a.seconds
     );
     println!(
-        "{:>8} {:>4} {:>9} {:>9} {:>9} {:>12} {:>12} {:>9} {:>11} {:>9} {:>9} {:>14}",
+        "{:>8} {:>4} {:>9} {:>9} {:>9} {:>12} {:>12} {:>9} {:>11} {:>9} {:>9} {:>14} {:>5} {:>9}",
         "rate",
         "prod",
         "ack p50",
@@ -175,13 +191,15 @@ pub fn run(a: &ServiceBenchArgs) -> Result<()> {
         "no-jrnl99",
         "x no-jrnl",
         "records",
-        "rec/batch"
+        "rec/batch",
+        "rolls",
+        "spare99"
     );
     let us = |ns: u64| ns as f64 / 1e3;
     for c in &out {
         println!(
             "{:>8} {:>4} {:>9.1} {:>9.1} {:>9.1} {:>12.1} {:>12.1} {:>9.2} {:>11.1} {:>9.2} {:>9} \
-             {:>14.1}",
+             {:>14.1} {:>5} {:>9}",
             c.rate_per_s,
             c.producers,
             us(c.ack.p50),
@@ -193,7 +211,14 @@ pub fn run(a: &ServiceBenchArgs) -> Result<()> {
             us(c.floor_sustained.p99),
             c.ack_p99_over_sustained_p99,
             c.records,
-            c.records as f64 / c.batches.max(1) as f64
+            c.records as f64 / c.batches.max(1) as f64,
+            c.rolls,
+            // Acks seen while a spare was being written: none when the case never rolled.
+            if c.ack_while_spare.n == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.1}", us(c.ack_while_spare.p99))
+            }
         );
     }
     for c in &out {
@@ -212,15 +237,25 @@ fn parse_case(s: &str) -> Result<(u64, usize)> {
     Ok((rate, producers))
 }
 
+/// What one case measured.
+struct CaseRun {
+    /// Every ack, and the same split by whether the spare was ready when it was seen.
+    ack: LatencyRecorder,
+    while_spare: LatencyRecorder,
+    spare_ready: LatencyRecorder,
+    records: u64,
+    batches: u64,
+    rolls: u64,
+}
+
 /// One case: a service on `dir`, `producers` threads appending `rate` records/s in total.
-/// The merged ack latencies, the records written and the batches.
 fn run_case(
     a: &ServiceBenchArgs,
     dir: &Path,
     rate: u64,
     producers: usize,
     npt: f64,
-) -> Result<(LatencyRecorder, u64, u64)> {
+) -> Result<CaseRun> {
     let mut c = ServiceConfig::new(dir);
     c.segment_bytes = a.segment_bytes;
     c.writer_io = a.writer_io;
@@ -231,15 +266,18 @@ fn run_case(
         other => bail!("--writer-wait {other}: want park or poll"),
     };
     c.ring_bytes = 16 << 20;
-    c.max_batch_bytes = 4 << 20;
+    // 4 MiB, or less for a segment too small for it (the torn window must fit twice).
+    c.max_batch_bytes = (4u64 << 20).min(a.segment_bytes / 8) as u32;
     c.max_producers = producers.max(1);
+    c.spare_bytes_per_s = a.spare_rate;
+    c.spare_adaptive = a.spare_adapt;
     let direct = a.direct;
     c.open = Arc::new(move |p: &Path| {
         open_device(p, fastlane_vhost_blk::spec::IoEngine::Uring, direct).map_err(|e| {
             JournalError::Io { op: "open segment", source: std::io::Error::other(format!("{e:#}")) }
         })
     });
-    let svc = Service::start(c).context("start the journal service")?;
+    let svc = Arc::new(Service::start(c).context("start the journal service")?);
     // The next segment's file is prepared in the background at start (and after each roll);
     // the run starts once it is, so that what is measured is the steady state.
     let t0 = Instant::now();
@@ -256,33 +294,49 @@ fn run_case(
         .map(|k| {
             let dir = dir.to_path_buf();
             let payload = payload.clone();
-            std::thread::spawn(move || -> Result<LatencyRecorder> {
+            let svc = Arc::clone(&svc);
+            std::thread::spawn(move || -> Result<[LatencyRecorder; 2]> {
                 let mut tx = JournalProducer::connect(&dir, &format!("bench-{k}"))?;
-                produce(&mut tx, &payload, per, total_each, npt)
+                produce(&mut tx, &payload, per, total_each, npt, &|| svc.spare_ready())
             })
         })
         .collect();
-    let mut ack = LatencyRecorder::with_max(10_000_000_000)?;
+    let mut run = CaseRun {
+        ack: LatencyRecorder::with_max(10_000_000_000)?,
+        while_spare: LatencyRecorder::with_max(10_000_000_000)?,
+        spare_ready: LatencyRecorder::with_max(10_000_000_000)?,
+        records: 0,
+        batches: 0,
+        rolls: 0,
+    };
     for t in threads {
-        let rec = t.join().map_err(|_| anyhow::anyhow!("producer panicked"))??;
-        for v in rec.current().iter_recorded() {
-            ack.record_n(v.value_iterated_to(), v.count_at_value());
+        let [busy, ready] = t.join().map_err(|_| anyhow::anyhow!("producer panicked"))??;
+        for (rec, into) in [(busy, &mut run.while_spare), (ready, &mut run.spare_ready)] {
+            for v in rec.current().iter_recorded() {
+                into.record_n(v.value_iterated_to(), v.count_at_value());
+                run.ack.record_n(v.value_iterated_to(), v.count_at_value());
+            }
         }
     }
+    let svc = Arc::into_inner(svc).context("a producer thread still holds the service")?;
     let stats = svc.stop().context("stop the service")?;
-    Ok((ack, stats.records, stats.batches))
+    (run.records, run.batches, run.rolls) = (stats.records, stats.batches, stats.rolls);
+    Ok(run)
 }
 
 /// Appends `total` records at `per_s`; between appends polls the durable seq and records the
-/// ack latency of every record it sees durable.
+/// ack latency of every record it sees durable: `[while the spare was being written, while
+/// it was ready]` as `spare_ready` says when the ack is seen.
 fn produce(
     tx: &mut JournalProducer,
     payload: &[u8],
     per_s: f64,
     total: u64,
     npt: f64,
-) -> Result<LatencyRecorder> {
-    let mut rec = LatencyRecorder::with_max(10_000_000_000)?;
+    spare_ready: &dyn Fn() -> bool,
+) -> Result<[LatencyRecorder; 2]> {
+    let mut rec =
+        [LatencyRecorder::with_max(10_000_000_000)?, LatencyRecorder::with_max(10_000_000_000)?];
     let mut stamps = vec![0u64; total as usize + 1];
     let period = Duration::from_secs_f64(1.0 / per_s);
     let start = Instant::now();
@@ -291,13 +345,13 @@ fn produce(
         let due = start + period.mul_f64(i as f64);
         // Bounded by the schedule: yield (not spin) so that the writer gets the core.
         while Instant::now() < due {
-            observe(tx, &stamps, i - 1, &mut next_ack, &mut rec, npt);
+            observe(tx, &stamps, i - 1, &mut next_ack, &mut rec, npt, spare_ready);
             std::thread::yield_now();
         }
         stamps[i as usize] = tsc();
         let s = tx.append_blocking(payload, Duration::from_secs(10))?;
         debug_assert_eq!(s, i);
-        observe(tx, &stamps, i, &mut next_ack, &mut rec, npt);
+        observe(tx, &stamps, i, &mut next_ack, &mut rec, npt, spare_ready);
     }
     let deadline = Instant::now() + Duration::from_secs(30);
     // Bounded by the deadline.
@@ -305,24 +359,27 @@ fn produce(
         if Instant::now() > deadline {
             bail!("records not durable within 30 s of the last append");
         }
-        observe(tx, &stamps, total, &mut next_ack, &mut rec, npt);
+        observe(tx, &stamps, total, &mut next_ack, &mut rec, npt, spare_ready);
         std::thread::yield_now();
     }
     Ok(rec)
 }
 
-/// Records the ack latency of every record up to `upto` that `tx` sees durable.
+/// Records the ack latency of every record up to `upto` that `tx` sees durable, into
+/// `rec[1]` if the spare is ready, else `rec[0]`.
 fn observe(
     tx: &JournalProducer,
     stamps: &[u64],
     upto: u64,
     next_ack: &mut u64,
-    rec: &mut LatencyRecorder,
+    rec: &mut [LatencyRecorder; 2],
     npt: f64,
+    spare_ready: &dyn Fn() -> bool,
 ) {
     let d = tx.durable_seq().min(upto);
     if *next_ack <= d {
         let now = tsc();
+        let rec = &mut rec[usize::from(spare_ready())];
         while *next_ack <= d {
             rec.record((now.wrapping_sub(stamps[*next_ack as usize]) as f64 * npt) as u64);
             *next_ack += 1;

@@ -514,6 +514,12 @@ impl Service {
         )
     }
 
+    /// The next segment's file is prepared (false while the spare is being written, and
+    /// during a roll): one load, for a caller that polls it per record.
+    pub fn spare_ready(&self) -> bool {
+        self.accept.spare_ready.load(Ordering::Relaxed)
+    }
+
     /// Counters, and every producer attached since start (detached ones included, marked
     /// `gone`).
     pub fn stats(&self) -> ServiceStats {
