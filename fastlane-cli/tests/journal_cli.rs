@@ -178,6 +178,7 @@ fn bench_service_measures_the_floors_and_the_same_load_without_a_journal() {
     let rolls = c["rolls"].as_u64().unwrap();
     // 10,000 frames of 64 B payload fill a 1 MiB segment at least once.
     assert!(rolls >= 1, "rolls {rolls}: {c}");
+    assert!(c["roll_us"].as_u64().unwrap() > 0, "{rolls} rolls took no time: {c}");
     assert!(n("ack_while_spare") > 0, "{rolls} rolls, each writes a spare while acks go on: {c}");
     assert!(n("ack_spare_ready") > 0, "the spare is ready at the start: {c}");
 }

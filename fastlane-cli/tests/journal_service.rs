@@ -254,6 +254,7 @@ fn notify_metrics_and_sigterm() {
     // No roll here, so none waited; the spare's pace is shown (0 once it is written).
     assert_eq!(m("fastlane_journal_spare_waits_total"), 0.0);
     assert_eq!(m("fastlane_journal_spare_wait_milliseconds_total"), 0.0);
+    assert_eq!(m("fastlane_journal_roll_microseconds_total"), 0.0);
     assert!(m("fastlane_journal_spare_pace_bytes_per_second") >= 0.0);
 
     let st = Command::new("kill").args(["-TERM", &svc.child.0.id().to_string()]).status();

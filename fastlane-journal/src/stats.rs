@@ -16,6 +16,8 @@ pub(crate) struct WriterStats {
     pub(crate) rolls: AtomicU64,
     /// Rolls that failed and were retried (no room for the next segment).
     pub(crate) roll_failures: AtomicU64,
+    /// Time the writer spent in rolls (every ack waits meanwhile), ns.
+    pub(crate) roll_ns: AtomicU64,
     /// Commit latency of each batch.
     pub(crate) commit: LatencyBuckets,
 }

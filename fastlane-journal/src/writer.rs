@@ -836,7 +836,11 @@ impl Writer {
     /// A failure (no space for it) is retried after [`ROLL_RETRY`] while the rings push back.
     fn roll(&mut self) -> Result<bool, JournalError> {
         let Some(svc) = self.service.as_mut() else { return Ok(false) };
-        let (device, sb) = match svc.roll.roll(self.last_seq, self.head) {
+        let started = Instant::now();
+        let rolled = svc.roll.roll(self.last_seq, self.head);
+        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.stats.roll_ns.fetch_add(ns, Ordering::Relaxed);
+        let (device, sb) = match rolled {
             Ok(next) => next,
             Err(_) => {
                 self.stats.roll_failures.fetch_add(1, Ordering::Relaxed);

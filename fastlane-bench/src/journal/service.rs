@@ -98,8 +98,9 @@ struct Case {
     /// way), and the rest: a case long enough to roll writes a spare beside the journal.
     ack_while_spare: Pcts,
     ack_spare_ready: Pcts,
-    /// Segment rolls during the case.
+    /// Segment rolls during the case, and the writer's time in them (µs, all rolls).
     rolls: u64,
+    roll_us: u64,
     /// Ack P99 over the faster floor's P99.
     ack_p99_over_floor_p99: f64,
     /// Ack P99 over the sustained floor's P99.
@@ -155,6 +156,7 @@ pub fn run(a: &ServiceBenchArgs) -> Result<()> {
             ack_while_spare: pcts(&run.while_spare),
             ack_spare_ready: pcts(&run.spare_ready),
             rolls: run.rolls,
+            roll_us: run.roll_us,
             floor_sustained: fu,
             floor_pwrite_fdatasync: fs,
             floor_dsync_direct: fd,
@@ -246,6 +248,7 @@ struct CaseRun {
     records: u64,
     batches: u64,
     rolls: u64,
+    roll_us: u64,
 }
 
 /// One case: a service on `dir`, `producers` threads appending `rate` records/s in total.
@@ -308,6 +311,7 @@ fn run_case(
         records: 0,
         batches: 0,
         rolls: 0,
+        roll_us: 0,
     };
     for t in threads {
         let [busy, ready] = t.join().map_err(|_| anyhow::anyhow!("producer panicked"))??;
@@ -321,6 +325,7 @@ fn run_case(
     let svc = Arc::into_inner(svc).context("a producer thread still holds the service")?;
     let stats = svc.stop().context("stop the service")?;
     (run.records, run.batches, run.rolls) = (stats.records, stats.batches, stats.rolls);
+    run.roll_us = stats.roll_time.as_micros() as u64;
     Ok(run)
 }
 

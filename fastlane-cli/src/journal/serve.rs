@@ -141,6 +141,11 @@ const SERVICE_FIELDS: &[Field<ServiceStats>] = &[
         "Rolls retried for lack of room.",
         |s| s.roll_failures,
     ),
+    counter(
+        "fastlane_journal_roll_microseconds_total",
+        "Time the writer spent rolling to the next segment (durable acks wait meanwhile).",
+        |s| s.roll_time.as_micros() as u64,
+    ),
     counter("fastlane_journal_attaches_total", "Producers attached since start.", |s| s.attaches),
     counter(
         "fastlane_journal_attach_refused_total",

@@ -209,6 +209,9 @@ pub struct ServiceStats {
     pub rolls: u64,
     /// Rolls retried for lack of room.
     pub roll_failures: u64,
+    /// Time the writer spent rolling (failed rolls and waits for the spare included): every
+    /// durable ack waits meanwhile.
+    pub roll_time: Duration,
     /// Attaches accepted since start.
     pub attaches: u64,
     /// Attaches refused (credentials, limit, malformed hello).
@@ -549,6 +552,7 @@ impl Service {
             flushes: s.flushes.load(Ordering::Relaxed),
             rolls: s.rolls.load(Ordering::Relaxed),
             roll_failures: s.roll_failures.load(Ordering::Relaxed),
+            roll_time: Duration::from_nanos(s.roll_ns.load(Ordering::Relaxed)),
             attaches: self.accept.attaches.load(Ordering::Relaxed),
             refused: self.accept.refused.load(Ordering::Relaxed),
             faults: producers.iter().filter(|p| p.faulted).count() as u64,
@@ -606,8 +610,25 @@ struct SegmentRoll {
     open: OpenSegment,
     retention: Retention,
     current: Superblock,
-    spare: Option<JoinHandle<Result<PathBuf, JournalError>>>,
+    spare: Option<JoinHandle<Result<Spare, JournalError>>>,
     accept: Arc<AcceptCounters>,
+}
+
+/// A spare prepared in the background, and its device opened there too (opening a segment's
+/// queue is ~0.5 ms here, time every ack would wait in the roll). `None`: the open failed;
+/// the roll opens the segment itself and reports the error then.
+struct Spare {
+    device: Option<(Arc<dyn BlockDevice>, u64)>,
+}
+
+impl Spare {
+    /// The device opened ahead, if it is the file now at `path` (same inode: the file the
+    /// roll installed, not a spare `install` had to make again).
+    fn device_for(self, path: &Path) -> Option<Arc<dyn BlockDevice>> {
+        use std::os::unix::fs::MetadataExt as _;
+        let (device, ino) = self.device?;
+        std::fs::metadata(path).is_ok_and(|m| m.ino() == ino).then_some(device)
+    }
 }
 
 impl SegmentRoll {
@@ -626,10 +647,18 @@ impl SegmentRoll {
             base: None,
         };
         let ready = Arc::clone(&self.accept.spare_ready);
+        let open = Arc::clone(&self.open);
         self.spare = std::thread::Builder::new()
             .name("journal-spare".into())
             .spawn(move || {
+                use std::os::unix::fs::MetadataExt as _;
                 let r = segments::prepare_spare_with(&dir, bytes, &mut |w| pacer.pace(w));
+                let r = r.map(|path| {
+                    // The inode as the file was when opened: the roll checks the one it
+                    // installs is the same.
+                    let ino = std::fs::metadata(&path).map(|m| m.ino());
+                    Spare { device: open(&path).ok().zip(ino.ok()) }
+                });
                 // Done: no spare is being written until the next roll.
                 pacer.shown.store(0, Ordering::Relaxed);
                 ready.store(r.is_ok(), Ordering::Release);
@@ -648,9 +677,7 @@ impl Roll for SegmentRoll {
         // The spare being prepared is finished first (install takes it); a failed one is
         // made again by `install` itself. Either is a wait, counted.
         let waited = (!self.accept.spare_ready.load(Ordering::Acquire)).then(Instant::now);
-        if let Some(h) = self.spare.take() {
-            let _ = h.join();
-        }
+        let spare = self.spare.take().and_then(|h| h.join().ok()?.ok());
         self.accept.spare_ready.store(false, Ordering::Release);
         let sb = self.current.next_segment(super::preprocess::realtime_ns(), last_seq + 1, head);
         let path = match self.segments.install(&sb, self.bytes) {
@@ -668,7 +695,10 @@ impl Roll for SegmentRoll {
                 return Err(e);
             }
         };
-        let device = (self.open)(&path)?;
+        let device = match spare.and_then(|s| s.device_for(&path)) {
+            Some(d) => d,
+            None => (self.open)(&path)?,
+        };
         self.current = sb;
         self.accept.segment.store(sb.segment, Ordering::Relaxed);
         let _ = self.segments.retain(&self.retention);

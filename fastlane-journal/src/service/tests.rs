@@ -408,3 +408,70 @@ fn the_spare_keeps_up_with_a_segment_that_fills_fast() {
     let v = verify_dir(d.path(), Anchor::default()).unwrap();
     assert!(v.problem.is_none(), "{:?}", v.problem);
 }
+
+/// The next segment's device is opened by the spare's thread, ahead of the roll: no segment
+/// is opened on the writer's thread (every ack waits while it rolls), the roll uses the
+/// device opened on the file it installed (the records verify), and the writer's time in
+/// rolls is counted.
+#[test]
+fn the_next_segment_is_opened_before_the_roll() {
+    use std::sync::{Arc, Mutex};
+    let d = tempfile::tempdir().unwrap();
+    let mut c = config(d.path());
+    c.segment_bytes = 1 << 20;
+    c.max_batch_bytes = 64 << 10;
+    let threads: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (seen, inner) = (Arc::clone(&threads), Arc::clone(&c.open));
+    c.open = Arc::new(move |p: &Path| {
+        let name = std::thread::current().name().unwrap_or("?").to_string();
+        seen.lock().unwrap().push(name);
+        inner(p)
+    });
+    let svc = Service::start(c).unwrap();
+    let mut tx = JournalProducer::connect(d.path(), "roller").unwrap();
+    let payload = [3u8; 1000];
+    let n = 4000u64;
+    for _ in 0..n {
+        tx.append_blocking(&payload, T).unwrap();
+    }
+    tx.wait_durable(n, T).unwrap();
+    drop(tx);
+    let stats = svc.stop().unwrap();
+    assert!(stats.rolls >= 3, "4 MB of records in 1 MiB segments rolled only {}", stats.rolls);
+    assert!(stats.roll_time > Duration::ZERO, "{} rolls took no time", stats.rolls);
+    let opened = threads.lock().unwrap().clone();
+    assert!(
+        opened.iter().all(|t| t != "journal-writer"),
+        "a segment was opened on the writer's thread: {opened:?}"
+    );
+    let ahead = opened.iter().filter(|t| *t == "journal-spare").count() as u64;
+    assert!(
+        ahead >= stats.rolls,
+        "{} rolls, {ahead} segments opened ahead: {opened:?}",
+        stats.rolls
+    );
+    let v = verify_dir(d.path(), Anchor::default()).unwrap();
+    assert!(v.problem.is_none(), "{:?}", v.problem);
+    assert_eq!((v.records, v.last_seq), (n, n));
+}
+
+/// A device opened ahead on a spare that was since replaced (another inode at the path) is
+/// not used: the roll opens the file it installed.
+#[test]
+fn a_device_opened_on_another_file_is_not_used() {
+    use std::os::unix::fs::MetadataExt as _;
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("seg");
+    std::fs::write(&path, [0u8; 4096]).unwrap();
+    let open = config(d.path()).open;
+    let ino = std::fs::metadata(&path).unwrap().ino();
+    let same = super::Spare { device: Some((open(&path).unwrap(), ino)) };
+    assert!(same.device_for(&path).is_some(), "the same file: its device is used");
+    let old = super::Spare { device: Some((open(&path).unwrap(), ino)) };
+    // The old device's descriptor keeps the old inode alive: the new file gets another number.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, [0u8; 4096]).unwrap();
+    assert_ne!(std::fs::metadata(&path).unwrap().ino(), ino);
+    assert!(old.device_for(&path).is_none(), "another file at the path: not used");
+    assert!(super::Spare { device: None }.device_for(&path).is_none());
+}
