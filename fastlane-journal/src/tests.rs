@@ -265,6 +265,61 @@ fn dsync_holds_a_small_batch_while_a_write_is_in_flight() {
     assert_eq!(records(&disk.durable()).0, (1..=seq).collect::<Vec<_>>());
 }
 
+/// [`WriterIo::Dsync`]: a batch that had to start in a block of its own because a write was
+/// in flight moves back behind that write's last frame once it has completed, so a stream
+/// of small writes does not take a block each (at 20,000 records/s that made segments fill
+/// ~10x faster than the records' bytes).
+#[test]
+fn dsync_shares_the_block_once_the_write_before_has_completed() {
+    let (disk, gate) = FaultDisk::new(vec![0; 1 << 20]).with_flush_gate(false);
+    let mut c = small_config(Arc::new(disk.clone()), Durability::Local);
+    c.writer_io = WriterIo::Dsync;
+    let j = Journal::create(c).unwrap();
+    let align = u64::from(j.superblock().write_align);
+    let mut tx = j.producer().unwrap();
+    let mut seq = 0u64;
+    // Rounds of: one record written and held, a few more behind it, the write released.
+    for _ in 0..3 {
+        gate.close();
+        seq += 1;
+        assert_eq!(tx.append_blocking(&payload_for(seq), T).unwrap(), seq);
+        let t0 = std::time::Instant::now();
+        while gate.held() == 0 {
+            assert!(t0.elapsed() < T, "record {seq}'s write never reached the device");
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        for _ in 0..3 {
+            seq += 1;
+            assert_eq!(tx.append_blocking(&payload_for(seq), T).unwrap(), seq);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        gate.open();
+        tx.wait_durable(seq, T).unwrap();
+    }
+    drop(tx);
+    j.close().unwrap();
+    let img = disk.durable();
+    let mut at = Vec::new();
+    let s = scan(&mut &img[..], &mut |v| {
+        assert_eq!(v.payload, payload_for(v.header.seq));
+        at.push((v.header.seq, v.offset, format::frame_len(v.header.len as usize) as u64));
+        true
+    })
+    .unwrap();
+    assert_eq!(at.len() as u64, seq, "{s:?}");
+    // 12 records of at most 200 bytes: one block, every frame right after the one before.
+    for w in at.windows(2) {
+        let ((s0, o0, l0), (s1, o1, _)) = (w[0], w[1]);
+        assert_eq!(
+            o1,
+            o0 + l0,
+            "record {s1} at {o1}, not right after record {s0} (ends {})",
+            o0 + l0
+        );
+    }
+    assert!(s.end <= format::DATA_OFFSET + align, "the records took more than a block: {s:?}");
+}
+
 fn power_cuts_with(seed: u64, flush_delay: u32, io: WriterIo) {
     let mut rng = xorshift(seed);
     // Room for every round's records however they batch: with FUA completions held (the

@@ -33,6 +33,18 @@
 //! brought the 3.7 ms back. A record that arrives during a write waits for it at most; at
 //! low rates a write is seldom in flight and nothing changes.
 //!
+//! # Sharing the block after all
+//!
+//! A batch begun in a block of its own because a write was in flight is moved back, once
+//! every write has completed and before it is submitted, to right after the last frame of
+//! the write before (its buffer shifted by that block's leading bytes, which are put in
+//! front, as for a batch begun with nothing in flight); with nothing pending, the end itself
+//! moves back. Without that a stream whose records arrive during writes took a block per
+//! write: at 20,000 records/s of 64 bytes one 4 KiB block per two records, segments filling
+//! ~12x faster than the frames' bytes (`journal bench-service --segment-bytes 8M`: 19-20
+//! rolls in 4 s before, 1 after). A batch that was submitted in its own block (it filled
+//! it) stays there, and so does one too large to take the leading bytes too.
+//!
 //! # Waiting
 //!
 //! With writes in flight the writer polls both the completion queue and the rings, without
@@ -98,21 +110,44 @@ impl Writer {
         let mut inflight: VecDeque<InFlight> = VecDeque::with_capacity(WRITES_MAX);
         let mut next_tag = 1u64;
         let mut fault_published = false;
+        // Where the frames ended when a batch had to start in a block of its own (a write was
+        // in flight), with that block's leading bytes and the segment's first seq: see
+        // "Sharing the block after all" above.
+        let mut padded: Option<(u64, u64)> = None;
+        let mut padded_carry: Vec<u8> = Vec::with_capacity(self.align() as usize);
         loop {
             self.sync_sources();
             let stopping = self.stop.load(Ordering::Acquire);
             let mut moved = self.reap_dsync(&mut inflight)?;
+            if inflight.is_empty() {
+                if let Some((end0, first_seq)) = padded.take() {
+                    // A roll since (a new segment): nothing to go back to.
+                    if first_seq == self.sb.first_seq {
+                        self.unpad(end0, &padded_carry);
+                    }
+                }
+            }
             // While a write is in flight the next batch waits until it fills its block or
             // that write completes (see "Holding a small batch" above).
             if inflight.len() < WRITES_MAX
                 && (inflight.is_empty() || stopping || self.pending_fills_block())
             {
+                if !inflight.is_empty() {
+                    // Written in its own block while another write is in flight: it stays
+                    // there.
+                    padded = None;
+                }
                 moved |= self.submit_dsync(&mut inflight, &mut next_tag)?;
             }
             let reading = self.fault.is_none() && !self.device_full;
             if reading && self.can_frame() {
-                if !inflight.is_empty() {
-                    self.own_block();
+                if !inflight.is_empty() && padded.is_none() {
+                    let end0 = self.end;
+                    padded_carry.clear();
+                    padded_carry.extend_from_slice(&self.carry);
+                    if self.own_block() {
+                        padded = Some((end0, self.sb.first_seq));
+                    }
                 }
                 let busy = !inflight.is_empty() || self.pending.is_some();
                 let wait = if moved || stopping || busy { None } else { Some(IDLE_SLICE) };
@@ -158,16 +193,52 @@ impl Writer {
     }
 
     /// A write is in flight: the next batch must not share its last block. Moves the end to
-    /// the block after the padding frame that ended that write.
-    fn own_block(&mut self) {
+    /// the block after the padding frame that ended that write. Returns whether it moved.
+    fn own_block(&mut self) -> bool {
         if self.pending.is_some() {
-            return;
+            return false;
         }
         let align = self.align();
         if !self.end.is_multiple_of(align) {
             self.end = pad_next(self.end, align);
             self.carry.clear();
+            return true;
         }
+        false
+    }
+
+    /// Every write has completed since [`own_block`](Self::own_block) moved the end from
+    /// `end0` (whose block began with `carry0`): the next write may share that block after
+    /// all. Moves the pending batch back to `end0` (or, with none, the end itself), so that
+    /// its frames follow the last write's; a batch too large to take the block's leading
+    /// bytes as well stays in its own block.
+    fn unpad(&mut self, end0: u64, carry0: &[u8]) {
+        let align = self.align();
+        let base0 = end0 / align * align;
+        let keep = (end0 - base0) as usize;
+        debug_assert_eq!(keep, carry0.len());
+        let cap = self.batch_cap();
+        let Some(b) = self.pending.as_mut() else {
+            self.end = end0;
+            self.carry.clear();
+            self.carry.extend_from_slice(carry0);
+            return;
+        };
+        let len = (b.end - b.base) as usize;
+        if keep != carry0.len() || keep + len > cap || b.base != pad_next(end0, align) {
+            return;
+        }
+        let buf = b.buf.as_mut_slice();
+        buf.copy_within(0..len, keep);
+        buf[..keep].copy_from_slice(carry0);
+        b.base = base0;
+        b.end = end0 + len as u64;
+        self.end = b.end;
+        // The last partial block of the moved batch is the next batch's leading bytes.
+        let from = (b.end / align * align - b.base) as usize;
+        let to = (b.end - b.base) as usize;
+        self.carry.clear();
+        self.carry.extend_from_slice(&buf[from..to]);
     }
 
     /// Seals the pending batch with a padding frame and submits its write, if there is one.
