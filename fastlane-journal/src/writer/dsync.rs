@@ -41,7 +41,7 @@
 //! front, as for a batch begun with nothing in flight); with nothing pending, the end itself
 //! moves back. Without that a stream whose records arrive during writes took a block per
 //! write: at 20,000 records/s of 64 bytes one 4 KiB block per two records, segments filling
-//! ~12x faster than the frames' bytes (`journal bench-service --segment-bytes 8M`: 19-20
+//! ~17x faster than the frames' bytes (`journal bench-service --segment-bytes 8M`: 19-20
 //! rolls in 4 s before, 1 after). A batch that was submitted in its own block (it filled
 //! it) stays there, and so does one too large to take the leading bytes too.
 //!
