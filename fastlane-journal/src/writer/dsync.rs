@@ -141,13 +141,16 @@ impl Writer {
             }
             let reading = self.fault.is_none() && !self.device_full;
             if reading && self.can_frame() {
-                if !inflight.is_empty() && padded.is_none() {
-                    let end0 = self.end;
+                // Only when it moves the end (nothing pending, the end inside a block): the
+                // block's leading bytes are kept once, not on every turn of this loop.
+                if !inflight.is_empty()
+                    && self.pending.is_none()
+                    && !self.end.is_multiple_of(self.align())
+                {
                     padded_carry.clear();
                     padded_carry.extend_from_slice(&self.carry);
-                    if self.own_block() {
-                        padded = Some((end0, self.sb.first_seq));
-                    }
+                    padded = Some((self.end, self.sb.first_seq));
+                    self.own_block();
                 }
                 let busy = !inflight.is_empty() || self.pending.is_some();
                 let wait = if moved || stopping || busy { None } else { Some(IDLE_SLICE) };
@@ -193,18 +196,16 @@ impl Writer {
     }
 
     /// A write is in flight: the next batch must not share its last block. Moves the end to
-    /// the block after the padding frame that ended that write. Returns whether it moved.
-    fn own_block(&mut self) -> bool {
+    /// the block after the padding frame that ended that write.
+    fn own_block(&mut self) {
         if self.pending.is_some() {
-            return false;
+            return;
         }
         let align = self.align();
         if !self.end.is_multiple_of(align) {
             self.end = pad_next(self.end, align);
             self.carry.clear();
-            return true;
         }
-        false
     }
 
     /// Every write has completed since [`own_block`](Self::own_block) moved the end from
