@@ -190,6 +190,15 @@ struct Batch {
     first_framed: Option<Instant>,
 }
 
+impl Batch {
+    /// The bytes of its last block before its end (empty when the end is on a block
+    /// boundary): the leading bytes of the batch after it.
+    fn partial_block(&self, align: u64) -> &[u8] {
+        let from = (self.end / align * align - self.base) as usize;
+        &self.buf.as_slice()[from..(self.end - self.base) as usize]
+    }
+}
+
 /// Batches written and not yet published durable: `(last seq, first record framed at)`,
 /// oldest first (at most a writing and two flushing batches, and the slack of a full ring).
 struct Commits {
@@ -817,13 +826,9 @@ impl Writer {
         if b.records > 0 && b.first_framed.is_none() {
             b.first_framed = Some(Instant::now());
         }
-        let align = self.align();
         // Keep the last partial block for the next batch.
-        let keep_from = b.end / align * align;
-        let from = (keep_from - b.base) as usize;
-        let keep = (b.end - keep_from) as usize;
         self.carry.clear();
-        self.carry.extend_from_slice(&b.buf.as_slice()[from..from + keep]);
+        self.carry.extend_from_slice(b.partial_block(self.align()));
         if b.records > 0 {
             self.pending = Some(b);
         } else {

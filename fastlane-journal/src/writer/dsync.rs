@@ -217,7 +217,9 @@ impl Writer {
         let align = self.align();
         let base0 = end0 / align * align;
         let keep = (end0 - base0) as usize;
-        debug_assert_eq!(keep, carry0.len());
+        if keep != carry0.len() {
+            return;
+        }
         let cap = self.batch_cap();
         let Some(b) = self.pending.as_mut() else {
             self.end = end0;
@@ -226,7 +228,7 @@ impl Writer {
             return;
         };
         let len = (b.end - b.base) as usize;
-        if keep != carry0.len() || keep + len > cap || b.base != pad_next(end0, align) {
+        if keep + len > cap || b.base != pad_next(end0, align) {
             return;
         }
         let buf = b.buf.as_mut_slice();
@@ -236,10 +238,8 @@ impl Writer {
         b.end = end0 + len as u64;
         self.end = b.end;
         // The last partial block of the moved batch is the next batch's leading bytes.
-        let from = (b.end / align * align - b.base) as usize;
-        let to = (b.end - b.base) as usize;
         self.carry.clear();
-        self.carry.extend_from_slice(&buf[from..to]);
+        self.carry.extend_from_slice(b.partial_block(align));
     }
 
     /// Seals the pending batch with a padding frame and submits its write, if there is one.
