@@ -97,7 +97,9 @@ impl Writer {
             // device's end, one record per batch so that the exact size of the next one
             // decides whether it still fits.
             let at_dev = b.base + *pos as u64;
-            let room_dev = dev_end - at_dev;
+            // None past the end: the dsync writer's block of its own after a write in flight
+            // can start there (frames that end within a header of `dev_end` pad past it).
+            let room_dev = dev_end.saturating_sub(at_dev);
             let near_end = max_frame as u64 > room_dev;
             if *pos + max_frame > cap
                 || at_dev + max_frame as u64 > window_end
