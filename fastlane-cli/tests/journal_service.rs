@@ -255,6 +255,8 @@ fn notify_metrics_and_sigterm() {
     assert_eq!(m("fastlane_journal_spare_waits_total"), 0.0);
     assert_eq!(m("fastlane_journal_spare_wait_milliseconds_total"), 0.0);
     assert_eq!(m("fastlane_journal_roll_microseconds_total"), 0.0);
+    assert_eq!(m("fastlane_journal_segments_removed_total"), 0.0);
+    assert_eq!(m("fastlane_journal_retention_failures_total"), 0.0);
     assert!(m("fastlane_journal_spare_pace_bytes_per_second") >= 0.0);
 
     let st = Command::new("kill").args(["-TERM", &svc.child.0.id().to_string()]).status();

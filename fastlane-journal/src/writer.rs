@@ -146,17 +146,23 @@ pub enum WriterIo {
     Dsync,
 }
 
+/// The segment a roll goes on to: its device, its queue if opened ahead, its superblock.
+pub(crate) type NextSegment = (Arc<dyn BlockDevice>, Option<Dev>, Superblock);
+
 /// What the writer does when the next record does not fit its device: the journal service
 /// rolls to a new segment.
 pub(crate) trait Roll: Send {
     /// Everything written so far is durable (the writer drained first). Returns the next
     /// segment: a device whose superblock (first seq `last_seq + 1`, previous chain value
-    /// `head`) is written and flushed, and the superblock.
-    fn roll(
-        &mut self,
-        last_seq: u64,
-        head: Chain,
-    ) -> Result<(Arc<dyn BlockDevice>, Superblock), JournalError>;
+    /// `head`) is written and flushed, its queue if one was opened ahead, and the superblock.
+    fn roll(&mut self, last_seq: u64, head: Chain) -> Result<NextSegment, JournalError>;
+
+    /// The segment rolled from, its writes all complete: closing it may be slow (a file
+    /// that retention already unlinked frees its blocks on the last close), so an
+    /// implementation may close it on another thread. Dropped here by default.
+    fn retire(&mut self, old: (Dev, Arc<dyn BlockDevice>)) {
+        drop(old);
+    }
 }
 
 /// The journal service's side of the writer: producers arriving, the doorbell they ring, and
@@ -843,11 +849,11 @@ impl Writer {
         let Some(svc) = self.service.as_mut() else { return Ok(false) };
         let started = Instant::now();
         let rolled = svc.roll.roll(self.last_seq, self.head);
-        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.stats.roll_ns.fetch_add(ns, Ordering::Relaxed);
-        let (device, sb) = match rolled {
+        let (device, dev, sb) = match rolled {
             Ok(next) => next,
             Err(_) => {
+                let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                self.stats.roll_ns.fetch_add(ns, Ordering::Relaxed);
                 self.stats.roll_failures.fetch_add(1, Ordering::Relaxed);
                 // Appends that cannot be made durable now fail with `DeviceFull` (the rings
                 // are full or filling); it ends when a roll succeeds.
@@ -856,9 +862,15 @@ impl Writer {
                 return Ok(false);
             }
         };
-        let dev = super::open_device(&*device)?;
-        self.dev = dev;
-        self.device = device;
+        let dev = match dev {
+            Some(d) => d,
+            None => super::open_device(&*device)?,
+        };
+        let old =
+            (std::mem::replace(&mut self.dev, dev), std::mem::replace(&mut self.device, device));
+        svc.roll.retire(old);
+        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.stats.roll_ns.fetch_add(ns, Ordering::Relaxed);
         self.sb = sb;
         self.end = super::format::DATA_OFFSET;
         self.flushed_end = self.end;

@@ -68,6 +68,10 @@ pub struct ServiceBenchArgs {
     /// Raise the spare's pace with the fill (journal serve's --spare-adapt).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     spare_adapt: bool,
+    /// Keep this many segments (journal serve's --retain segments=N): each roll then removes
+    /// one, as a service that runs all day does (0: keep every segment).
+    #[arg(long, default_value_t = 0)]
+    retain_segments: usize,
     /// Floor calls per kind per case (half before, half after).
     #[arg(long, default_value_t = 400)]
     floor_ops: u64,
@@ -100,6 +104,8 @@ struct Case {
     ack_spare_ready: Pcts,
     /// Segment rolls during the case, and the writer's time in them (µs, all rolls).
     rolls: u64,
+    /// Segments retention removed (`--retain-segments`), off the writer.
+    segments_removed: u64,
     roll_us: u64,
     /// Ack P99 over the faster floor's P99.
     ack_p99_over_floor_p99: f64,
@@ -156,6 +162,7 @@ pub fn run(a: &ServiceBenchArgs) -> Result<()> {
             ack_while_spare: pcts(&run.while_spare),
             ack_spare_ready: pcts(&run.spare_ready),
             rolls: run.rolls,
+            segments_removed: run.segments_removed,
             roll_us: run.roll_us,
             floor_sustained: fu,
             floor_pwrite_fdatasync: fs,
@@ -248,6 +255,7 @@ struct CaseRun {
     records: u64,
     batches: u64,
     rolls: u64,
+    segments_removed: u64,
     roll_us: u64,
 }
 
@@ -274,6 +282,9 @@ fn run_case(
     c.max_producers = producers.max(1);
     c.spare_bytes_per_s = a.spare_rate;
     c.spare_adaptive = a.spare_adapt;
+    if a.retain_segments > 0 {
+        c.retention.max_segments = Some(a.retain_segments);
+    }
     let direct = a.direct;
     c.open = Arc::new(move |p: &Path| {
         open_device(p, fastlane_vhost_blk::spec::IoEngine::Uring, direct).map_err(|e| {
@@ -311,6 +322,7 @@ fn run_case(
         records: 0,
         batches: 0,
         rolls: 0,
+        segments_removed: 0,
         roll_us: 0,
     };
     for t in threads {
@@ -326,6 +338,7 @@ fn run_case(
     let stats = svc.stop().context("stop the service")?;
     (run.records, run.batches, run.rolls) = (stats.records, stats.batches, stats.rolls);
     run.roll_us = stats.roll_time.as_micros() as u64;
+    run.segments_removed = stats.segments_removed;
     Ok(run)
 }
 

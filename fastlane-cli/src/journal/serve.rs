@@ -176,6 +176,16 @@ const SERVICE_FIELDS: &[Field<ServiceStats>] = &[
         "Time rolls waited for the next segment's file.",
         |s| s.spare_wait.as_millis() as u64,
     ),
+    counter(
+        "fastlane_journal_segments_removed_total",
+        "Segments retention removed (off the writer, on the next segment's preparing thread).",
+        |s| s.segments_removed,
+    ),
+    counter(
+        "fastlane_journal_retention_failures_total",
+        "Retention removals that failed (the files stay until a restart lists them again).",
+        |s| s.retention_failures,
+    ),
     gauge("fastlane_journal_producers", "Producers attached now.", |s| {
         s.producers.iter().filter(|p| !p.gone).count() as u64
     }),
@@ -341,6 +351,7 @@ pub(super) fn serve(a: &ServeArgs) -> Result<()> {
     let every = Duration::from_secs(a.status_every);
     let mut last = Instant::now();
     let (mut spare_waits, mut spare_wait) = (0, Duration::ZERO);
+    let mut retention_failures = 0;
     // Bounded by the stop signal (or the writer's failure).
     while !stop.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(100));
@@ -362,6 +373,14 @@ pub(super) fn serve(a: &ServeArgs) -> Result<()> {
                 }
             );
             (spare_waits, spare_wait) = (waits, waited);
+        }
+        let (failures, why) = service.retention_failures();
+        if failures > retention_failures {
+            log::warn!(
+                "retention could not remove a segment: {why} ({failures} failures since start; \
+                 the files stay until the service starts again and lists the directory)"
+            );
+            retention_failures = failures;
         }
         if !every.is_zero() && last.elapsed() >= every {
             last = Instant::now();

@@ -28,6 +28,7 @@
 //! - **Recovery**: on start the last segment is recovered as a single journal is (torn tail
 //!   zeroed, numbering resumed); producers attach again and number from 1 in their new ring.
 
+mod roll;
 mod spare;
 pub mod wire;
 
@@ -48,11 +49,11 @@ use fastlane_ring::shm::{doorbell, ShmRing};
 use fastlane_ring::WaitStrategy;
 
 use super::control::{Control, Doorbell};
-use super::format::{self, Chain, Durability, Superblock};
-use super::segments::{self, Retention, SegmentDir};
+use super::format::{self, Durability, Superblock};
+use super::segments::{Retention, SegmentDir};
 use super::sources::{ProducerCounters, Source};
 use super::stats::WriterStats;
-use super::writer::{Roll, ServiceInputs, Writer, WriterIo, WriterParts};
+use super::writer::{ServiceInputs, Writer, WriterIo, WriterParts};
 use super::{check_limits, open_device, random_id, JournalError, JournalProducer, Seq};
 use wire::{Hello, PeerCred, Reply, Status, HELLO_LEN, REPLY_LEN};
 
@@ -74,6 +75,9 @@ pub const RING_BYTES_MAX: usize = 256 << 20;
 /// Opens a segment file as a block device (the CLI picks the engine).
 pub type OpenSegment =
     Arc<dyn Fn(&Path) -> Result<Arc<dyn BlockDevice>, JournalError> + Send + Sync>;
+
+/// Removes a segment file that retention let go (`std::fs::remove_file` by default).
+pub type RemoveSegment = Arc<dyn Fn(&Path) -> std::io::Result<()> + Send + Sync>;
 
 /// How to run the service.
 pub struct ServiceConfig {
@@ -114,6 +118,8 @@ pub struct ServiceConfig {
     pub writer_io: WriterIo,
     /// Opens a segment file.
     pub open: OpenSegment,
+    /// Removes a segment retention let go, on the spare's thread, never the writer's.
+    pub remove: RemoveSegment,
 }
 
 impl std::fmt::Debug for ServiceConfig {
@@ -167,6 +173,7 @@ impl ServiceConfig {
                 )?;
                 Ok(Arc::new(dev) as Arc<dyn BlockDevice>)
             }),
+            remove: Arc::new(|p: &Path| std::fs::remove_file(p)),
         }
     }
 }
@@ -229,6 +236,11 @@ pub struct ServiceStats {
     pub spare_waits: u64,
     /// Time those rolls waited, in total.
     pub spare_wait: Duration,
+    /// Segments retention removed since start.
+    pub segments_removed: u64,
+    /// Removals that failed (the files stay; the next roll's retention tries them again
+    /// only after a restart, which lists the directory anew).
+    pub retention_failures: u64,
     /// How long batches waited in the writer before they were durable.
     pub commit_latency: super::CommitLatency,
     /// Producers attached now or since the last [`Service::stats`] that reported them gone.
@@ -247,6 +259,10 @@ struct AcceptCounters {
     spare_pace: Arc<AtomicU64>,
     spare_waits: AtomicU64,
     spare_wait_ns: AtomicU64,
+    segments_removed: Arc<AtomicU64>,
+    retention_failures: Arc<AtomicU64>,
+    /// What the last failed removal said.
+    retention_error: Arc<Mutex<String>>,
 }
 
 struct Attached {
@@ -377,7 +393,7 @@ impl Service {
         stats.end.store(scan.end, Ordering::Relaxed);
         let accept = Arc::new(AcceptCounters::default());
         accept.segment.store(sb.segment, Ordering::Relaxed);
-        let roll = SegmentRoll {
+        let roll = roll::SegmentRoll {
             dir: config.dir.clone(),
             segments: dir,
             bytes: config.segment_bytes,
@@ -385,9 +401,12 @@ impl Service {
             adaptive: config.spare_adaptive,
             stats: Arc::clone(&stats),
             open: Arc::clone(&config.open),
+            remove: Arc::clone(&config.remove),
             retention: config.retention,
+            expired: Vec::new(),
             current: sb,
             spare: None,
+            retired: Vec::new(),
             accept: Arc::clone(&accept),
         };
         let mut roll = roll;
@@ -523,6 +542,12 @@ impl Service {
         self.accept.spare_ready.load(Ordering::Relaxed)
     }
 
+    /// Retention removals that failed since start, and what the last one said.
+    pub fn retention_failures(&self) -> (u64, String) {
+        let why = self.accept.retention_error.lock().map(|w| w.clone()).unwrap_or_default();
+        (self.accept.retention_failures.load(Ordering::Relaxed), why)
+    }
+
     /// Counters, and every producer attached since start (detached ones included, marked
     /// `gone`).
     pub fn stats(&self) -> ServiceStats {
@@ -561,6 +586,8 @@ impl Service {
             spare_pace: self.accept.spare_pace.load(Ordering::Relaxed),
             spare_waits,
             spare_wait,
+            segments_removed: self.accept.segments_removed.load(Ordering::Relaxed),
+            retention_failures: self.accept.retention_failures.load(Ordering::Relaxed),
             commit_latency: s.commit.snapshot(),
             producers,
         }
@@ -594,116 +621,6 @@ impl Drop for Service {
         if self.writer.is_some() {
             let _ = self.shutdown();
         }
-    }
-}
-
-/// The writer's roll: the next segment from the directory, its spare prepared in the
-/// background.
-struct SegmentRoll {
-    dir: PathBuf,
-    segments: SegmentDir,
-    bytes: u64,
-    pace: u64,
-    adaptive: bool,
-    /// The writer's counters (its offset in the segment, for the spare's pace).
-    stats: Arc<WriterStats>,
-    open: OpenSegment,
-    retention: Retention,
-    current: Superblock,
-    spare: Option<JoinHandle<Result<Spare, JournalError>>>,
-    accept: Arc<AcceptCounters>,
-}
-
-/// A spare prepared in the background, and its device opened there too (opening a segment's
-/// queue is ~0.5 ms here, time every ack would wait in the roll). `None`: the open failed;
-/// the roll opens the segment itself and reports the error then.
-struct Spare {
-    device: Option<(Arc<dyn BlockDevice>, u64)>,
-}
-
-impl Spare {
-    /// The device opened ahead, if it is the file now at `path` (same inode: the file the
-    /// roll installed, not a spare `install` had to make again).
-    fn device_for(self, path: &Path) -> Option<Arc<dyn BlockDevice>> {
-        use std::os::unix::fs::MetadataExt as _;
-        let (device, ino) = self.device?;
-        std::fs::metadata(path).is_ok_and(|m| m.ino() == ino).then_some(device)
-    }
-}
-
-impl SegmentRoll {
-    /// Starts preparing the next segment's file (written zeroes) on a thread of its own.
-    fn prepare_next(&mut self) {
-        if self.spare.is_some() {
-            return;
-        }
-        let (dir, bytes) = (self.dir.clone(), self.bytes);
-        let mut pacer = spare::SparePacer {
-            least: self.pace,
-            adaptive: self.adaptive,
-            segment_bytes: self.bytes,
-            stats: Arc::clone(&self.stats),
-            shown: Arc::clone(&self.accept.spare_pace),
-            base: None,
-        };
-        let ready = Arc::clone(&self.accept.spare_ready);
-        let open = Arc::clone(&self.open);
-        self.spare = std::thread::Builder::new()
-            .name("journal-spare".into())
-            .spawn(move || {
-                use std::os::unix::fs::MetadataExt as _;
-                let r = segments::prepare_spare_with(&dir, bytes, &mut |w| pacer.pace(w));
-                let r = r.map(|path| {
-                    // The inode as the file was when opened: the roll checks the one it
-                    // installs is the same.
-                    let ino = std::fs::metadata(&path).map(|m| m.ino());
-                    Spare { device: open(&path).ok().zip(ino.ok()) }
-                });
-                // Done: no spare is being written until the next roll.
-                pacer.shown.store(0, Ordering::Relaxed);
-                ready.store(r.is_ok(), Ordering::Release);
-                r
-            })
-            .ok();
-    }
-}
-
-impl Roll for SegmentRoll {
-    fn roll(
-        &mut self,
-        last_seq: u64,
-        head: Chain,
-    ) -> Result<(Arc<dyn BlockDevice>, Superblock), JournalError> {
-        // The spare being prepared is finished first (install takes it); a failed one is
-        // made again by `install` itself. Either is a wait, counted.
-        let waited = (!self.accept.spare_ready.load(Ordering::Acquire)).then(Instant::now);
-        let spare = self.spare.take().and_then(|h| h.join().ok()?.ok());
-        self.accept.spare_ready.store(false, Ordering::Release);
-        let sb = self.current.next_segment(super::preprocess::realtime_ns(), last_seq + 1, head);
-        let path = match self.segments.install(&sb, self.bytes) {
-            Ok(p) => {
-                // A roll that fails (no room) is a roll failure, not a wait for the spare.
-                if let Some(t) = waited {
-                    self.accept.spare_waits.fetch_add(1, Ordering::Relaxed);
-                    let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                    self.accept.spare_wait_ns.fetch_add(ns, Ordering::Relaxed);
-                }
-                p
-            }
-            Err(e) => {
-                self.prepare_next();
-                return Err(e);
-            }
-        };
-        let device = match spare.and_then(|s| s.device_for(&path)) {
-            Some(d) => d,
-            None => (self.open)(&path)?,
-        };
-        self.current = sb;
-        self.accept.segment.store(sb.segment, Ordering::Relaxed);
-        let _ = self.segments.retain(&self.retention);
-        self.prepare_next();
-        Ok((device, sb))
     }
 }
 
