@@ -493,9 +493,10 @@ fn lazytime_advice(mountinfo: &str, dir: &Path) -> Option<String> {
         return None;
     }
     Some(format!(
-        "{} is on {fstype} at {point} without lazytime: every write dirties the segment's \
-         mtime and the file system's journal commit (ext4: every 5 s) flushes it, which can \
-         stall durable writes for milliseconds; mounting it with lazytime avoids that \
+        "{} is on {fstype} at {point} without lazytime: writes change the segment's mtime \
+         (once per timer tick), and the inode then goes to disk with the next durable write \
+         (ext4 without a journal) or the file system's next journal commit, which can stall \
+         durable writes for milliseconds; mounting it with lazytime avoids that \
          (docs/journal.md)",
         dir.display()
     ))
