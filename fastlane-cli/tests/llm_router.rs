@@ -110,6 +110,53 @@ fn read_all(c: std::net::TcpStream) -> String {
     common::http::read_response(c)
 }
 
+/// Reads two streamed responses to their ends in one thread, draining `first` before each
+/// look at `second`, and fails if `second` has an event before `first` has its `[DONE]` (the
+/// slot is held to the last token). One thread: two readers' clocks let a preempted reader
+/// fail it on a loaded machine. Both texts as [`read_all`] returns them.
+fn second_after_first(
+    mut first: std::net::TcpStream,
+    mut second: std::net::TcpStream,
+) -> (String, String) {
+    first.set_nonblocking(true).unwrap();
+    second.set_nonblocking(true).unwrap();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let (mut a_end, mut b_end) = (false, false);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut buf = vec![0u8; 64 << 10];
+    // Whether it read anything.
+    let mut drain = |c: &mut std::net::TcpStream, into: &mut Vec<u8>, end: &mut bool| {
+        let before = into.len();
+        // Bounded by what the socket holds.
+        while !*end {
+            match c.read(&mut buf) {
+                Ok(0) => *end = true,
+                Ok(n) => into.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+        into.len() > before
+    };
+    let mut first_done = false;
+    // Bounded by the deadline.
+    while !(a_end && b_end) {
+        assert!(Instant::now() < deadline, "the two streams did not end within 60 s");
+        if drain(&mut first, &mut a, &mut a_end) && !first_done {
+            first_done = common::http::decode_response(&a).contains("data: [DONE]");
+        }
+        if drain(&mut second, &mut b, &mut b_end) && !first_done {
+            let t = common::http::decode_response(&b);
+            assert!(
+                !t.contains("data: {"),
+                "the second request streamed before the first ended: {t}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    (common::http::decode_response(&a), common::http::decode_response(&b))
+}
+
 fn used_blocks_return_to_zero(s: &Server) {
     s.wait_metric("fastlane_llm_kv_blocks{state=\"used\"}", 10, "upstream KV blocks in use", |v| {
         v == 0.0
@@ -184,16 +231,9 @@ fn router_passes_through_and_enforces_the_tenants() {
     let (st, text) = r.post("/v1/completions", "key-slot", small);
     assert_eq!(st, 503, "{text}");
     assert_eq!(json_body(&text)["error"]["code"], "queue_full");
-    let long_done = std::thread::spawn(move || {
-        let t = read_all(long);
-        (t, Instant::now())
-    });
-    let waited = read_all(waiting);
-    let second_done = Instant::now();
-    let (long_text, long_end) = long_done.join().unwrap();
+    let (long_text, waited) = second_after_first(long, waiting);
     assert!(long_text.contains("\"completion_tokens\":1000"), "{long_text}");
     assert!(waited.contains("data: [DONE]"), "{waited}");
-    assert!(long_end <= second_done, "the slot was held until the long stream's last token");
 
     // The fence: a 1-second tenant's long stream ends with an error event and [DONE]; the
     // upstream request is aborted and its blocks come back.

@@ -200,7 +200,12 @@ pub fn read_response(mut c: std::net::TcpStream) -> String {
     c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let mut v = Vec::new();
     let _ = c.read_to_end(&mut v);
-    let text = String::from_utf8_lossy(&v).into_owned();
+    decode_response(&v)
+}
+
+/// A response's bytes as [`read_response`] returns them (a chunked body unchunked).
+pub fn decode_response(v: &[u8]) -> String {
+    let text = String::from_utf8_lossy(v).into_owned();
     let Some((head, mut body)) = text.split_once("\r\n\r\n") else { return text };
     if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
         return text;
