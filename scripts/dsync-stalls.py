@@ -4,9 +4,10 @@
 Writes one 4 KiB block with O_DIRECT and RWF_DSYNC (durable when the call returns) RATE times a
 second for SECONDS into a 64 MiB file of written zeroes at PATH (created if missing; blocks
 overwritten in turn, so no allocation), and prints the write latency's P50/P99/P99.9/max and
-every write over 1 ms with its time into the run. On the dev VM's ext4 mounted `relatime` the
-slow writes came in clusters every ~5.1 s (the file system's journal commit of the mtime every
-write dirties); mounted `lazytime` they did not (docs/journal.md).
+every write over 1 ms with its time into the run. On the dev VM the slow writes came in clusters
+every ~5.15 s, which a `perf record -e sched:sched_switch` trace puts beside the VM's DAMON
+reclaim (`kdamond.0`, 5 s aggregation) and balloon page reporting; with `relatime` every 4 ms tick
+also adds an inode write to one durable write (docs/journal.md).
 
     scripts/dsync-stalls.py PATH [SECONDS 20] [RATE 2000]      # e.g. target/stalls.bin; pin it: taskset -c 1
 """
