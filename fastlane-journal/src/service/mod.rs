@@ -259,10 +259,29 @@ struct AcceptCounters {
     spare_pace: Arc<AtomicU64>,
     spare_waits: AtomicU64,
     spare_wait_ns: AtomicU64,
-    segments_removed: Arc<AtomicU64>,
-    retention_failures: Arc<AtomicU64>,
+    segments_removed: AtomicU64,
+    retention_failures: AtomicU64,
     /// What the last failed removal said.
-    retention_error: Arc<Mutex<String>>,
+    retention_error: Mutex<String>,
+}
+
+impl AcceptCounters {
+    /// A retention step failed (deciding, or removing on the spare's thread): counted, and
+    /// `e` with its sources kept for the log.
+    fn retention_failed(&self, e: &dyn std::error::Error) {
+        let mut why = e.to_string();
+        let mut next = e.source();
+        // Bounded by the chain's length.
+        while let Some(s) = next {
+            why.push_str(": ");
+            why.push_str(&s.to_string());
+            next = s.source();
+        }
+        if let Ok(mut w) = self.retention_error.lock() {
+            *w = why;
+        }
+        self.retention_failures.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 struct Attached {

@@ -73,11 +73,7 @@ impl SegmentRoll {
         let expired = std::mem::take(&mut self.expired);
         let retired = std::mem::take(&mut self.retired);
         let remove = Arc::clone(&self.remove);
-        let (removed, failed, why) = (
-            Arc::clone(&self.accept.segments_removed),
-            Arc::clone(&self.accept.retention_failures),
-            Arc::clone(&self.accept.retention_error),
-        );
+        let accept = Arc::clone(&self.accept);
         let mut pacer = spare::SparePacer {
             least: self.pace,
             adaptive: self.adaptive,
@@ -96,14 +92,9 @@ impl SegmentRoll {
                 drop(retired);
                 match segments::remove_segments(&dir, &expired, &*remove) {
                     Ok(()) => {
-                        removed.fetch_add(expired.len() as u64, Ordering::Relaxed);
+                        accept.segments_removed.fetch_add(expired.len() as u64, Ordering::Relaxed);
                     }
-                    Err(e) => {
-                        if let Ok(mut w) = why.lock() {
-                            *w = with_sources(&e);
-                        }
-                        failed.fetch_add(1, Ordering::Relaxed);
-                    }
+                    Err(e) => accept.retention_failed(&e),
                 }
                 let r = segments::prepare_spare_with(&dir, bytes, &mut |w| pacer.pace(w));
                 let r = r.map(|path| {
@@ -160,12 +151,7 @@ impl Roll for SegmentRoll {
         // Decided here, removed on the spare's thread (`prepare_next`).
         match self.segments.expire(&self.retention) {
             Ok(gone) => self.expired.extend(gone),
-            Err(e) => {
-                if let Ok(mut w) = self.accept.retention_error.lock() {
-                    *w = with_sources(&e);
-                }
-                self.accept.retention_failures.fetch_add(1, Ordering::Relaxed);
-            }
+            Err(e) => self.accept.retention_failed(&e),
         }
         self.prepare_next();
         Ok((device, dev, sb))
@@ -174,17 +160,4 @@ impl Roll for SegmentRoll {
     fn retire(&mut self, old: (Dev, Arc<dyn BlockDevice>)) {
         self.retired.push(old);
     }
-}
-
-/// `e` and its sources, `: `-separated ("segment directory failed: remove …: …").
-fn with_sources(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut next = e.source();
-    // Bounded by the chain's length.
-    while let Some(s) = next {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        next = s.source();
-    }
-    out
 }
